@@ -1,0 +1,64 @@
+# hands-on: run `make` (or `make help`) for the list of targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+SYSTEMS := flashinfer mini-sglang sglang
+MINISGL_COMMIT := 20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66
+# GPU stack: a venv of its own (make setup); PYTHON=python3 SKIP_SETUP=1 uses an existing environment
+VENV ?= .venv
+PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+TEST_VENV ?= .venv-test
+PYTEST_ARGS ?=
+
+.PHONY: help setup test test-gpu check quick all reports clean
+
+help: ## list the targets
+	@echo "hands-on — learn SGLang, mini-SGLang and FlashInfer by running them on your GPU"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.done ## install the GPU stack into .venv (torch 2.11/CUDA 13, SGLang, FlashInfer, mini-SGLang)
+$(VENV)/.done: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -r requirements.txt
+	# mini-SGLang from its tested commit, without its own pins (torch<2.10, transformers<=4.57.3): see README
+	$(VENV)/bin/pip install --no-deps "minisgl @ git+https://github.com/sgl-project/mini-sglang@$(MINISGL_COMMIT)"
+	$(VENV)/bin/python -c "import torch, flashinfer, sglang, minisgl; print('GPU stack ok:', torch.__version__, flashinfer.__version__, sglang.__version__)"
+	touch $@
+
+$(TEST_VENV)/.done: tests/requirements.txt
+	python3 -m venv $(TEST_VENV)
+	$(TEST_VENV)/bin/pip install -q --upgrade pip
+	$(TEST_VENV)/bin/pip install -q -r tests/requirements.txt
+	touch $@
+
+test: $(TEST_VENV)/.done ## CPU tests on real fixtures (installs what they need into .venv-test)
+	@$(TEST_VENV)/bin/python -m pytest tests -m "not gpu" -q $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-gpu: ## GPU tests (timing primitive vs ncu, measured peaks): run on the GPU machine
+	@$(PYTHON) -m pytest tests -m gpu -q -s $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 1; fi; exit $$rc
+
+check: ## --help of every numbered script and shell wrapper works on this (CPU-only) machine
+	@fail=0; for s in $(foreach s,$(SYSTEMS),$(wildcard $(s)/scripts/[0-9][0-9]_*.py)); do \
+	  if python3 $$s --help >/dev/null 2>/tmp/hands-on-check.err; then echo "ok   $$s --help"; \
+	  else echo "FAIL $$s --help"; sed 's/^/     /' /tmp/hands-on-check.err | tail -3; fail=1; fi; done; \
+	for s in $(foreach s,$(SYSTEMS),$(wildcard $(s)/scripts/*.sh)); do \
+	  if bash -n $$s && bash $$s --help >/dev/null 2>&1; then echo "ok   $$s --help"; \
+	  else echo "FAIL $$s --help"; fail=1; fi; done; exit $$fail
+
+quick: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's 06_full_pipeline.sh --quick, then reports
+	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh --quick || fail=1; done; \
+	  $(MAKE) --no-print-directory reports PYTHON=$(PYTHON); exit $$fail
+
+all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all), then reports (hours)
+	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh --all || fail=1; done; \
+	  $(MAKE) --no-print-directory reports PYTHON=$(PYTHON); exit $$fail
+
+reports: ## refresh the auto blocks of */reports/*.md from */results/ (keeps blocks that have no results)
+	@$(PYTHON) -m common.report
+
+clean: ## remove raw results (not the committed reports) and the test venv
+	for s in $(SYSTEMS); do find $$s/results -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +; done
+	rm -rf $(TEST_VENV) .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,514 @@
+"""Nsight Compute: build the command, run it, parse its CSV, summarise each kernel launch.
+
+    res = profile([sys.executable, script, "--ncu-target"], out_dir=run.dir,
+                  kernel="BatchDecode|BatchPrefill", launch_count=4)       # metrics="summary"
+    kernels = summarize(res.df, peaks=gpu.peaks())   # one row per launch: time, DRAM TB/s and
+                                                     # % of peak, SM %, tensor %, occupancy and its
+                                                     # limiter, top warp stalls
+    df = read_raw("ncu.csv")                         # `--csv --page raw`: names row + units row
+    metrics, rules = read_details("details.csv")     # `--csv --page details` (long format)
+
+Parsing rules (why they matter):
+  * columns are found by header NAME, never by position (one added metric moves every column);
+  * the second row of a raw CSV holds the units; it is checked, and each quantity is converted
+    to one unit (time -> us, bytes -> bytes), so `usecond` vs `ns` output can't skew a result;
+  * numbers carry thousands separators ("1,980,000"), `n/a` becomes NaN;
+  * lines that are not CSV (`==PROF==`, the application's own stdout) are dropped first;
+  * several kernels and several launches of one kernel each get their own row (`launch` counts
+    launches per kernel name);
+  * a truncated file or a missing units row raises NcuParseError with the line at fault.
+With ``--clock-control none`` ncu leaves the GPU clocks alone, so its times match un-profiled
+runs (with the default base clocks a decode kernel read ~25% slower on an H200).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checks import SetupError
+
+
+class NcuError(RuntimeError):
+    """ncu ran but produced nothing usable (no kernel matched, the application failed...)."""
+
+
+class NcuParseError(ValueError):
+    """An ncu CSV that cannot be trusted (truncated, no units row, wrong page)."""
+
+
+STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "gmma", "imc_miss",
+                 "lg_throttle", "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle",
+                 "misc", "no_instruction", "not_selected", "selected", "short_scoreboard", "sleeping",
+                 "tex_throttle", "wait")
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+TENSOR_METRICS = (  # the first one present wins; Hopper wgmma shows under the hgmma/qgmma name
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+)
+
+DRAM_PCT_METRICS = (  # same quantity, named differently by the summary list and by --set full
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+)
+
+# The metric list behind metrics="summary": what the per-kernel hardware table needs, no more
+# (each extra metric can cost ncu another replay pass). Names checked against
+# `ncu --query-metrics --chip gh100` and a real `--set full` CSV (tests/fixtures/).
+SUMMARY_METRICS = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    TENSOR_METRICS[0], TENSOR_METRICS[1],
+    "sm__inst_executed_pipe_tensor_op_gmma.sum",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "sm__maximum_warps_per_active_cycle_pct",
+    "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks",
+    "launch__registers_per_thread", "launch__shared_mem_per_block",
+    "launch__block_size", "launch__grid_size", "launch__waves_per_multiprocessor",
+    "lts__t_sector_hit_rate.pct",
+) + tuple(STALL_METRIC.format(r) for r in STALL_REASONS)
+
+_TIME_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+            "s": 1e6, "second": 1e6}
+_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6,
+          "GB": 1e9, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "Kibyte": 1024, "Mibyte": 1024**2}
+
+# unit -> factor to the base unit NVIDIA's report reader uses (ns, byte, Hz); ncu's CSV may scale
+# (`ncu --import` printed "us", "Mbyte", "Ghz" for the same report that a live run printed in ns/byte)
+BASE_UNITS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9,
+              "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
+              "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9,
+              "byte/block": 1, "Kbyte/block": 1e3, "Mbyte/block": 1e6,
+              "byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
+
+
+def to_base(value: float, unit: str) -> float:
+    """A value in ncu's printed unit converted to the base unit (ns, byte, Hz, byte/s...)."""
+    if unit not in BASE_UNITS:
+        raise NcuParseError(f"unknown unit {unit!r}")
+    return value * BASE_UNITS[unit]
+
+
+PERM_HINT = ("ncu cannot read the GPU performance counters (ERR_NVGPUCTRPERM). Run as root (sudo -E), "
+             "or let all users profile: `options nvidia NVreg_RestrictProfilingToAdminUsers=0` in "
+             "/etc/modprobe.d/ and reboot (https://developer.nvidia.com/ERR_NVGPUCTRPERM). In a container, "
+             "start it with --cap-add=SYS_ADMIN.")
+
+
+# ------------------------------------------------------------------ sweep points under ncu
+# A script profiles its own sweep by re-running itself under ncu in a "target" mode that calls
+# each point once. Between points it launches one tiny marker kernel (torch.cuda._sleep ->
+# `spin_kernel`), which the kernel regex also matches; split_points() then gives every profiled
+# launch the index of its point, however many kernels a point launched (split-KV + merge...).
+MARKER_KERNEL = "spin_kernel"
+
+
+def mark() -> None:
+    """Launch the marker kernel (call before each point in ncu target mode)."""
+    import torch
+    torch.cuda._sleep(1)
+
+
+def with_marker(kernel_regex: str) -> str:
+    return f"{kernel_regex}|{MARKER_KERNEL}"
+
+
+def split_points(df):
+    """Add a ``point`` column (0-based, by markers seen so far) and drop the marker rows."""
+    is_mark = df["Kernel Name"].str.contains(MARKER_KERNEL, regex=False)
+    point = is_mark.cumsum() - 1
+    out = df.assign(point=point.to_numpy())[~is_mark.to_numpy()].reset_index(drop=True)
+    out.attrs = df.attrs
+    return out
+
+
+# ------------------------------------------------------------------ command line
+
+def build_cmd(app: list[str], *, log_file: str | Path, kernel: str | None = None, launch_skip: int = 0,
+              launch_count: int | None = None, metrics="summary", section_set: str | None = None,
+              sections: list[str] | None = None, clock_control: str = "none", nvtx_include: str | None = None,
+              page: str = "raw", report_file: str | Path | None = None, extra: list[str] | tuple = ()) -> list[str]:
+    """The ncu command line for ``app`` (a list: the command to profile).
+
+    ``kernel`` is a regex on the demangled kernel name; ``metrics`` is "summary"
+    (:data:`SUMMARY_METRICS`), a list of names, or None when ``section_set``/``sections`` say
+    what to collect (e.g. ``section_set="full"``).
+    """
+    ncu = os.environ.get("NCU", "ncu")
+    if report_file:  # a .ncu-rep for the Nsight Compute GUI (or ncu_report) instead of a CSV
+        cmd = [ncu, "-f", "-o", str(report_file)]
+    else:
+        cmd = [ncu, "--csv", "--page", page, "--log-file", str(log_file)]
+    cmd += ["--clock-control", clock_control, "--target-processes", "all"]
+    if kernel:
+        cmd += ["--kernel-name", f"regex:{kernel}"]
+    if launch_skip:
+        cmd += ["--launch-skip", str(launch_skip)]
+    if launch_count:
+        cmd += ["--launch-count", str(launch_count)]
+    if nvtx_include:
+        cmd += ["--nvtx", "--nvtx-include", nvtx_include]
+    if section_set:
+        cmd += ["--set", section_set]
+    for s in sections or ():
+        cmd += ["--section", s]
+    if metrics == "summary":
+        names = () if (section_set or sections) else SUMMARY_METRICS
+    else:
+        names = tuple(metrics or ())
+    if names:
+        cmd += ["--metrics", ",".join(names)]
+    return cmd + list(extra) + list(app)
+
+
+@dataclass
+class NcuResult:
+    cmd: list[str]
+    csv_path: Path
+    log_path: Path
+    df: "object"  # pandas.DataFrame
+    returncode: int
+
+
+def profile(app: list[str], out_dir: str | Path, *, name: str = "ncu", timeout: float | None = None,
+            env: dict | None = None, echo=print, **kw) -> NcuResult:
+    """Run ``app`` under ncu and parse the result. Writes ``<name>.csv`` and ``<name>_log.txt``.
+
+    Raises SetupError when ncu is missing or lacks counter permission, NcuError when no
+    kernel was profiled (the message shows the end of ncu's log).
+    """
+    import shutil
+    ncu = os.environ.get("NCU", "ncu")
+    if not shutil.which(ncu):
+        raise SetupError("Nsight Compute (ncu) is not on PATH. It ships with the CUDA toolkit "
+                         "(e.g. /usr/local/cuda/bin or /opt/nvidia/nsight-compute/<ver>/); add it to PATH.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path, csv_path = out_dir / f"{name}_log.txt", out_dir / f"{name}.csv"
+    cmd = build_cmd(app, log_file=log_path, **kw)
+    echo(f"ncu: {shlex.join(cmd)[:400]}")
+    app_out = out_dir / f"{name}_app_stdout.txt"
+    with open(app_out, "w") as f:
+        try:
+            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                               env={**os.environ, **(env or {})})
+        except subprocess.TimeoutExpired:
+            raise NcuError(f"ncu did not finish within {timeout:.0f} s; see {app_out}") from None
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    both = text + "\n" + app_out.read_text(errors="replace")
+    if "ERR_NVGPUCTRPERM" in both:
+        raise SetupError(PERM_HINT)
+    csv_text = extract_csv(text)
+    if not csv_text.strip():
+        tail = "\n".join(both.strip().splitlines()[-6:])
+        raise NcuError(f"ncu profiled no kernel (rc={p.returncode}; kernel regex {kw.get('kernel')!r}). "
+                       f"Last lines:\n{tail}")
+    csv_path.write_text(csv_text)
+    return NcuResult(cmd, csv_path, log_path, read_raw(csv_text), p.returncode)
+
+
+def extract_csv(text: str) -> str:
+    """Keep the CSV lines of an ncu log (they start with a quote); drop ==PROF== and app output."""
+    return "".join(line for line in io.StringIO(text) if line.startswith('"'))
+
+
+# ------------------------------------------------------------------ parsing
+
+_NUM = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?([eE][-+]?\d+)?$")
+
+
+def to_number(s):
+    """'1,980,000' -> 1980000.0; '0.97' -> 0.97; 'n/a' -> nan; other text -> None."""
+    if s is None:
+        return None
+    if isinstance(s, (int, float)):
+        return float(s)
+    t = s.strip()
+    if t in ("n/a", "N/A", "nan", ""):
+        return math.nan
+    if _NUM.match(t):
+        return float(t.replace(",", ""))
+    return None
+
+
+def _read_rows(src) -> list[list[str]]:
+    if isinstance(src, Path) or (isinstance(src, str) and "\n" not in src and len(src) < 4096 and Path(src).exists()):
+        text = Path(src).read_text(errors="replace")
+    else:
+        text = str(src)
+    text = extract_csv(text) if not text.lstrip().startswith('"ID"') else text
+    return list(csv.reader(io.StringIO(text)))
+
+
+def read_raw(src):
+    """Parse ``ncu --csv --page raw`` into a DataFrame (one row per profiled launch).
+
+    Numeric columns become floats; units are in ``df.attrs["units"]`` (column -> unit).
+    """
+    import pandas as pd
+    rows = _read_rows(src)
+    if not rows:
+        raise NcuParseError("empty ncu CSV (no header row): did ncu profile any kernel?")
+    header = rows[0]
+    for need in ("ID", "Kernel Name"):
+        if need not in header:
+            raise NcuParseError(f"not an ncu raw-page CSV: no '{need}' column in the header "
+                                f"(got {header[:5]}...). Use --csv --page raw.")
+    if len(rows) < 2:
+        raise NcuParseError("ncu CSV has a header but no units row and no data (truncated?)")
+    units = rows[1]
+    id_col = header.index("ID")
+    if len(units) != len(header) or units[id_col].strip() != "":
+        raise NcuParseError("ncu CSV has no units row (row 2 should hold units such as 'ns' and 'byte', "
+                            f"not data; got {units[:3]}...). Was it written with --print-units? "
+                            "Re-run ncu with --csv --page raw.")
+    data = rows[2:]
+    for i, r in enumerate(data, start=3):
+        if len(r) != len(header):
+            raise NcuParseError(f"ncu CSV line {i} has {len(r)} fields, the header has {len(header)}: "
+                                "the file is truncated or was cut while ncu was writing it")
+    if not data:
+        raise NcuParseError("ncu CSV has a units row but no kernel rows")
+    cols = {}
+    for j, name in enumerate(header):
+        vals = [r[j] for r in data]
+        nums = [to_number(v) for v in vals]
+        if name not in ("ID", "Kernel Name", "Process Name", "Host Name") and all(n is not None for n in nums) \
+                and any(not (isinstance(n, float) and math.isnan(n)) for n in nums):
+            cols[name] = nums
+        else:
+            cols[name] = vals
+    df = pd.DataFrame(cols)
+    df["ID"] = df["ID"].astype(int)
+    df.attrs["units"] = dict(zip(header, units))
+    return df
+
+
+def read_details(src):
+    """Parse ``ncu --csv --page details`` into (metrics, rules) DataFrames (long format).
+
+    metrics: ID, Kernel Name, Section Name, Metric Name, Metric Unit, Metric Value, value (float)
+    rules:   ID, Kernel Name, Section Name, Rule Name, Rule Type, Rule Description, Estimated Speedup
+    Repeated header rows inside the file (ncu writes one before the rule rows) are skipped.
+    """
+    import pandas as pd
+    rows = _read_rows(src)
+    if not rows or "Metric Name" not in rows[0]:
+        raise NcuParseError("not an ncu details-page CSV: no 'Metric Name' column. Use --csv --page details.")
+    header = rows[0]
+    idx = {h: i for i, h in enumerate(header)}
+    metrics, rules = [], []
+    for n, r in enumerate(rows[1:], start=2):
+        if r == header:
+            continue
+        if len(r) < idx["Metric Value"] + 1:
+            raise NcuParseError(f"ncu details CSV line {n} has {len(r)} fields (truncated?)")
+        base = {k: r[idx[k]] for k in ("ID", "Kernel Name", "Section Name")}
+        if r[idx["Metric Name"]]:
+            v = to_number(r[idx["Metric Value"]])
+            metrics.append({**base, "Metric Name": r[idx["Metric Name"]], "Metric Unit": r[idx["Metric Unit"]],
+                            "Metric Value": r[idx["Metric Value"]], "value": v})
+        elif "Rule Name" in idx and len(r) > idx["Rule Name"] and r[idx["Rule Name"]]:
+            rules.append({**base, **{k: (r[idx[k]] if idx.get(k, 10**9) < len(r) else "")
+                                     for k in ("Rule Name", "Rule Type", "Rule Description",
+                                               "Estimated Speedup Type", "Estimated Speedup")}})
+    if not metrics:
+        raise NcuParseError("ncu details CSV holds no metric rows")
+    m = pd.DataFrame(metrics)
+    m["ID"] = m["ID"].astype(int)
+    r = pd.DataFrame(rules)
+    if len(r):
+        r["ID"] = r["ID"].astype(int)
+    return m, r
+
+
+# ------------------------------------------------------------------ per-kernel summary
+
+def short_name(full: str) -> str:
+    """'void flashinfer::BatchDecodeKernel<0, 2>(Params)' -> 'BatchDecodeKernel'."""
+    s = full.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").strip()
+    if s.startswith("void "):
+        s = s[5:]
+    depth, cut = 0, len(s)
+    for i, ch in enumerate(s):
+        if ch == "<":
+            if depth == 0:
+                cut = min(cut, i)
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = min(cut, i)
+            break
+    s = s[:cut]
+    return s.split("::")[-1] or full[:60]
+
+
+def _col(df, name, units, scale_table=None):
+    """A numeric column by name, converted by its unit; NaN column when the metric is absent."""
+    import numpy as np
+    if name not in df.columns:
+        return np.full(len(df), np.nan)
+    vals = df[name]
+    if vals.dtype == object:
+        vals = vals.map(lambda v: to_number(v) if to_number(v) is not None else math.nan)
+    vals = vals.astype(float)
+    if scale_table is not None:
+        u = units.get(name, "")
+        if u not in scale_table:
+            raise NcuParseError(f"unexpected unit {u!r} for {name}; expected one of {sorted(scale_table)}")
+        vals = vals * scale_table[u]
+    return vals.to_numpy()
+
+
+def _first(df, names, units):
+    """The first of several equivalent metric names that the CSV has (NaN when none)."""
+    for n in names:
+        if n in df.columns:
+            return _col(df, n, units)
+    return _col(df, names[0], units)
+
+
+def occupancy_limiter(row: dict) -> str:
+    """Which resource caps blocks per SM: the smallest launch__occupancy_limit_* value."""
+    lim = {k: row.get(f"launch__occupancy_limit_{k}") for k in ("registers", "shared_mem", "warps", "blocks")}
+    lim = {k: v for k, v in lim.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    if not lim:
+        return "n/a"
+    lo = min(lim.values())
+    names = [k for k, v in lim.items() if v == lo]
+    return f"{'+'.join(names)} ({lo:g} blocks/SM)"
+
+
+def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
+    """One row per profiled launch with the hardware figures a report shows.
+
+    ``peaks`` (from :func:`common.gpu.peaks`) adds ``pct_peak_dram``: achieved DRAM TB/s over the
+    measured (or datasheet) peak; ncu's own ``dram_pct`` is against its sustained peak.
+    """
+    import pandas as pd
+    units = df.attrs.get("units", {})
+    time_us = _col(df, "gpu__time_duration.sum", units, _TIME_US)
+    rd = _col(df, "dram__bytes_read.sum", units, _BYTES)
+    wr = _col(df, "dram__bytes_write.sum", units, _BYTES)
+    out = pd.DataFrame({
+        "id": df["ID"].to_numpy(),
+        "kernel": [short_name(k) for k in df["Kernel Name"]],
+        "grid": df.get("Grid Size", pd.Series([""] * len(df))).to_numpy(),
+        "block": df.get("Block Size", pd.Series([""] * len(df))).to_numpy(),
+        "time_us": time_us,
+        "dram_read_mb": rd / 1e6,
+        "dram_write_mb": wr / 1e6,
+    })
+    out["launch"] = out.groupby("kernel").cumcount()
+    out["dram_tb_s"] = (rd + wr) / (time_us * 1e-6) / 1e12
+    if peaks and peaks.get("dram_tb_s"):
+        out["pct_peak_dram"] = 100 * out["dram_tb_s"] / peaks["dram_tb_s"]
+    out["dram_pct"] = _first(df, DRAM_PCT_METRICS, units)
+    out["sm_pct"] = _col(df, "sm__throughput.avg.pct_of_peak_sustained_elapsed", units)
+    tensor = None
+    for m in TENSOR_METRICS:
+        if m in df.columns:
+            v = _col(df, m, units)
+            tensor = v if tensor is None else pd.Series(tensor).combine(pd.Series(v), max).to_numpy()
+    out["tensor_pct"] = tensor if tensor is not None else math.nan
+    out["occupancy_pct"] = _col(df, "sm__warps_active.avg.pct_of_peak_sustained_active", units)
+    out["theoretical_occupancy_pct"] = _col(df, "sm__maximum_warps_per_active_cycle_pct", units)
+    out["regs_per_thread"] = _col(df, "launch__registers_per_thread", units)
+    out["l2_hit_pct"] = _col(df, "lts__t_sector_hit_rate.pct", units)
+    out["waves"] = _col(df, "launch__waves_per_multiprocessor", units)
+    if "point" in df.columns:
+        out.insert(0, "point", df["point"].to_numpy())
+    records = df.to_dict("records")
+    out["limiter"] = [occupancy_limiter(r) for r in records]
+    stalls = {r: _col(df, STALL_METRIC.format(r), units) for r in STALL_REASONS
+              if STALL_METRIC.format(r) in df.columns and r != "selected"}
+    tops = []
+    for i in range(len(df)):
+        vals = {r: v[i] for r, v in stalls.items() if not math.isnan(v[i])}
+        tot = sum(vals.values())
+        if not tot:
+            tops.append("")
+            continue
+        ranked = sorted(vals.items(), key=lambda kv: -kv[1])[:top_stalls]
+        tops.append(", ".join(f"{r} {100 * v / tot:.0f}%" for r, v in ranked))
+        for r, v in vals.items():
+            out.loc[i, f"stall_{r}_pct"] = 100 * v / tot
+    out["top_stalls"] = tops
+    return out
+
+
+def bound(row) -> str:
+    """A one-word reading of a summary row: memory-bound, compute-bound, latency-bound."""
+    dram, sm, tc = row.get("dram_pct"), row.get("sm_pct"), row.get("tensor_pct")
+    vals = [v for v in (dram, sm) if v is not None and not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    if max(vals) < 40:
+        return "latency-bound (<40% of both DRAM and SM peaks)"
+    if dram is not None and not math.isnan(dram) and dram >= (sm or 0):
+        return "memory-bound"
+    return "compute-bound" + (" (tensor cores)" if tc and not math.isnan(tc) and tc > 30 else "")
+
+
+# ------------------------------------------------------------------ command-line use
+
+def main(argv=None) -> int:
+    """python -m common.ncu profile --out DIR [--kernel RX] [--skip N] [--count N] [--set full] -- CMD..."""
+    import argparse
+
+    from .checks import run_main  # noqa: F401  (for symmetry with the scripts)
+    p = argparse.ArgumentParser(prog="python -m common.ncu",
+                                description="Run a command under Nsight Compute and print a per-kernel hardware table.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("profile", help="profile a command: ... profile [opts] -- python script.py args")
+    pr.add_argument("--out", required=True, help="folder for ncu.csv, the log and kernels.csv")
+    pr.add_argument("--kernel", help="regex on the kernel name (e.g. 'BatchDecode|Prefill')")
+    pr.add_argument("--skip", type=int, default=0, help="launches of matching kernels to skip first")
+    pr.add_argument("--count", type=int, default=None, help="launches to profile (default: all)")
+    pr.add_argument("--set", dest="section_set", default=None,
+                    help="ncu section set (e.g. full, detailed); default: the workbook's summary metrics")
+    pr.add_argument("--clock-control", default="none", choices=("none", "base"))
+    pr.add_argument("--nvtx-include", default=None, help="only kernels inside this NVTX range")
+    pr.add_argument("--timeout", type=float, default=None)
+    pr.add_argument("app", nargs=argparse.REMAINDER, help="-- then the command to profile")
+    sm = sub.add_parser("summarize", help="summarise an existing raw-page CSV")
+    sm.add_argument("csv")
+    a = p.parse_args(argv)
+    import pandas as pd
+    pd.set_option("display.width", 200)
+    cols = ["kernel", "launch", "time_us", "dram_tb_s", "dram_pct", "sm_pct", "tensor_pct",
+            "occupancy_pct", "limiter", "top_stalls"]
+    if a.cmd == "summarize":
+        s = summarize(read_raw(Path(a.csv)))
+        print(s[[c for c in cols if c in s.columns]].to_string(index=False, float_format="%.1f"))
+        return 0
+    app = a.app[1:] if a.app[:1] == ["--"] else a.app
+    if not app:
+        p.error("give the command to profile after --")
+    res = profile(app, a.out, kernel=a.kernel, launch_skip=a.skip, launch_count=a.count,
+                  section_set=a.section_set, metrics=None if a.section_set else "summary",
+                  clock_control=a.clock_control, nvtx_include=a.nvtx_include, timeout=a.timeout)
+    s = summarize(res.df)
+    s.to_csv(Path(a.out) / "kernels.csv", index=False)
+    print(s[[c for c in cols if c in s.columns]].to_string(index=False, float_format="%.1f"))
+    print(f"\nraw CSV: {res.csv_path}\nper-kernel table: {Path(a.out) / 'kernels.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    from .checks import run_main
+    run_main(main)

@@ -1,0 +1,241 @@
+"""The one GPU timing primitive of the workbook, plus the arithmetic next to it.
+
+    t = bench(lambda: wrapper.run(q, kv))             # CUDA events, cold L2 (default)
+    t = bench(fn, method="graph")                     # replay a captured CUDA graph
+    t = bench(fn, method="cupti")                     # kernel time only, from CUPTI (torch.profiler)
+    print(t.median_us, t.spread_pct)
+    r = rates(t.median_ms, bytes=..., flops=..., peaks=gpu.peaks())   # TB/s, TFLOP/s, % of peak
+
+Method (every sample):
+  1. cold L2 (``cold_l2=True``): write a buffer twice the L2 size, so the call under test
+     reads its inputs from DRAM, as it would inside a model where other layers ran between;
+  2. a short spin kernel (``torch.cuda._sleep``) keeps the GPU busy while the CPU enqueues the
+     call, so the CPU launch overhead of the call (Python, plan lookups) is not measured;
+  3. the call, bracketed by two CUDA events (``events``), or one CUDA-graph replay of a graph
+     captured from the call (``graph``), or inside a ``record_function`` range whose kernel
+     durations CUPTI reports (``cupti``: the sum of the kernels' own durations, the number
+     ncu's ``gpu__time_duration.sum`` measures, without launch gaps between kernels).
+Samples are collected first and synchronised once; the result keeps every sample so the
+spread can be shown next to the median. Warm-up calls (JIT compiles, autotuning, lazy
+allocations) run before any sample and are never timed.
+
+CPU-side costs (radix-tree matching, schedulers) are timed with :func:`bench_cpu`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+METHODS = ("events", "graph", "cupti")
+_SPIN_CYCLES = 200_000          # ~100 us at 2 GHz: longer than a typical Python launch path
+_MARK = "hands_on.bench.sample"
+
+
+@dataclass
+class Timing:
+    """Samples of one measurement (milliseconds) and how they were taken."""
+    samples_ms: list[float]
+    method: str
+    cold_l2: bool
+    warmup: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def median_us(self) -> float:
+        return self.median_ms * 1e3
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    def quantile_ms(self, q: float) -> float:
+        s = sorted(self.samples_ms)
+        if len(s) == 1:
+            return s[0]
+        pos = q * (len(s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    @property
+    def spread_pct(self) -> float:
+        """(p90 - p10) / median, in percent: how much one sample can be trusted."""
+        med = self.median_ms
+        return 100.0 * (self.quantile_ms(0.9) - self.quantile_ms(0.1)) / med if med > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("samples_ms")
+        d.update(n=len(self.samples_ms), median_ms=self.median_ms, mean_ms=self.mean_ms,
+                 min_ms=self.min_ms, p10_ms=self.quantile_ms(0.1), p90_ms=self.quantile_ms(0.9),
+                 spread_pct=self.spread_pct)
+        return d
+
+    def __str__(self) -> str:
+        return (f"{self.median_us:.2f} us median ({len(self.samples_ms)} samples, {self.method}, "
+                f"{'cold' if self.cold_l2 else 'warm'} L2, spread {self.spread_pct:.1f}%)")
+
+
+def _torch():
+    import torch  # imported lazily: --help must work without torch
+    return torch
+
+
+_flush_buffers: dict = {}
+
+
+def _flush_buffer(torch, device):
+    """A buffer of 2x the L2 size of ``device`` (cached per device)."""
+    key = str(device)
+    if key not in _flush_buffers:
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) or (50 << 20)
+        _flush_buffers[key] = torch.empty(2 * l2, dtype=torch.int8, device=device)
+    return _flush_buffers[key]
+
+
+def bench(fn, *, method: str = "events", cold_l2: bool = True, warmup: int | None = None,
+          reps: int | None = None, rep_ms: float = 100.0, min_reps: int = 10, max_reps: int = 1000,
+          spin: bool = True, device=None) -> Timing:
+    """Time ``fn()`` on the GPU and return every sample (see the module docstring for the method).
+
+    ``reps`` fixes the sample count; otherwise it is chosen so sampling takes about ``rep_ms``.
+    ``warmup`` calls run first (default: enough for ~25 ms, at least 3).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    torch = _torch()
+    device = device if device is not None else torch.cuda.current_device()
+    flush = _flush_buffer(torch, device) if cold_l2 else None
+
+    # estimate one call, then warm up (JIT, autotune and allocations happen here, untimed)
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    est_ms = max((time.perf_counter() - t0) * 1e3 / 3, 1e-3)
+    warmup = warmup if warmup is not None else max(3, int(25.0 / est_ms))
+    for _ in range(warmup):
+        fn()
+    if reps is None:
+        reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
+
+    graph = None
+    if method == "graph":
+        graph = _capture(torch, fn)
+
+    def prologue():
+        if flush is not None:
+            flush.zero_()
+        if spin:
+            torch.cuda._sleep(_SPIN_CYCLES)
+
+    notes = []
+    if method in ("events", "graph"):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        torch.cuda.synchronize()
+        for i in range(reps):
+            prologue()
+            starts[i].record()
+            graph.replay() if graph is not None else fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    else:
+        samples = _cupti_samples(torch, fn, reps, prologue)
+        if any(s == 0 for s in samples):
+            notes.append("some samples saw no kernel: is the call asynchronous on another stream?")
+    return Timing(samples_ms=samples, method=method, cold_l2=cold_l2, warmup=warmup, notes=notes)
+
+
+def _capture(torch, fn):
+    """Capture one call of ``fn`` into a CUDA graph (after a side-stream warm-up, as torch asks)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def _cupti_samples(torch, fn, reps, prologue) -> list[float]:
+    """Per-call sum of kernel durations, from CUPTI through torch.profiler."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            prologue()
+            with record_function(f"{_MARK}.{i}"):
+                fn()
+        torch.cuda.synchronize()
+    per_call = {}
+    for ev in prof.events():
+        if ev.name.startswith(_MARK + "."):
+            total_us = getattr(ev, "device_time_total", None)
+            if total_us is None:  # older torch
+                total_us = ev.cuda_time_total
+            per_call[int(ev.name.rsplit(".", 1)[1])] = total_us / 1e3
+    return [per_call.get(i, 0.0) for i in range(reps)]
+
+
+def bench_cpu(fn, *, reps: int | None = None, rep_ms: float = 200.0, warmup: int = 3,
+              min_reps: int = 5, max_reps: int = 100_000) -> Timing:
+    """Time a CPU-only callable with ``time.perf_counter_ns`` (one sample per call)."""
+    for _ in range(warmup):
+        fn()
+    if reps is None:
+        t0 = time.perf_counter_ns()
+        fn()
+        est_ms = max((time.perf_counter_ns() - t0) / 1e6, 1e-4)
+        reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
+    return Timing(samples_ms=samples, method="cpu", cold_l2=False, warmup=warmup)
+
+
+def rates(ms: float, *, bytes: float | None = None, flops: float | None = None,
+          peaks: dict | None = None) -> dict:
+    """Turn a time and the work done into TB/s, TFLOP/s and % of the device's peaks.
+
+    ``peaks`` is a dict like ``gpu.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops``
+    (measured values are preferred there over datasheet ones). Arithmetic intensity
+    (FLOP/byte) is given when both are known, for a roofline position.
+    """
+    out: dict = {"ms": ms}
+    s = ms / 1e3
+    if bytes is not None and s > 0:
+        out["bytes"] = bytes
+        out["tb_s"] = bytes / s / 1e12
+    if flops is not None and s > 0:
+        out["flops"] = flops
+        out["tflop_s"] = flops / s / 1e12
+    if bytes and flops:
+        out["flop_per_byte"] = flops / bytes
+    if peaks:
+        if "tb_s" in out and peaks.get("dram_tb_s"):
+            out["pct_peak_dram"] = 100.0 * out["tb_s"] / peaks["dram_tb_s"]
+        if "tflop_s" in out and peaks.get("bf16_tflops"):
+            out["pct_peak_tflops"] = 100.0 * out["tflop_s"] / peaks["bf16_tflops"]
+    return out

@@ -1,0 +1,162 @@
+"""common.ncu against real Nsight Compute output captured on an H200 (tests/fixtures/README.md)."""
+import math
+
+import pytest
+
+from common import ncu
+
+
+def test_raw_page_kernels_units_and_separators(fixture_path):
+    df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
+    assert len(df) == 4
+    assert df.attrs["units"]["gpu__time_duration.sum"] == "ns"
+    assert df.attrs["units"]["dram__bytes_read.sum"] == "byte"
+    # "1,980,000" in the file: thousands separators must not break the number
+    assert df["device__attribute_clock_rate"].iloc[0] == 1_980_000
+    assert [ncu.short_name(k) for k in df["Kernel Name"]] == [
+        "BatchDecodeWithPagedKVCacheKernel", "BatchPrefillWithPagedKVCacheKernel",
+        "RMSNormKernel", "FusedAddRMSNormKernel"]
+
+
+def test_summary_time_bytes_and_bandwidth(fixture_path):
+    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")),
+                      peaks={"dram_tb_s": 4.0})
+    dec = s.iloc[0]
+    assert dec["time_us"] == pytest.approx(200.512)                      # "200,512" ns
+    assert dec["dram_read_mb"] == pytest.approx(537.311232)              # "537,311,232" byte
+    tb_s = (537_311_232 + 3_209_984) / 200.512e-6 / 1e12
+    assert dec["dram_tb_s"] == pytest.approx(tb_s)
+    assert dec["pct_peak_dram"] == pytest.approx(100 * tb_s / 4.0)
+    assert dec["dram_pct"] == pytest.approx(56.03)
+    assert dec["limiter"].startswith("registers")
+
+
+def test_default_clock_control_slows_the_same_kernels(fixture_path):
+    """Why the workbook passes --clock-control none: base clocks read slower than real runs."""
+    base = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-base.csv")))
+    none = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")))
+    assert list(base["kernel"]) == list(none["kernel"])
+    assert (base["time_us"] > none["time_us"]).all()
+    assert base["time_us"].iloc[0] > 1.2 * none["time_us"].iloc[0]      # decode: 254 vs 200.5 us
+
+
+def test_full_set_summary_has_hardware_story(fixture_path):
+    df = ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv"))
+    assert df.shape == (5, 2238)
+    s = ncu.summarize(df)
+    by = {r["kernel"]: r for r in s.to_dict("records")}
+    prefill, decode = by["BatchPrefillWithPagedKVCacheKernel"], by["BatchDecodeWithPagedKVCacheKernel"]
+    assert prefill["tensor_pct"] > 30 > decode["tensor_pct"]          # FA2 prefill uses the tensor pipe
+    assert decode["dram_pct"] == pytest.approx(56.57)                   # from gpu__dram_throughput in --set full
+    assert prefill["limiter"] == "registers+shared_mem (2 blocks/SM)"
+    assert by["RMSNormKernel"]["occupancy_pct"] == pytest.approx(91.10)
+    for r in s.to_dict("records"):
+        shares = [v for k, v in r.items() if k.startswith("stall_") and not (isinstance(v, float) and math.isnan(v))]
+        assert sum(shares) == pytest.approx(100.0)
+        assert r["top_stalls"].count("%") == 3
+    assert ncu.bound(by["FusedAddRMSNormKernel"]) == "memory-bound"
+
+
+def test_details_page_metrics_and_rules(fixture_path):
+    m, rules = ncu.read_details(fixture_path("ncu_full_details_flashinfer_batch_decode_h200.csv"))
+    dur = m[m["Metric Name"] == "Duration"].iloc[0]
+    assert (dur["Metric Unit"], dur["value"]) == ("ns", 199_136)
+    assert m[m["Metric Name"] == "Block Limit Registers"]["value"].iloc[0] == 8
+    assert {"SOLBottleneck", "AchievedOccupancy", "CPIStall"} <= set(rules["Rule Name"])
+    assert not (m["Metric Name"] == "Metric Name").any()               # the repeated header row is skipped
+
+
+def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
+    """The CSV that `ncu --import` printed and NVIDIA's ncu_report reading the same .ncu-rep agree."""
+    import ncu_report  # tests/requirements.txt; runs without a GPU
+    rep = ncu_report.load_report(str(fixture_path("ncu_rep_sol_occupancy_flashinfer_rmsnorm_h200.ncu-rep")))
+    action = rep.range_by_idx(0).action_by_idx(0)
+    df = ncu.read_raw(fixture_path("ncu_raw_from_rep_sol_occupancy_flashinfer_rmsnorm_h200.csv"))
+    assert ncu.short_name(df["Kernel Name"].iloc[0]) == action.name() == "RMSNormKernel"
+    names = set(action.metric_names())
+    units = df.attrs["units"]
+    assert units["gpu__time_duration.sum"] == "us"     # `ncu --import` scales units: the units row matters
+    compared = 0
+    for col in df.columns:
+        v, unit = df[col].iloc[0], units[col]
+        if col not in names or not isinstance(v, float) or math.isnan(v) or "/" in unit and unit not in ncu.BASE_UNITS:
+            continue
+        got = ncu.to_base(v, unit) if unit in ncu.BASE_UNITS else v
+        ref = action.metric_by_name(col).as_double()
+        tol = max(0.006, abs(ref) * 1e-4) * (ncu.BASE_UNITS.get(unit, 1))   # the CSV prints 2 decimals
+        assert got == pytest.approx(ref, abs=tol), col
+        compared += 1
+    assert compared >= 50
+    assert ncu.summarize(df)["time_us"].iloc[0] == pytest.approx(
+        action.metric_by_name("gpu__time_duration.sum").as_double() / 1e3)
+
+
+def test_summary_metrics_exist_on_hopper(fixture_path):
+    """Every metric the summary list asks for is one this ncu knows (or one --set full printed)."""
+    import csv
+    known = set(fixture_path("ncu_metric_names_gh100_h200.txt").read_text().split())
+    header = set(next(csv.reader(open(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")))))
+    for m in ncu.SUMMARY_METRICS:
+        assert m in header or m.split(".")[0] in known, m
+
+
+def test_truncated_csv_fails_loudly(fixture_path):
+    with pytest.raises(ncu.NcuParseError, match="truncated"):
+        ncu.read_raw(fixture_path("bad_ncu_raw_truncated.csv"))
+
+
+def test_missing_units_row_fails_loudly(fixture_path):
+    with pytest.raises(ncu.NcuParseError, match="units row"):
+        ncu.read_raw(fixture_path("bad_ncu_raw_no_units_row.csv"))
+
+
+def test_log_without_kernels_is_not_a_csv(fixture_path):
+    text = fixture_path("bad_ncu_log_no_kernels.txt").read_text()
+    assert ncu.extract_csv(text) == ""
+    with pytest.raises(ncu.NcuParseError):
+        ncu.read_raw(ncu.extract_csv(text) + "\n")
+
+
+def test_extract_csv_drops_prof_lines_and_app_output(fixture_path):
+    csv_text = fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv").read_text()
+    mixed = "==PROF== Connected to process 7\nhello from the app\n" + csv_text + "==PROF== Disconnected\n"
+    assert len(ncu.read_raw(ncu.extract_csv(mixed))) == 4
+
+
+def test_unexpected_unit_is_rejected(fixture_path):
+    df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
+    df.attrs["units"]["gpu__time_duration.sum"] = "furlong"
+    with pytest.raises(ncu.NcuParseError, match="unexpected unit"):
+        ncu.summarize(df)
+
+
+def test_usecond_units_are_converted(fixture_path):
+    df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
+    df["gpu__time_duration.sum"] = df["gpu__time_duration.sum"] / 1e3
+    df.attrs["units"]["gpu__time_duration.sum"] = "usecond"
+    assert ncu.summarize(df)["time_us"].iloc[0] == pytest.approx(200.512)
+
+
+def test_marker_points_split_launches(fixture_path):
+    """Sweep points under ncu: rows between marker kernels belong to one point."""
+    df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
+    import pandas as pd
+    mark = df.iloc[[0]].copy()
+    mark["Kernel Name"] = "spin_kernel(long)"
+    parts = [mark, df.iloc[[0, 1]], mark, df.iloc[[2]], mark, df.iloc[[3]]]
+    glued = pd.concat(parts, ignore_index=True)
+    glued.attrs = df.attrs
+    s = ncu.summarize(ncu.split_points(glued))
+    assert list(s["point"]) == [0, 0, 1, 2]
+    assert "spin_kernel" not in set(s["kernel"])
+
+
+def test_build_cmd_flags():
+    cmd = ncu.build_cmd(["python", "x.py"], log_file="l.txt", kernel="Decode", launch_skip=2, launch_count=3)
+    assert cmd[-2:] == ["python", "x.py"]
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--kernel-name") + 1] == "regex:Decode"
+    assert cmd[cmd.index("--launch-skip") + 1] == "2" and cmd[cmd.index("--launch-count") + 1] == "3"
+    assert "gpu__time_duration.sum" in cmd[cmd.index("--metrics") + 1].split(",")
+    full = ncu.build_cmd(["a"], log_file="l", section_set="full")
+    assert "--metrics" not in full and full[full.index("--set") + 1] == "full"

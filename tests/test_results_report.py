@@ -1,0 +1,165 @@
+"""common.results keeps earlier results safe; common.report refreshes only auto blocks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from common import report, results
+
+
+def _script(tmp_path, system="demo"):
+    p = tmp_path / system / "scripts" / "01_demo.py"
+    p.parent.mkdir(parents=True)
+    p.write_text("# demo\n")
+    return p
+
+
+def test_run_writes_files_then_summary(tmp_path):
+    script = _script(tmp_path)
+    with results.Run(script, {"quick": True}, quiet=True) as run:
+        run.table("sweep", [{"a": 1, "b": 2.5}])
+        run.headline(tb_s=2.7)
+        run.observe("decode is memory-bound", "DRAM 80%", "confirmed", "ncu.csv")
+        run.story("STORY\n└── done")
+        assert not (run.final_dir / "summary.json").exists()            # nothing final while running
+    d = tmp_path / "demo" / "results" / "01_demo"
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "ok" and s["tables"] == ["sweep"] and s["headline"]["tb_s"] == 2.7
+    assert (d / "sweep.csv").read_text().splitlines() == ["a,b", "1,2.5"]
+    assert not list(d.glob(".partial-*"))
+    assert {"date_utc", "command", "git", "packages", "gpu"} <= set(s["provenance"])
+
+
+def test_failed_run_keeps_last_good_result(tmp_path):
+    script = _script(tmp_path)
+    with results.Run(script, {}, quiet=True) as run:
+        run.table("sweep", [{"a": 1}])
+    d = tmp_path / "demo" / "results" / "01_demo"
+    good = (d / "summary.json").read_text()
+    with pytest.raises(ZeroDivisionError):
+        with results.Run(script, {}, quiet=True) as run:
+            run.table("sweep", [{"a": 999}])
+            1 / 0
+    assert (d / "summary.json").read_text() == good                       # untouched
+    assert (d / "sweep.csv").read_text().splitlines()[1] == "1"
+    failed = list(d.glob("failed-*"))
+    assert len(failed) == 1
+    fs = json.loads((failed[0] / "summary.json").read_text())
+    assert fs["status"] == "failed" and "ZeroDivisionError" in fs["error"] and "Traceback" in fs["traceback"]
+
+
+def test_interrupted_run_is_recorded_not_promoted(tmp_path):
+    """A real Ctrl-C (SIGINT) in the middle of a run: earlier results stay, the run says 'interrupted'."""
+    script = _script(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(root)!r})
+        from common.results import Run
+        from common.checks import run_main
+        def main(argv=None):
+            with Run({str(script)!r}, {{}}, quiet=True) as run:
+                run.table("sweep", [{{"a": 2}}]); print("ready", flush=True); time.sleep(30)
+        run_main(main)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "Traceback" not in err and "interrupted" in err
+    d = tmp_path / "demo" / "results" / "01_demo"
+    assert not (d / "summary.json").exists()
+    (kept,) = d.glob("interrupted-*")
+    assert json.loads((kept / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_point_errors_and_verdicts(tmp_path):
+    with results.Run(_script(tmp_path), {}, quiet=True) as run:
+        run.point_error({"batch": 256, "kv": 32768}, MemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+        with pytest.raises(ValueError):
+            run.observe("x", "y", "maybe")
+    s = results.load_summary(run.final_dir)
+    assert s["point_errors"] == [{"batch": 256, "kv": 32768, "error": "MemoryError: CUDA out of memory. Tried to allocate 2 GiB"}]
+
+
+def test_atomic_json_never_leaves_partial_file(tmp_path):
+    p = tmp_path / "s.json"
+    results.write_json_atomic(p, {"x": float("nan"), "y": [1.0, float("inf")]})
+    assert json.loads(p.read_text()) == {"x": None, "y": [1.0, None]}
+    assert [f.name for f in tmp_path.iterdir()] == ["s.json"]
+
+
+REPORT = """# Demo
+
+Hand-written text stays.
+
+<!-- auto:01_demo/story -->
+_not run yet_
+<!-- /auto -->
+
+<!-- auto:01_demo/observations -->
+_not run yet_
+<!-- /auto -->
+
+<!-- auto:02_missing/story -->
+committed text of a block without results
+<!-- /auto -->
+
+<!-- auto:01_demo/table:sweep -->
+old
+<!-- /auto -->
+"""
+
+
+def test_report_refresh_fills_blocks_and_keeps_the_rest(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "demo" / "reports").mkdir()
+    md = tmp_path / "demo" / "reports" / "analysis.md"
+    md.write_text(REPORT)
+    with results.Run(script, {}, quiet=True) as run:
+        run.table("sweep", [{"batch": 1, "tb_s": 1.23456}, {"batch": 2, "tb_s": float("nan")}])
+        run.observe("decode is memory-bound", "DRAM 81% | SM 12%", "confirmed", "ncu.csv")
+        run.story("STORY\n└── decode 198 us")
+    o = report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
+    text = md.read_text()
+    assert "Hand-written text stays." in text
+    assert "```text\nSTORY\n└── decode 198 us\n```" in text
+    assert "| decode is memory-bound | DRAM 81% \\| SM 12% | **confirmed** | ncu.csv |" in text
+    assert "committed text of a block without results" in text
+    assert "| 1 | 1.23 |" in text and "| 2 | - |" in text
+    assert any("02_missing/story" in k for k in o.kept)
+    # a second refresh with the same results changes nothing
+    before = md.read_bytes()
+    o2 = report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
+    assert md.read_bytes() == before and o2.files_written == []
+
+
+def test_report_refresh_without_results_changes_no_file(tmp_path):
+    (tmp_path / "demo" / "reports").mkdir(parents=True)
+    md = tmp_path / "demo" / "reports" / "analysis.md"
+    md.write_text(REPORT)
+    o = report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
+    assert md.read_text() == REPORT and o.files_written == [] and len(o.kept) == 4
+
+
+def test_committed_reports_are_well_formed():
+    """Every auto block in the repository's reports opens and closes, with a known key kind."""
+    root = Path(__file__).resolve().parents[1]
+    kinds = {"story", "observations", "provenance", "headline", "errors"}
+    n = 0
+    for md in root.glob("*/reports/*.md"):
+        text = md.read_text()
+        assert text.count("<!-- auto:") == text.count("<!-- /auto -->"), md
+        for m in report.BLOCK.finditer(text):
+            key = m.group("key")
+            n += 1
+            if key == "index":
+                continue
+            stem, what = key.split("/", 1)
+            assert stem[:2].isdigit(), (md, key)
+            assert what in kinds or what.split(":")[0] in ("table", "figure"), (md, key)
+    assert n > 0
