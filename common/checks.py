@@ -73,10 +73,18 @@ def run_main(main, argv=None) -> None:
     except KeyboardInterrupt:
         print("[interrupted] stopped by Ctrl-C; earlier results were left as they were.", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
-    except Exception as e:  # the experiment failed: one line here, the traceback in the run's log
-        print(f"[failed] {e.__class__.__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
-              file=sys.stderr)
-        if "--debug" in sys.argv:
+    except Exception as e:  # the experiment failed: one line here, the traceback kept in a file
+        import os
+        from pathlib import Path
+        where = Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on")) / "last-error.txt"
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            where.write_text(f"{' '.join(sys.argv)}\n{traceback.format_exc()}")
+        except OSError:
+            where = None
+        print(f"[failed] {e.__class__.__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+              + (f" (traceback: {where})" if where else ""), file=sys.stderr)
+        if os.environ.get("HANDS_ON_DEBUG"):
             traceback.print_exc()
         sys.exit(EXIT_FAILED)
     sys.exit(rc or 0)

@@ -6,7 +6,7 @@
 
 Datasheet peaks are leads; the workbook divides by what this GPU was measured to do
 (``measure_peaks``: a large device-to-device copy, counting bytes read + written, and a
-large bf16 matrix product), cached per GPU in ``~/.cache/hands-on/peaks/`` (override the
+large bf16 matrix product, both timed with CUDA events), cached per GPU in ``~/.cache/hands-on/peaks/`` (override the
 folder with HANDS_ON_CACHE). Reports show both, so a reader sees the gap between them.
 """
 from __future__ import annotations
@@ -86,8 +86,12 @@ def _versions() -> dict:
     except (metadata.PackageNotFoundError, ValueError):
         pass
     msg = sys.modules.get("minisgl")
-    if msg is not None and "minisgl" not in v:
-        v["minisgl"] = minisgl_commit(Path(msg.__file__).resolve().parents[2])
+    if msg is not None and "minisgl" not in v:  # a namespace package has no __file__, only __path__
+        where = getattr(msg, "__file__", None) or next(iter(getattr(msg, "__path__", [])), None)
+        if where:
+            pkg_dir = Path(where).resolve()
+            pkg_dir = pkg_dir.parent if pkg_dir.is_file() else pkg_dir
+            v["minisgl"] = minisgl_commit(pkg_dir.parents[1])
     return v
 
 
@@ -196,7 +200,7 @@ def snapshot(argv: list[str] | None = None, extra: dict | None = None) -> dict:
     }
     if torch is not None:
         prov["cuda_runtime"] = getattr(torch.version, "cuda", None)
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # never create a context here
             p = torch.cuda.get_device_properties(0)
             prov["sm_count"] = p.multi_processor_count
             prov["compute_capability"] = f"{p.major}.{p.minor}"
@@ -205,6 +209,10 @@ def snapshot(argv: list[str] | None = None, extra: dict | None = None) -> dict:
     if nvcc:
         m = re.search(r"release ([\d.]+)", nvcc)
         prov["nvcc"] = m.group(1) if m else nvcc.splitlines()[-1]
+    if "sm_count" not in prov and prov["gpu"]:
+        spec = device_spec(prov["gpu"])
+        if spec:
+            prov["sm_count"] = spec["sms"]
     if extra:
         prov.update(extra)
     return prov
@@ -230,9 +238,11 @@ def _cache_dir() -> Path:
 
 
 def _cache_key(torch, device: int) -> str:
-    g = [x for x in gpus() if x["index"] == device] or gpus()
-    uuid = g[0]["uuid"] if g else torch.cuda.get_device_name(device).replace(" ", "_")
-    drv = g[0]["driver"] if g else "unknown"
+    """GPU UUID (from NVML: no CUDA context needed) + driver + torch version."""
+    g = gpus()
+    me = g[device] if device < len(g) else None   # gpus() lists the visible GPUs in CUDA order
+    uuid = me["uuid"] if me else torch.cuda.get_device_name(device).replace(" ", "_")
+    drv = me["driver"] if me else "unknown"
     return f"{uuid}-drv{drv}-torch{torch.__version__}".replace("/", "_")
 
 
@@ -253,12 +263,12 @@ def measure_peaks(device: int = 0, *, refresh: bool = False, quick: bool = False
         n = (512 << 20) if quick else (2 << 30)
         src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
-        t_copy = bench(lambda: dst.copy_(src), cold_l2=False, reps=30)
+        t_copy = bench(lambda: dst.copy_(src), method="events", cold_l2=False, reps=30)  # a memcpy, not a kernel
         del src, dst
         m = 4096 if quick else 8192
         a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-        t_mm = bench(lambda: a @ b, cold_l2=False, reps=30)
+        t_mm = bench(lambda: a @ b, method="events", cold_l2=False, reps=30)
         del a, b
         torch.cuda.empty_cache()
     res = {
@@ -277,16 +287,33 @@ def measure_peaks(device: int = 0, *, refresh: bool = False, quick: bool = False
     return res
 
 
+def cached_peaks(device: int = 0) -> dict | None:
+    """The measured peaks of ``device`` if this machine measured them before; never touches CUDA
+    (scripts that start a server or a mini-SGLang engine on the GPU afterwards need that)."""
+    import torch
+    p = _cache_dir() / f"{_cache_key(torch, device)}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def peaks(device: int = 0, *, measure: bool = True) -> dict:
     """Peaks to divide by: measured (cached) where possible, with the datasheet row beside them.
 
-    Returns ``{"dram_tb_s", "bf16_tflops", "source", "datasheet": {...}, "measured": {...}}``.
+    Returns ``{"gpu", "dram_tb_s", "bf16_tflops", "source", "datasheet": {...}, "measured": {...}}``.
+    A cached measurement is read without initialising CUDA; measuring needs the GPU for ~10 s.
     """
-    import torch
-    name = torch.cuda.get_device_name(device)
+    g = gpus()
+    meas = cached_peaks(device)
+    if meas is None and measure:
+        meas = measure_peaks(device)
+    name = (meas or {}).get("gpu") or (g[device]["name"] if device < len(g) else None)
+    if name is None:
+        import torch
+        name = torch.cuda.get_device_name(device)
     spec = device_spec(name)
     out = {"gpu": name, "datasheet": spec}
-    meas = measure_peaks(device) if measure else None
     if meas:
         out.update(dram_tb_s=meas["dram_tb_s"], bf16_tflops=meas["bf16_tflops"], source="measured",
                    measured={k: meas[k] for k in ("dram_tb_s", "bf16_tflops", "date_utc")})

@@ -117,7 +117,10 @@ class Renderer:
             if not p.is_file():
                 return None, f"{p.name} missing"
             import pandas as pd
-            df = pd.read_csv(p)
+            try:
+                df = pd.read_csv(p)
+            except pd.errors.EmptyDataError:
+                return "_(the run wrote an empty table)_\n", ""
             return md_table(df.to_dict("records"), more=f" in `{p.relative_to(self.root)}`") + "\n", ""
         if what.startswith("figure:"):
             name = what.split(":", 1)[1]

@@ -163,3 +163,14 @@ def test_committed_reports_are_well_formed():
             assert stem[:2].isdigit(), (md, key)
             assert what in kinds or what.split(":")[0] in ("table", "figure"), (md, key)
     assert n > 0
+
+
+def test_report_handles_an_empty_table(tmp_path):
+    script = _script(tmp_path)
+    (tmp_path / "demo" / "reports").mkdir()
+    md = tmp_path / "demo" / "reports" / "x.md"
+    md.write_text("<!-- auto:01_demo/table:sweep -->\nold\n<!-- /auto -->\n")
+    with results.Run(script, {}, quiet=True) as run:
+        run.path("sweep.csv").write_text("")
+    report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
+    assert "empty table" in md.read_text()
