@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""01 · mini-SGLang's own kernels against torch references, and which kernels each call launches.
+
+What it measures
+    Correctness, exact (these kernels copy bytes, so results must be bit-identical):
+      index   indexing(weights, ids) vs F.embedding: bf16/fp16, int32/int64 ids, 1..1000 tokens;
+              the vocab-range mask tensor parallelism uses (vocab_range=(start, length)) for TP 2/4
+              shards, with the boundary ids start-1, start, start+length-1, start+length, and the
+              identity the TP all-reduce relies on: the shards' masked outputs sum to the full lookup;
+              (full run) a row that is not a multiple of 128 B must be rejected by the build.
+      store   store_cache(k_cache, v_cache, slots, k, v) vs indexing the caches: KV rows of 2048 B
+              (Llama-3.1-8B, TP1) down to 256 B (TP8), sequential and random slots, int32/int64,
+              k/v as strided views of one QKV buffer (as the engine passes them); untouched slots stay.
+      radix   fast_compare_key vs a Python first-mismatch: int32/int64, equal, prefix, empty; mixed
+              dtypes and non-contiguous input must raise.
+      pynccl  (two or more GPUs) all-reduce (sum; bf16, fp16) through the symmetric-buffer path and
+              the direct path, and all-gather, across 2 spawned ranks, vs the arithmetic answer.
+    Then one call of each wrapper (and of the plain-torch equivalent) under torch.profiler: which
+    kernels launch, in what order, with which grid and block (kernels per call, warps per token).
+
+What the plan expected (hypotheses)
+    * Store: "K copy, V copy in a separate kernel launch, 2 sync points". The code (store.cu:41-49)
+      copies both in one launch. The trace counts the launches.
+    * Index: "1 warp per token", "fixed 256 threads". The code (index.py:41-47, index.cu:135-137)
+      uses num_splits warps per token in 128-thread blocks. The trace's grid x block says which.
+
+Run
+    python mini-sglang/scripts/01_test_kernels.py --quick     # ~30 s: fewer shapes, no rejected-row build
+    python mini-sglang/scripts/01_test_kernels.py             # every case; PyNCCL when >= 2 GPUs
+    ./mini-sglang/scripts/ncu_profile.sh --kernel 'index_kernel|store_kv_cache' -- \
+        python mini-sglang/scripts/01_test_kernels.py --quick  # every checked launch under ncu
+Writes mini-sglang/results/01_test_kernels/: checks.csv, launches.csv, trace.json, story.txt, summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import story  # noqa: E402
+from common.checks import require_gpu, run_main  # noqa: E402
+from common.ranges import nvtx_range  # noqa: E402
+from common.results import Run  # noqa: E402
+import _msgl  # noqa: E402
+
+HIDDEN, VOCAB = 4096, 128256          # Llama-3.1-8B embedding
+QKV_Q = 32 * 128                      # query width in the fused QKV buffer (the engine's layout)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer shapes, no rejected-row build (~30 s)")
+    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/01_test_kernels)")
+    return p.parse_args(argv)
+
+
+class Checks:
+    def __init__(self, run):
+        self.run, self.rows = run, []
+
+    def add(self, kernel, case, ok, detail=""):
+        self.rows.append({"kernel": kernel, "case": case, "ok": bool(ok), "detail": detail})
+        if not ok:
+            self.run.log(f"MISMATCH {kernel}: {case} {detail}")
+
+    def summary(self, kernel):
+        mine = [r for r in self.rows if r["kernel"] == kernel]
+        return f"{sum(r['ok'] for r in mine)}/{len(mine)} cases"
+
+
+def check_index(torch, K, chk, quick):
+    F = torch.nn.functional
+    vocab = 32768 if quick else VOCAB
+    for dtype in (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16):
+        w = torch.randn(vocab, HIDDEN, device="cuda", dtype=dtype)
+        for idt in (torch.int32, torch.int64):
+            for n in (1, 64) if quick else (1, 7, 64, 1000):
+                ids = torch.randint(0, vocab, (n,), device="cuda", dtype=idt)
+                ids[0], ids[-1] = 0, vocab - 1
+                out = K.indexing(w, ids)
+                chk.add("index", f"{str(dtype)[6:]} {str(idt)[6:]} L={n}", torch.equal(out, F.embedding(ids.long(), w)))
+        for tp in (2,) if quick else (2, 4):
+            total = None
+            ids = torch.randint(0, vocab, (256,), device="cuda", dtype=torch.int64)
+            bounds = []
+            for r in range(tp):
+                s, n = _msgl.vocab_shard(vocab, tp, r)
+                bounds += [s - 1, s, s + n - 1, s + n]
+            bounds = torch.tensor([b for b in bounds if 0 <= b < vocab] + [0, vocab - 1], device="cuda")
+            ids = torch.cat([bounds, ids])
+            for r in range(tp):
+                s, n = _msgl.vocab_shard(vocab, tp, r)
+                local = w[s:s + n]
+                out = K.indexing(local, ids, vocab_range=(s, n))
+                inside = (ids >= s) & (ids < s + n)
+                ref = F.embedding((ids - s).clamp(0, n - 1), local) * inside[:, None].to(dtype)
+                chk.add("index (vocab mask)", f"{str(dtype)[6:]} TP{tp} rank{r} [{s},{s + n}) incl. boundary ids",
+                        torch.equal(out, ref), f"{int(inside.sum())}/{len(ids)} ids in range")
+                total = out.float() if total is None else total + out.float()
+            chk.add("index (vocab mask)", f"{str(dtype)[6:]} TP{tp}: shards sum to the full lookup",
+                    torch.equal(total.to(dtype), F.embedding(ids, w)))
+    if not quick:   # 100 fp16 elements = 200 B: warp.cuh's static_assert must stop the build
+        bad = torch.randn(16, 100, device="cuda", dtype=torch.float16)
+        try:
+            K.indexing(bad, torch.zeros(4, dtype=torch.int32, device="cuda"))
+            chk.add("index", "200-B rows are rejected (row must be a multiple of 128 B)", False, "accepted")
+        except Exception as e:
+            chk.add("index", "200-B rows are rejected (row must be a multiple of 128 B)", True,
+                    f"{e.__class__.__name__} at build time")
+
+
+def check_store(torch, K, chk, quick):
+    pool = 8192
+    for row_elems in (1024, 128) if quick else (1024, 512, 256, 128):  # 2048 B (TP1) .. 256 B (TP8), bf16
+        for pattern in ("sequential", "random"):
+            for idt in (torch.int32,) if quick else (torch.int32, torch.int64):
+                n = 333
+                kv = torch.zeros(2, pool, row_elems, device="cuda", dtype=torch.bfloat16)
+                qkv = torch.randn(n, QKV_Q + 2 * row_elems, device="cuda", dtype=torch.bfloat16)
+                k, v = qkv[:, QKV_Q:QKV_Q + row_elems], qkv[:, QKV_Q + row_elems:]   # strided views
+                loc = (torch.arange(100, 100 + n, device="cuda") if pattern == "sequential"
+                       else torch.randperm(pool, device="cuda")[:n]).to(idt)
+                K.store_cache(kv[0], kv[1], loc, k, v)
+                mask = torch.ones(pool, dtype=torch.bool, device="cuda")
+                mask[loc.long()] = False
+                ok = (torch.equal(kv[0][loc.long()], k) and torch.equal(kv[1][loc.long()], v)
+                      and not kv[:, mask].any())
+                chk.add("store", f"{row_elems * 2} B rows, {pattern} slots, {str(idt)[6:]}, strided k/v", ok)
+
+
+def check_radix(torch, K, chk):
+    cases = []
+    for dt in (torch.int32, torch.int64):
+        a = torch.arange(5000, dtype=dt)
+        for pos in (0, 1, 31, 4095, 4999):
+            b = a.clone()
+            b[pos] = -7
+            cases.append((f"{str(dt)[6:]} len 5000, mismatch at {pos}", a, b))
+        cases += [(f"{str(dt)[6:]} equal", a, a.clone()), (f"{str(dt)[6:]} prefix", a[:123], a),
+                  (f"{str(dt)[6:]} empty", a[:0], a)]
+    for name, x, y in cases:
+        got = int(K.fast_compare_key(x, y))
+        chk.add("radix", name, got == _msgl.first_mismatch(x.tolist(), y.tolist()), f"returned {got}")
+    for name, x, y in (("mixed int32/int64", torch.arange(10, dtype=torch.int32), torch.arange(10)),
+                       ("non-contiguous", torch.arange(20, dtype=torch.int32)[::2], torch.arange(10, dtype=torch.int32))):
+        try:
+            K.fast_compare_key(x, y)
+            chk.add("radix", f"{name} must raise", False, "no error")
+        except Exception as e:
+            chk.add("radix", f"{name} must raise", True, e.__class__.__name__)
+
+
+def nccl_worker(rank, world, port, buffers):
+    """One rank: all-reduce and all-gather through PyNCCL, checked against the arithmetic answer."""
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=120))
+    from minisgl.kernel import init_pynccl
+    rows = []
+    for buf in buffers:
+        comm = init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD, max_size_bytes=buf)
+        path = "symmetric buffer (copy in/out)" if buf else "direct (no buffer)"
+        for dtype in (torch.bfloat16, torch.float16):
+            for n in (1024, 1 << 20):
+                x = torch.full((n,), float(rank + 1), dtype=dtype, device="cuda")
+                x[: n // 2] = 0
+                comm.all_reduce(x, "sum")
+                torch.cuda.synchronize()
+                want = world * (world + 1) / 2
+                ok = bool((x[: n // 2] == 0).all() and (x[n // 2:] == want).all())
+                rows.append({"case": f"all_reduce sum {str(dtype)[6:]} {n * 2} B, {path}", "ok": ok})
+        src = torch.full((512,), float(rank), dtype=torch.bfloat16, device="cuda")
+        dst = torch.empty(512 * world, dtype=torch.bfloat16, device="cuda")
+        comm.all_gather(dst, src)
+        torch.cuda.synchronize()
+        want = torch.arange(world, dtype=torch.bfloat16, device="cuda").repeat_interleave(512)
+        rows.append({"case": f"all_gather bf16 x{world}, {path}", "ok": bool(torch.equal(dst, want))})
+    dist.barrier()
+    dist.destroy_process_group()
+    return rows
+
+
+def trace_calls(torch, K, run):
+    """One call of each wrapper and of its plain-torch counterpart under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    w = torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (64,), device="cuda", dtype=torch.int32)
+    s, n = _msgl.vocab_shard(VOCAB, 2, 1)
+    local = w[s:s + n]
+    kv = torch.zeros(2, 65536, 1024, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(64, QKV_Q + 2048, device="cuda", dtype=torch.bfloat16)
+    k, v = qkv[:, QKV_Q:QKV_Q + 1024], qkv[:, QKV_Q + 1024:]
+    loc = torch.randperm(65536, device="cuda")[:64].to(torch.int32)
+    loc64 = loc.long()   # torch indexing wants int64: converted outside the traced call
+    kc, vc = kv[0], kv[1]
+    calls = {
+        "call: indexing L=64 D=4096 bf16 int32": lambda: K.indexing(w, ids),
+        "call: indexing TP2 rank1 vocab_range L=64": lambda: K.indexing(local, ids, vocab_range=(s, n)),
+        "call: torch F.embedding L=64": lambda: torch.nn.functional.embedding(ids, w),
+        "call: store_cache L=64 row=2048B": lambda: K.store_cache(kc, vc, loc, k, v),
+        "call: torch index_put K and V L=64": lambda: (kc.index_put_((loc64,), k), vc.index_put_((loc64,), v)),
+    }
+    for fn in calls.values():   # warm: JIT loads and allocations are not part of the picture
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for name, fn in calls.items():
+            with nvtx_range(name):
+                fn()
+        torch.cuda.synchronize()
+    path = run.path("trace.json")
+    prof.export_chrome_trace(str(path))
+    rows = _msgl.launches_by_range(path, r"^call: ")
+    for r in rows:
+        r["threads"] = _msgl.threads_launched(r["grid"], r["block"])
+        r["warps_per_token"] = r["threads"] / 32 / 64 if r["threads"] else None
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    K = _msgl.require_minisgl("minisgl.kernel")
+    import torch
+    ngpu = require_gpu(torch)
+    with Run(__file__, args, out=args.out) as run:
+        chk = Checks(run)
+        run.log("index: plain and vocab-masked lookups vs F.embedding (first call may JIT-build)")
+        _msgl.first_call(lambda: K.indexing(torch.zeros(8, HIDDEN, device="cuda", dtype=torch.bfloat16),
+                                            torch.zeros(1, dtype=torch.int32, device="cuda")), "index")
+        check_index(torch, K, chk, args.quick)
+        run.log("store: KV scatter vs indexing the caches")
+        check_store(torch, K, chk, args.quick)
+        run.log("radix: fast_compare_key vs a Python first-mismatch")
+        check_radix(torch, K, chk)
+        if ngpu >= 2:
+            run.log("pynccl: 2 ranks, symmetric-buffer and direct paths")
+            _msgl.apply_nccl_safe_env(run.log)
+            try:
+                res = _msgl.run_ranks(nccl_worker, 2, ((64 << 20, 0),), run.dir / "ranks", timeout_s=240, log=run.log)
+                for rank, rows in enumerate(res):
+                    for r in rows:
+                        chk.add("pynccl", f"rank{rank} {r['case']}", r["ok"])
+            except RuntimeError as e:
+                chk.add("pynccl", "2-rank run", False, str(e)[:240])
+        else:
+            run.note("pynccl: skipped, one GPU visible (needs two; run on a 2-GPU machine)")
+        run.table("checks", chk.rows)
+        bad = [r for r in chk.rows if not r["ok"]]
+        if bad:
+            raise RuntimeError(f"{len(bad)} check(s) failed, first: {bad[0]['kernel']} {bad[0]['case']}")
+        run.log("All results match. Tracing one call of each.")
+
+        rows = trace_calls(torch, K, run)
+        run.table("launches", rows)
+        by = {}
+        for r in rows:
+            by.setdefault(r["range"], []).append(r)
+        kern = lambda name: [r for r in by.get(name, []) if r["kind"] == "kernel"]
+        st = kern("call: store_cache L=64 row=2048B")
+        ix = kern("call: indexing L=64 D=4096 bf16 int32")
+        mk = kern("call: indexing TP2 rank1 vocab_range L=64")
+        tp = kern("call: torch index_put K and V L=64")
+        run.headline(checks_passed=len(chk.rows), store_launches_per_call=len(st),
+                     index_warps_per_token=ix[0]["warps_per_token"] if ix else None,
+                     index_block_threads=int(ix[0]["block"].split("x")[0]) if ix and ix[0]["block"] else None)
+        run.observe("store: K and V copied by two separate kernel launches (2 sync points)",
+                    f"one store_cache call launched {len(st)} kernel(s): {', '.join(r['short'] for r in st)}; "
+                    f"plain torch index_put of K and V launched {len(tp)}",
+                    "refuted" if len(st) == 1 else "confirmed" if len(st) == 2 else "inconclusive", "launches.csv")
+        if ix:
+            wpt, blk = ix[0]["warps_per_token"], ix[0]["block"]
+            run.observe("index: 1 warp per token (64 warps for 64 tokens)",
+                        f"grid {ix[0]['grid']} x block {blk} = {wpt:g} warps per token "
+                        f"(our reading of index.py: {_msgl.index_launch(64, HIDDEN * 2)['warps_per_token']})",
+                        "confirmed" if wpt == 1 else "refuted", "launches.csv")
+            run.observe("index: fixed 256 threads per block", f"block {blk}",
+                        "confirmed" if blk.startswith("256x") else "refuted", "launches.csv")
+        run.observe("TP embedding uses a separate masked kernel that zero-fills foreign ids",
+                    f"vocab_range call launched {', '.join(r['short'] for r in mk) or 'nothing'}; masked outputs "
+                    f"matched the reference and summed to the full lookup ({chk.summary('index (vocab mask)')})",
+                    "confirmed" if mk and "masked" in mk[0]["short"] else "refuted", "checks.csv")
+        run.observe("all custom kernels match torch references (success criterion)",
+                    "; ".join(f"{k}: {chk.summary(k)}" for k in ("index", "index (vocab mask)", "store", "radix", "pynccl")
+                              if any(r["kernel"] == k for r in chk.rows)) + ("" if ngpu >= 2 else "; pynccl not run (1 GPU)"),
+                    "confirmed" if ngpu >= 2 else "inconclusive", "checks.csv")
+
+        items = [(f"{k}: {chk.summary(k)} exact", []) for k in ("index", "index (vocab mask)", "store", "radix", "pynccl")
+                 if any(r["kernel"] == k for r in chk.rows)]
+        calls = []
+        for name, rs in by.items():
+            calls.append((name[6:], [(f"#{r['order']} {r['kind']} {r['short']} grid {r['grid'] or '-'} block "
+                                      f"{r['block'] or '-'} {r['dur_us']:.1f} us", []) for r in rs]))
+        items.append(("launches per call (torch.profiler, GPU order)", calls))
+        run.story(story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items))
+        print(run.summary["story"])
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
