@@ -1,0 +1,1084 @@
+"""One way to run SGLang's HTTP server from a script, drive it, and read what it reports.
+
+    with Server(model_dir, flags(load_format="dummy", attention_backend="flashinfer", enable_metrics=True),
+                log_path=run.path("server.log"), echo=run.log) as srv:
+        mark = srv.log_mark()
+        out = srv.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0})
+        rows = parse_batch_log(srv.log_since(mark))          # "Prefill batch" / "Decode batch" lines
+        m = parse_metrics(srv.get_text("/metrics"))          # Prometheus text
+        m.total("cached_tokens_total")                       # summed over labels
+    # leaving the block -- normally, on an error, on Ctrl-C or SIGTERM -- stops the whole process group
+
+Server (``python -m sglang.launch_server ...``):
+  * checks the port is free before anything starts (SetupError: one clear line);
+  * starts the server in its own session / process group (``start_new_session``), its stdout and
+    stderr streamed to ``log_path``; an optional ``wrapper`` (an ncu or nsys command line) goes first;
+  * waits for ``/health`` (200) up to ``start_timeout`` while watching the process: if it exits,
+    ServerError with the last log lines; the environment turns off the /health generation probe
+    (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``) so health checks add no 1-token prefills;
+  * stops the whole group on exit: SIGTERM, then SIGKILL after ``stop_timeout``; with a wrapper the
+    application is signalled first and the wrapper given time to write its report. Every process
+    of the group is waited for (no orphans; their GPU memory is then released by the driver).
+  * keeps NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+    NVSHMEM_DISABLE_NVLS=1 unless set) and refuses --enable-nccl-nvls / --enable-symm-mem.
+
+Parsers (pure functions; tests/test_sglang_serving.py runs them on real H200 output):
+  parse_batch_log(text)     scheduler lines -> rows (time, new-seq, new-token, cached-token, token
+                            usage, running-req, queue-req, throughput, ...); a line that starts like a
+                            batch line but does not parse raises ParseError (format drift fails loudly)
+  parse_metrics(text)       Prometheus text -> Metrics: .total(name, **labels) sums over labels,
+                            .get(name, **labels) one sample, .series(name), .histogram(name)
+  read_bench_jsonl(path)    `python -m sglang.benchmark.serving --output-file` -> one dict per run
+  percentiles(values)       numpy's default (linear) percentiles, as bench_serving computes them
+  steps_from_trace(ev)      torch-profiler step spans ``step[EXTEND bs=B toks=T]`` with their kernels
+  join_steps(steps, rows)   each traced step next to its scheduler log line (matched by sequence)
+  kernel_family(name)       gemm / attention / norm / rope / activation / kv_store / allreduce / ...
+
+Driving it: Server.generate (plain or streamed: client TTFT and per-chunk ITL), generate_many
+(a thread pool; all at once or staggered), flush_cache, metrics, server_info, start_profile /
+stop_profile / wait_traces (torch profiler or CUDA_PROFILER windows), wait_log (block until a log
+line appears). run_bench runs `sglang.benchmark.serving` (fixed lengths, token ids) and run_tool any
+other CLI in its own process group, killed on timeout or Ctrl-C. latency_summary turns a batch of
+results into TTFT/ITL/e2e percentiles and throughput. add_model_args / model_and_flags give every
+script the same model options (a dummy-weight preset from common.models, or --model-path).
+"""
+from __future__ import annotations
+
+import atexit
+import datetime as _dt
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .checks import SetupError
+
+FORBIDDEN_FLAGS = ("--enable-nccl-nvls", "--enable-symm-mem")
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}   # for local model dirs: never reach the Hub
+SGLANG_PIP = "pip install -r requirements.txt  (sglang==0.5.17)"
+
+
+class ServerError(RuntimeError):
+    """The server did not come up, died, or answered an HTTP call with an error."""
+
+
+class ParseError(ValueError):
+    """Server output that cannot be trusted (format drift, truncation, wrong file)."""
+
+
+# ================================================================== starting and stopping
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port``: a bind test with SO_REUSEADDR, as uvicorn binds,
+    so connections of a server that just stopped (TIME_WAIT) do not count as "in use"."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_port(host: str = "127.0.0.1", start: int = 30000, tries: int = 200) -> int:
+    for p in range(start, start + tries):
+        if port_free(host, p):
+            return p
+    raise SetupError(f"no free TCP port in {start}..{start + tries - 1} on {host}")
+
+
+def flags(**kw) -> list[str]:
+    """ServerArgs-style keywords -> CLI flags: flags(tp_size=2, enable_metrics=True) ->
+    ['--tp-size', '2', '--enable-metrics']. False/None are left out; lists become several values."""
+    out: list[str] = []
+    for k, v in kw.items():
+        if v is None or v is False:
+            continue
+        name = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(name)
+        elif isinstance(v, (list, tuple)):
+            out += [name, *map(str, v)]
+        elif isinstance(v, dict):
+            out += [name, json.dumps(v)]
+        else:
+            out += [name, str(v)]
+    return out
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live processes whose process group is ``pgid`` (from /proc; [] where /proc is absent)."""
+    pids = []
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(d))
+    return pids
+
+
+def app_pids(pgid: int, needle: str) -> list[int]:
+    """Python processes of group ``pgid`` whose arguments contain ``needle``: the server itself, not
+    the profiler that wraps it (whose own command line also names the server)."""
+    out = []
+    for p in group_pids(pgid):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if p != pgid and argv and Path(argv[0]).name.startswith("python") and any(needle in a for a in argv[1:]):
+            out.append(p)
+    return out
+
+
+def child_pids(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if d.isdigit():
+            try:
+                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+class Server:
+    """``python -m sglang.launch_server`` as a context manager (see the module docstring).
+
+    ``args``: extra CLI flags (list, e.g. from :func:`flags`). ``wrapper``: a profiler command
+    line that the server command is appended to. ``launcher``: the command that starts the server
+    (default ``[python, -m, sglang.launch_server]``; tests pass a stand-in).
+    """
+
+    def __init__(self, model_path, args=(), *, log_path, port: int | None = None, host: str = "127.0.0.1",
+                 env: dict | None = None, wrapper=(), launcher=None, start_timeout: float = 900,
+                 stop_timeout: float = 30, wrapper_stop_timeout: float = 600, echo=print, name: str = "server"):
+        args = [str(a) for a in args]
+        bad = [a for a in args if a.split("=")[0] in FORBIDDEN_FLAGS]
+        if bad and os.environ.get("HANDS_ON_ALLOW_NVLS") != "1":
+            raise SetupError(f"{bad[0]} turns NVLink multicast on (sets NCCL_NVLS_ENABLE=1); the workbook "
+                             "keeps it off. Set HANDS_ON_ALLOW_NVLS=1 if your machine allows it.")
+        self.model_path, self.args, self.host = str(model_path), args, host
+        self.port_fixed = port is not None
+        self.port = port if port is not None else find_free_port(host)
+        self.log_path = Path(log_path)
+        offline = OFFLINE_ENV if Path(self.model_path).is_dir() else {}
+        self.env = {**os.environ, **SERVER_ENV, **offline, **{k: v for k, v in SAFE_ENV.items() if k not in os.environ},
+                    **(env or {})}
+        self.wrapper = [str(w) for w in wrapper]
+        self.launcher = list(launcher) if launcher else [sys.executable, "-m", "sglang.launch_server"]
+        self.start_timeout, self.stop_timeout, self.wrapper_stop_timeout = start_timeout, stop_timeout, wrapper_stop_timeout
+        self.echo, self.name = echo, name
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+        self.stop_report: dict = {}
+        self._log = None
+        self._old_handlers: dict = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def cmd(self) -> list[str]:
+        return [*self.wrapper, *self.launcher, "--model-path", self.model_path, "--host", self.host,
+                "--port", str(self.port), *self.args]
+
+    def start(self) -> "Server":
+        if not port_free(self.host, self.port):
+            hint = "choose another with --port" if self.port_fixed else "it was free a moment ago"
+            raise SetupError(f"port {self.port} on {self.host} is already in use (another server running? "
+                             f"`ss -ltnp | grep {self.port}`); {hint}")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
+        self._log.flush()
+        self._install_signal_handlers()
+        atexit.register(self.stop)
+        self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
+        t0 = time.time()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.env, start_new_session=True)
+        self._wait_ready(t0)
+        self.startup_s = time.time() - t0
+        self.echo(f"{self.name}: ready after {self.startup_s:.0f} s (log: {self.log_path})")
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        last_note = t0
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerError(f"{self.name} exited with code {rc} during start-up after {time.time() - t0:.0f} s. "
+                                  f"Last log lines ({self.log_path}):\n{self.log_tail(15)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            now = time.time()
+            if now - t0 > self.start_timeout:
+                raise ServerError(f"{self.name} not healthy after {self.start_timeout:.0f} s (start_timeout). "
+                                  f"Last log lines:\n{self.log_tail(10)}")
+            if now - last_note > 30:
+                last_note = now
+                self.echo(f"{self.name}: still starting ({now - t0:.0f} s): {self.log_tail(1)[:160]}")
+            time.sleep(1.0)
+
+    def stop(self) -> dict:
+        """Stop the whole process group (idempotent); returns what happened."""
+        if self.proc is None:
+            return self.stop_report
+        proc, pgid, t0 = self.proc, self.proc.pid, time.time()
+        self.proc = None
+        members = set(group_pids(pgid)) | {pgid}
+        try:
+            if self.wrapper and proc.poll() is None:   # let ncu/nsys finish: stop the app, wait for the tool
+                for c in app_pids(pgid, self.launcher[-1]) or child_pids(pgid):
+                    _kill(c, signal.SIGTERM)
+                try:
+                    proc.wait(self.wrapper_stop_timeout)
+                except subprocess.TimeoutExpired:
+                    self.echo(f"{self.name}: wrapper still running after {self.wrapper_stop_timeout:.0f} s; killing it")
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            if not _wait_gone(members, self.stop_timeout):
+                _killpg(pgid, signal.SIGKILL)
+                for p in members:
+                    _kill(p, signal.SIGKILL)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+                _wait_gone(members, 10)
+        except KeyboardInterrupt:       # a second Ctrl-C while stopping: no more patience
+            _killpg(pgid, signal.SIGKILL)
+            raise
+        finally:
+            left = [p for p in members if _alive(p)]
+            self.stop_report = {"stop_s": round(time.time() - t0, 1), "returncode": proc.returncode,
+                                "processes": len(members), "left_over": left,
+                                "gpu_left_over": _gpu_pids_left(members)}
+            if self._log:
+                self._log.close()
+                self._log = None
+            self._restore_signal_handlers()
+            try:
+                atexit.unregister(self.stop)
+            except Exception:
+                pass
+        gl = self.stop_report["gpu_left_over"]
+        self.echo(f"{self.name}: stopped ({len(members)} processes, {self.stop_report['stop_s']} s)"
+                  + (f" WARNING: processes still alive: {left}" if left else "")
+                  + (f" WARNING: still holding GPU memory: {gl}" if gl else ""))
+        return self.stop_report
+
+    def __enter__(self) -> "Server":
+        try:
+            return self.start()
+        except BaseException:   # also Ctrl-C while waiting: never leave a half-started server behind
+            self.stop()
+            raise
+
+    def __exit__(self, et, exc, tb) -> bool:
+        self.stop()
+        return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                    self._old_handlers[sig] = signal.signal(sig, on_term)
+            except (ValueError, OSError):
+                pass
+
+    def _restore_signal_handlers(self):
+        for sig, h in self._old_handlers.items():
+            try:
+                signal.signal(sig, h)
+            except (ValueError, OSError):
+                pass
+        self._old_handlers = {}
+
+    # ------------------------------------------------------------------ the log
+    def log_mark(self) -> int:
+        """A position in the log; :meth:`log_since` returns what was written after it."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, mark: int = 0) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 64_000))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    def wait_log(self, pattern: str, mark: int = 0, timeout: float = 60, while_alive=None) -> re.Match:
+        """Block until a log line after ``mark`` matches ``pattern``. ServerError on timeout, when the
+        server dies, or when the thread ``while_alive`` (the client sending the load) has finished."""
+        rx, t0 = re.compile(pattern, re.M), time.time()
+        while time.time() - t0 < timeout:
+            m = rx.search(self.log_since(mark))
+            if m:
+                return m
+            if not self.alive():
+                raise ServerError(f"{self.name} died; last log lines:\n{self.log_tail(12)}")
+            if while_alive is not None and not while_alive.is_alive():
+                raise ServerError(f"the requests finished before a log line matched {pattern!r}")
+            time.sleep(0.05)
+        raise ServerError(f"no log line matching {pattern!r} within {timeout:.0f} s")
+
+    # ------------------------------------------------------------------ HTTP
+    def request(self, path: str, body=None, timeout: float = 600, method: str | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method or ("POST" if data else "GET"),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            dead = "" if self.alive() else f" The server is no longer running; last log lines:\n{self.log_tail(12)}"
+            raise ServerError(f"{path}: {e.__class__.__name__}: {e}.{dead}") from None
+
+    def get_json(self, path: str, timeout: float = 60):
+        return json.loads(self.request(path, timeout=timeout))
+
+    def get_text(self, path: str, timeout: float = 60) -> str:
+        return self.request(path, timeout=timeout).decode(errors="replace")
+
+    def post(self, path: str, body: dict | None = None, timeout: float = 600) -> str:
+        return self.request(path, body if body is not None else {}, timeout=timeout, method="POST").decode(errors="replace")
+
+    def metrics(self) -> "Metrics":
+        return parse_metrics(self.get_text("/metrics"))
+
+    def server_info(self) -> dict:
+        return self.get_json("/server_info")
+
+    def flush_cache(self, timeout: float = 30) -> None:
+        """Empty the radix cache (waits up to ``timeout`` s for running requests to finish)."""
+        self.request(f"/flush_cache?timeout={timeout}", timeout=timeout + 30, method="POST")
+
+    def generate(self, input_ids=None, text=None, sampling_params=None, stream: bool = False,
+                 timeout: float = 600) -> dict:
+        """One /generate call. Adds ``client``: send/first/done times (s, time.time()), ttft_s,
+        itl_s (between streamed chunks), e2e_s. With ``stream`` the last chunk is returned."""
+        body = {"sampling_params": sampling_params or {}, "stream": stream}
+        if input_ids is not None:
+            body["input_ids"] = list(input_ids)
+        else:
+            body["text"] = text
+        t_send = time.time()
+        if not stream:
+            out = json.loads(self.request("/generate", body, timeout=timeout))
+            out["client"] = {"t_send": t_send, "t_done": time.time(), "e2e_s": time.time() - t_send}
+            return out
+        req = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        last, times, ntok = None, [], 0
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                for raw in r:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise ServerError(f"/generate stream error: {chunk['error']}")
+                    n = (chunk.get("meta_info") or {}).get("completion_tokens", ntok + 1)
+                    if n > ntok:
+                        times.append(time.time())
+                        ntok = n
+                    last = chunk
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"/generate: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ServerError(f"/generate stream: {e}") from None
+        if last is None:
+            raise ServerError("/generate stream returned no chunk")
+        t_done = time.time()
+        last["client"] = {"t_send": t_send, "t_first": times[0] if times else None, "t_done": t_done,
+                          "ttft_s": (times[0] - t_send) if times else None,
+                          "itl_s": [b - a for a, b in zip(times, times[1:])], "e2e_s": t_done - t_send}
+        return last
+
+    def generate_many(self, requests: list[dict], stream: bool = False, max_workers: int = 512,
+                      stagger_s: float = 0.0) -> list[dict]:
+        """Send ``requests`` (kwargs of :meth:`generate`) from a thread pool: all at once, or request i
+        at i x ``stagger_s`` seconds. Results in input order; a failed request becomes {"error": ...}."""
+        t0 = time.time()
+
+        def one(item):
+            i, kw = item
+            if stagger_s:
+                time.sleep(max(0.0, t0 + i * stagger_s - time.time()))
+            try:
+                return self.generate(stream=stream, **kw)
+            except ServerError as e:
+                return {"error": str(e)}
+        if not requests:
+            return []
+        with ThreadPoolExecutor(max_workers=min(len(requests), max_workers)) as ex:
+            return list(ex.map(one, enumerate(requests)))
+
+    # ------------------------------------------------------------------ torch profiler
+    def start_profile(self, output_dir, activities=("CPU", "GPU"), num_steps: int | None = None, **kw) -> str:
+        """POST /start_profile. Traces go to ``output_dir`` (an absolute path the server can write)."""
+        body = {"output_dir": str(Path(output_dir).resolve()), "activities": list(activities),
+                "with_stack": False, "record_shapes": False, **kw}
+        if num_steps:
+            body["num_steps"] = int(num_steps)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        return self.post("/start_profile", body, timeout=120)
+
+    def stop_profile(self, ignore_not_running: bool = True) -> None:
+        try:
+            self.post("/stop_profile", timeout=600)
+        except ServerError:
+            if not ignore_not_running:
+                raise
+
+    @staticmethod
+    def wait_traces(output_dir, before=(), timeout: float = 180, ranks: int = 1) -> list[Path]:
+        """Wait until ``ranks`` new ``*.trace.json.gz`` files exist in ``output_dir`` and stop growing."""
+        d, before, t0, sizes = Path(output_dir), set(map(str, before)), time.time(), {}
+        while time.time() - t0 < timeout:
+            new = sorted(p for p in d.glob("*.trace.json*") if str(p) not in before)
+            cur = {str(p): p.stat().st_size for p in new}
+            if len(new) >= ranks and cur == sizes and all(cur.values()):
+                return new
+            sizes = cur
+            time.sleep(1.0)
+        raise ServerError(f"no complete profiler trace in {d} after {timeout:.0f} s")
+
+
+def _killpg(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+
+def _wait_gone(pids, timeout: float) -> bool:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.2)
+    return not any(_alive(p) for p in pids)
+
+
+def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
+    """Which of ``pids`` nvidia-smi still lists as holding GPU memory (waits up to ``wait_s``);
+    [] where there is no nvidia-smi."""
+    import shutil
+    if not shutil.which("nvidia-smi") or not pids:
+        return []
+    t0, held = time.time(), []
+    while True:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout
+        except (subprocess.SubprocessError, OSError):
+            return []
+        held = sorted({int(x) for x in out.split() if x.strip().isdigit()} & set(pids))
+        if not held or time.time() - t0 > wait_s:
+            return held
+        time.sleep(1.0)
+
+
+def run_tool(cmd: list[str], log_path, timeout: float | None = None, env: dict | None = None, echo=print) -> int:
+    """Run a command-line tool (bench_serving, bench_offline_throughput...) in its own process
+    group with its output in ``log_path``; the group is killed on timeout, error or Ctrl-C."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    echo(f"$ {shlex.join(cmd)[:300]}")
+    with open(log_path, "ab") as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env={**os.environ, **SERVER_ENV, **(env or {})}, start_new_session=True)
+        try:
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ServerError(f"{cmd[2] if len(cmd) > 2 else cmd[0]} did not finish within {timeout:.0f} s; "
+                              f"see {log_path}") from None
+        finally:
+            if p.poll() is None:
+                _killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    _killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+
+
+# ================================================================== scripts' shared options
+
+def add_model_args(p, backend_default: str | None = "flashinfer") -> None:
+    """The options every SGLang script takes: model (preset or real weights), backend, memory, port."""
+    from .models import PRESETS
+    g = p.add_argument_group("model and server")
+    g.add_argument("--preset", default="llama-3.1-8b", choices=sorted(PRESETS),
+                   help="dummy-weight architecture preset (default llama-3.1-8b; no download)")
+    g.add_argument("--model-path", default=None, help="a local model dir with real weights (load_format auto)")
+    if backend_default is not None:
+        g.add_argument("--backend", default=backend_default, choices=("flashinfer", "triton", "fa3"),
+                       help="attention backend (fa3 needs sgl_kernel.flash_attn; see 00_check_env)")
+    g.add_argument("--mem-fraction", type=float, default=0.8, help="--mem-fraction-static (default 0.8)")
+    g.add_argument("--port", type=int, default=None, help="server port (default: first free from 30000)")
+    g.add_argument("--server-arg", action="append", default=[], metavar="'--flag value'",
+                   help="extra launch_server flags, repeatable (e.g. --server-arg='--page-size 16')")
+    g.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health (default 900)")
+
+
+def model_and_flags(args) -> tuple[str, list[str]]:
+    """(model dir, base flags) from :func:`add_model_args` options: a dummy-weight preset unless
+    --model-path names real weights."""
+    from .models import write_model_dir
+    extra = [f for s in getattr(args, "server_arg", []) for f in shlex.split(s)]
+    if args.model_path:
+        return str(args.model_path), ["--mem-fraction-static", str(args.mem_fraction), *extra]
+    return str(write_model_dir(args.preset)), ["--load-format", "dummy", "--mem-fraction-static",
+                                               str(args.mem_fraction), *extra]
+
+
+def table(run, name: str, rows) -> bool:
+    """``run.table(name, rows)`` only when there are rows: an empty CSV has no header for
+    `make reports` to read, and the report block then keeps its last content instead."""
+    n = len(rows) if rows is not None else 0
+    if n:
+        run.table(name, rows)
+    else:
+        run.log(f"table {name}: no rows, not written")
+    return bool(n)
+
+
+def require_sglang() -> None:
+    """SetupError unless sglang is installed (found without importing it: the import takes ~8 s)."""
+    if not sglang_installed():
+        raise SetupError(f"Python package 'sglang' is not installed. Install it: {SGLANG_PIP}")
+
+
+def sglang_installed() -> bool:
+    """True when the real sglang package is importable. The workbook's own ``sglang/`` folder (no
+    __init__.py) is a namespace package from the repository root, which does not count."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def require_gpus(n: int = 1) -> int:
+    """SetupError unless ``n`` NVIDIA GPUs are visible (NVML / nvidia-smi; no torch import)."""
+    from .gpu import gpus
+    have = len(gpus())
+    if have == 0:
+        raise SetupError("No NVIDIA GPU visible (nvidia-smi / NVML found none). These experiments serve a model "
+                         "on an NVIDIA GPU (H100/H200 or similar).")
+    if have < n:
+        raise SetupError(f"This needs {n} GPUs; {have} visible (CUDA_VISIBLE_DEVICES limits what is visible).")
+    return have
+
+
+def random_ids(n: int, seed: int, lo: int = 1000, hi: int = 120000) -> list[int]:
+    """``n`` token ids from a seeded generator, away from special tokens (prompts that share nothing)."""
+    import random
+    r = random.Random(seed)
+    return [r.randrange(lo, hi) for _ in range(n)]
+
+
+def random_text(n_chars: int, seed: int) -> str:
+    """ASCII text of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer)."""
+    import random
+    r = random.Random(seed)
+    words = []
+    while sum(len(w) + 1 for w in words) < n_chars:
+        words.append("".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))))
+    return " ".join(words)[:n_chars]
+
+
+# ================================================================== scheduler log lines
+
+_HDR = (r"\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<ms>\d{3}))?"
+        r"(?:\s+DP(?P<dp>\d+))?(?:\s+TP(?P<tp>\d+))?(?:\s+EP(?P<ep>\d+))?(?:\s+PP(?P<pp>\d+))?\]\s+")
+_ITER = r"(?: \[(?P<iter>\d+)\])?"
+PREFILL_RE = re.compile(
+    _HDR + r"Prefill batch" + _ITER + r", #new-seq: (?P<new_seq>\d+), #new-token: (?P<new_token>\d+), "
+    r"#cached-token: (?P<cached_token>\d+), token usage: (?P<token_usage>[0-9.]+), "
+    r"#running-req: (?P<running_req>\d+), #queue-req: (?P<queue_req>\d+), "
+    r"(?:#pending-token: (?P<pending_token>\d+), )?.*?cuda graph: (?P<cuda_graph>True|False), "
+    r"input throughput \(token/s\): (?P<input_tput>[0-9.]+)")
+DECODE_RE = re.compile(
+    _HDR + r"Decode batch" + _ITER + r", #running-req: (?P<running_req>\d+), #token: (?P<num_token>\d+), "
+    r"token usage: (?P<token_usage>[0-9.]+), .*?cuda graph: (?P<cuda_graph>True|False), "
+    r"gen throughput \(token/s\): (?P<gen_tput>[0-9.]+), #queue-req: (?P<queue_req>\d+)")
+RETRACT_RE = re.compile(
+    _HDR + r"KV cache pool is full\. Retract requests\. #retracted_reqs: (?P<retracted>\d+), "
+    r"#new_tokens_gained: (?P<gained>-?\d+)(?:, .*?#new_token_ratio: (?P<ratio_before>[0-9.]+) -> (?P<ratio_after>[0-9.]+))?")
+_BATCH_START = re.compile(r"\]\s+(?:Prefill|Decode) batch\b")
+_INTS = ("iter", "new_seq", "new_token", "cached_token", "running_req", "queue_req", "pending_token", "num_token",
+         "retracted", "gained")
+_FLOATS = ("token_usage", "input_tput", "gen_tput", "ratio_before", "ratio_after")
+
+
+def _row(kind: str, m: re.Match, line_no: int) -> dict:
+    g = m.groupdict()
+    t = _dt.datetime.strptime(g["time"], "%Y-%m-%d %H:%M:%S")
+    ts = t.timestamp() + (int(g["ms"]) / 1000 if g.get("ms") else 0.0)
+    row = {"kind": kind, "line": line_no, "time": g["time"] + (f".{g['ms']}" if g.get("ms") else ""), "ts": ts,
+           "tp": int(g["tp"]) if g.get("tp") else None}
+    for k, v in g.items():
+        if k in _INTS:
+            row[k] = int(v) if v is not None else None
+        elif k in _FLOATS:
+            row[k] = float(v) if v is not None else None
+        elif k == "cuda_graph":
+            row[k] = v == "True"
+    return row
+
+
+def parse_batch_log(text: str, strict: bool = True) -> list[dict]:
+    """Scheduler "Prefill batch" / "Decode batch" / retraction lines -> rows, in log order.
+
+    Every row: kind (prefill|decode|retract), line (1-based in ``text``), time, ts (epoch s, ms
+    resolution with SGLANG_LOG_MS=1), tp. Prefill: new_seq, new_token, cached_token, token_usage,
+    running_req, queue_req, pending_token, cuda_graph, input_tput. Decode: running_req, num_token,
+    token_usage, cuda_graph, gen_tput, queue_req. Retract: retracted, gained, ratio_before/after.
+    With ``strict`` a line that starts like a batch line but does not parse raises ParseError,
+    except a last line still being written (no trailing newline).
+    """
+    if not isinstance(text, str):
+        raise ParseError(f"expected log text, got {type(text).__name__}")
+    lines = text.split("\n")
+    partial_last = not text.endswith("\n")
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        for kind, rx in (("prefill", PREFILL_RE), ("decode", DECODE_RE), ("retract", RETRACT_RE)):
+            m = rx.search(line)
+            if m:
+                rows.append(_row(kind, m, i))
+                break
+        else:
+            if strict and _BATCH_START.search(line) and not (partial_last and i == len(lines)):
+                raise ParseError(f"log line {i} looks like a scheduler batch line but does not parse "
+                                 f"(format changed or line cut?): {line[:200]!r}")
+    return rows
+
+
+def is_probe(row: dict) -> bool:
+    """A /health generation probe (input_ids=[0]): 1 new sequence, 1 token, nothing cached."""
+    return row.get("kind") == "prefill" and row.get("new_seq") == 1 and row.get("new_token") == 1 \
+        and row.get("cached_token") == 0
+
+
+# ================================================================== Prometheus /metrics
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?$")
+_LABEL = re.compile(r'\s*(?P<k>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<v>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+
+class Metrics:
+    """Parsed /metrics samples. Names may be given with or without the ``sglang:`` prefix."""
+
+    def __init__(self, samples: list[tuple[str, dict, float]], types: dict):
+        self.samples, self.types = samples, types
+        self._by: dict[str, list] = {}
+        for n, lab, v in samples:
+            self._by.setdefault(n, []).append((lab, v))
+
+    def _name(self, name: str) -> str:
+        if name in self._by:
+            return name
+        if "sglang:" + name in self._by:
+            return "sglang:" + name
+        return name
+
+    def names(self) -> list[str]:
+        return sorted(self._by)
+
+    def has(self, name: str) -> bool:
+        return self._name(name) in self._by
+
+    def series(self, name: str) -> list[tuple[dict, float]]:
+        return list(self._by.get(self._name(name), []))
+
+    def total(self, name: str, default: float | None = None, **labels) -> float:
+        """Sum of the samples of ``name`` whose labels include ``labels`` (all samples by default)."""
+        s = self._by.get(self._name(name))
+        if s is None:
+            if default is not None:
+                return default
+            raise KeyError(f"metric {name!r} not in /metrics ({len(self._by)} names; was --enable-metrics given?)")
+        return float(sum(v for lab, v in s if all(lab.get(k) == str(w) for k, w in labels.items())))
+
+    def get(self, name: str, **labels) -> float:
+        """The one sample of ``name`` matching ``labels`` (KeyError when none or several match)."""
+        hits = [v for lab, v in self.series(name) if all(lab.get(k) == str(w) for k, w in labels.items())]
+        if len(hits) != 1:
+            raise KeyError(f"{name} {labels}: {len(hits)} samples match, expected 1")
+        return hits[0]
+
+    def histogram(self, name: str, **labels) -> dict:
+        """{count, sum, buckets: [(le, cumulative count)]} summed over the other labels."""
+        name = name.removesuffix("_bucket")
+        base = name if name + "_bucket" in self._by or name.startswith("sglang:") else "sglang:" + name
+        buckets: dict[float, float] = {}
+        for lab, v in self._by.get(base + "_bucket", []):
+            if all(lab.get(k) == str(w) for k, w in labels.items()):
+                le = float(lab["le"])
+                buckets[le] = buckets.get(le, 0.0) + v
+        return {"count": self.total(base + "_count", 0.0, **labels), "sum": self.total(base + "_sum", 0.0, **labels),
+                "buckets": sorted(buckets.items())}
+
+
+def parse_metrics(text: str) -> Metrics:
+    """Prometheus text exposition -> :class:`Metrics`; a malformed sample line raises ParseError."""
+    samples, types = [], {}
+    for i, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            parts = s.split(None, 3)
+            if len(parts) >= 4 and parts[1] == "TYPE":
+                types[parts[2]] = parts[3]
+            continue
+        m = _SAMPLE.match(s)
+        if not m:
+            raise ParseError(f"/metrics line {i} is not a Prometheus sample: {s[:160]!r}")
+        labels, raw = {}, m.group("labels") or ""
+        pos = 0
+        while pos < len(raw):
+            lm = _LABEL.match(raw, pos)
+            if not lm:
+                raise ParseError(f"/metrics line {i}: bad label set {{{raw[:120]}}}")
+            labels[lm.group("k")] = lm.group("v").replace('\\"', '"').replace("\\\\", "\\")
+            pos = lm.end()
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            raise ParseError(f"/metrics line {i}: value {m.group('value')!r} is not a number") from None
+        samples.append((m.group("name"), labels, value))
+    if not samples:
+        raise ParseError("no metric samples in /metrics text (was the server started with --enable-metrics?)")
+    return Metrics(samples, types)
+
+
+def hit_rate(before: Metrics, after: Metrics) -> dict:
+    """Prefix-cache hit rate between two scrapes, from the counters (never the cache_hit_rate gauge,
+    which every decode report resets to 0): cached/prompt of finished requests (tokenizer side) and
+    prefill_cache/(prefill_cache+prefill_compute) (scheduler side)."""
+    d = lambda n, **l: after.total(n, 0.0, **l) - before.total(n, 0.0, **l)
+    cached, prompt = d("cached_tokens_total"), d("prompt_tokens_total")
+    pc, pn = d("realtime_tokens_total", mode="prefill_cache"), d("realtime_tokens_total", mode="prefill_compute")
+    return {"cached_tokens": cached, "prompt_tokens": prompt,
+            "hit_rate_requests": cached / prompt if prompt else math.nan,
+            "prefill_cache_tokens": pc, "prefill_compute_tokens": pn,
+            "hit_rate_scheduler": pc / (pc + pn) if (pc + pn) else math.nan,
+            "evicted_tokens": d("evicted_tokens_total"), "retracted_requests": d("num_retracted_requests_total")}
+
+
+# ================================================================== bench_serving
+
+BENCH_KEYS = ("completed", "duration", "request_throughput", "output_throughput", "total_throughput",
+              "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+BENCH_SCALARS = ("request_rate", "max_concurrency", "completed", "duration", "total_input_tokens",
+                 "total_output_tokens", "request_throughput", "input_throughput", "output_throughput",
+                 "total_throughput", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+                 "mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms", "median_tpot_ms",
+                 "median_e2e_latency_ms", "p99_e2e_latency_ms", "concurrency", "max_concurrent_requests")
+
+
+def read_bench_jsonl(path) -> list[dict]:
+    """`sglang.benchmark.serving --output-file` (one JSON object appended per run) -> list of dicts."""
+    p = Path(path)
+    if not p.is_file():
+        raise ParseError(f"{p}: no bench_serving output file (did the benchmark fail? see its log)")
+    runs = []
+    for i, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise ParseError(f"{p.name} line {i} is not complete JSON (truncated?): {e}") from None
+        missing = [k for k in BENCH_KEYS if k not in rec]
+        if missing:
+            raise ParseError(f"{p.name} line {i} lacks {missing}: not a bench_serving result")
+        runs.append(rec)
+    if not runs:
+        raise ParseError(f"{p}: empty bench_serving output")
+    return runs
+
+
+def bench_headline(rec: dict) -> dict:
+    """The scalar results of one bench_serving run (no server_info, no per-request lists)."""
+    return {k: rec.get(k) for k in BENCH_SCALARS}
+
+
+def bench_cmd(srv: Server, out_file, *, num_prompts: int, input_len: int, output_len: int, rate="inf",
+              dataset: str = "random-ids", seed: int = 1, max_concurrency: int | None = None,
+              tokenize_prompt: bool = True, details: bool = True, extra=()) -> list[str]:
+    """`python -m sglang.benchmark.serving` against ``srv`` with fixed lengths (range ratio 1.0),
+    token ids sent as ids (``--tokenize-prompt``), cache flushed after the warm-up request."""
+    cmd = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", srv.host,
+           "--port", str(srv.port), "--model", srv.model_path, "--tokenizer", srv.model_path,
+           "--dataset-name", dataset, "--num-prompts", str(num_prompts), "--random-input-len", str(input_len),
+           "--random-output-len", str(output_len), "--random-range-ratio", "1.0", "--request-rate", str(rate),
+           "--seed", str(seed), "--output-file", str(out_file), "--disable-tqdm", "--flush-cache"]
+    if tokenize_prompt and dataset != "generated-shared-prefix":
+        cmd.append("--tokenize-prompt")
+    if max_concurrency:
+        cmd += ["--max-concurrency", str(max_concurrency)]
+    if details:
+        cmd.append("--output-details")
+    return cmd + list(extra)
+
+
+def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, **kw) -> dict:
+    """Run bench_serving once; returns its result dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
+    out_dir = Path(out_dir)
+    out_file = out_dir / f"{name}.jsonl"
+    if out_file.exists():
+        out_file.unlink()
+    t0 = time.time()
+    rc = run_tool(bench_cmd(srv, out_file, **kw), out_dir / f"{name}.log", timeout=timeout, echo=echo,
+                  env=OFFLINE_ENV if Path(srv.model_path).is_dir() else None)
+    if rc != 0 or not out_file.exists():
+        lines = [l for l in (out_dir / f"{name}.log").read_text(errors="replace").splitlines() if l.strip()]
+        raise ServerError(f"bench_serving {name} failed (rc={rc}): {lines[-1][:200] if lines else 'no output'} "
+                          f"(log: {out_dir / f'{name}.log'})\n" + "\n".join(lines[-8:]))
+    rec = read_bench_jsonl(out_file)[-1]
+    rec["_wall_s"] = time.time() - t0
+    return rec
+
+
+# ================================================================== latency statistics
+
+def percentiles(values, qs=(50, 90, 99)) -> dict:
+    """{"p50": ..} with numpy's default 'linear' interpolation (what bench_serving reports); NaN if empty."""
+    v = sorted(float(x) for x in values if x is not None and not (isinstance(x, float) and math.isnan(x)))
+    out = {}
+    for q in qs:
+        if not v:
+            out[f"p{q:g}"] = math.nan
+            continue
+        pos = (len(v) - 1) * q / 100.0
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, len(v) - 1)
+        out[f"p{q:g}"] = v[lo] + (v[hi] - v[lo]) * (pos - lo)
+    return out
+
+
+def latency_summary(results: list[dict]) -> dict:
+    """TTFT / ITL / e2e percentiles (ms) and throughput from :meth:`Server.generate_many` results."""
+    ok = [r for r in results if "error" not in r]
+    cl = [r["client"] for r in ok]
+    out = {"requests": len(results), "failed": len(results) - len(ok)}
+    if not ok:
+        return out
+    t0, t1 = min(c["t_send"] for c in cl), max(c["t_done"] for c in cl)
+    comp = sum((r.get("meta_info") or {}).get("completion_tokens", 0) for r in ok)
+    prompt = sum((r.get("meta_info") or {}).get("prompt_tokens", 0) for r in ok)
+    cached = sum((r.get("meta_info") or {}).get("cached_tokens", 0) for r in ok)
+    out.update(wall_s=t1 - t0, prompt_tokens=prompt, completion_tokens=comp, cached_tokens=cached,
+               hit_rate=cached / prompt if prompt else math.nan,
+               output_throughput=comp / (t1 - t0) if t1 > t0 else math.nan,
+               total_throughput=(comp + prompt) / (t1 - t0) if t1 > t0 else math.nan)
+    for key, vals in (("ttft_ms", [c.get("ttft_s") for c in cl]),
+                      ("itl_ms", [x for c in cl for x in c.get("itl_s", [])]),
+                      ("e2e_ms", [c["e2e_s"] for c in cl])):
+        vals = [v * 1e3 for v in vals if v is not None]
+        if vals:
+            out.update({f"{p}_{key}": v for p, v in percentiles(vals).items()})
+    return out
+
+
+# ================================================================== traces: steps, kernels, joins
+
+STEP_RE = re.compile(r"^step\[(?P<mode>[A-Z_]+) bs=(?P<bs>\d+)(?: toks=(?P<toks>\d+))?\]$")
+
+_FAMILIES = [  # first match wins; case-insensitive; names as seen in SGLang 0.5.17 traces on H200
+    ("allreduce", r"allreduce|all_reduce|cross_device_reduce|one_?shot|two_?shot|nccl|custom_ar|AllGather|all_gather"),
+    ("attention", r"PrefillWithKVCache|BatchPrefillWith|BatchDecodeWith|MergeState|VariableLengthMergeStates|"
+                  r"^_fwd_kernel|^_fwd_grouped_kernel|flash_fwd|flash_attn|fmha|attention"),
+    ("gemm", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas|matmul"),
+    ("norm", r"RMSNorm|LayerNorm|rms_norm|layer_norm"),
+    ("rope", r"rope|rotary"),
+    ("activation", r"act_and_mul|silu|gelu"),
+    ("kv_store", r"store_kvcache|StoreKVCache|store_cache|set_kv"),
+    ("index", r"kv_indices|req_to_token|compute_position|DeviceScan"),
+    ("sampling", r"sampling|sampler|softmax|argmax|topk|top_k|top_p|gumbel"),
+    ("memory", r"memcpy|memset|CatArray|copy|indexSelect|gather|scatter"),
+    ("elementwise", r"elementwise|multi_tensor_apply|reduce_kernel|fill"),
+]
+_FAMILY_RX = [(f, re.compile(rx, re.I)) for f, rx in _FAMILIES]
+
+
+def kernel_family(name: str) -> str:
+    """A coarse kernel family for a kernel name (short or full): gemm, attention, norm, ..., other."""
+    for fam, rx in _FAMILY_RX:
+        if rx.search(name or ""):
+            return fam
+    return "other"
+
+
+def parse_step_name(name: str) -> dict | None:
+    """'step[EXTEND bs=1 toks=11]' -> {"mode": "EXTEND", "bs": 1, "toks": 11}; None for other names."""
+    m = STEP_RE.match(name or "")
+    if not m:
+        return None
+    return {"mode": m["mode"], "bs": int(m["bs"]), "toks": int(m["toks"]) if m["toks"] else None}
+
+
+def steps_from_trace(ev, kernel_rows: list | None = None) -> list[dict]:
+    """Forward steps of an SGLang torch-profiler trace (event table from common.trace) with their
+    kernels: mode, bs, toks, start_us, dur_us (GPU side when the trace projects the step onto the
+    GPU, else the CPU range), cpu_us (the CPU range), kernels, kernel_us, ``<family>_us`` per kernel
+    family, top, how (gpu-range | launch). With ``kernel_rows`` (a list) one row per kernel launch is
+    appended to it: step, mode, bs, short, family, dur_us.
+
+    The CPU ranges ``step[...]`` are the list of steps. Kernels belong to a step by the GPU-side
+    range of the same step when the trace has one for every step; otherwise by their launch (the
+    CUDA runtime call with the same correlation id) falling inside the CPU range.
+    """
+    from .trace import kernels as _kernels
+    is_step = ev["name"].str.startswith("step[")
+    cpu = ev[(ev["kind"] == "user_annotation") & is_step].sort_values("ts_us")
+    gpu = ev[(ev["kind"] == "gpu_annotation") & is_step].sort_values("ts_us")
+    if cpu.empty:
+        cpu = gpu
+    k = _kernels(ev)
+    paired = len(gpu) == len(cpu) and list(gpu["name"]) == list(cpu["name"])
+    if not paired:
+        rt = ev[ev["kind"] == "runtime"][["ts_us", "correlation"]].dropna().rename(columns={"ts_us": "at_us"})
+        k = k.merge(rt.drop_duplicates("correlation"), on="correlation", how="left")
+    wins = gpu if paired else cpu
+    out = []
+    for c, w in zip(cpu.itertuples(), wins.itertuples()):
+        meta = parse_step_name(c.name)
+        if meta is None:
+            continue
+        if paired:
+            inside = k[(k["ts_us"] >= w.ts_us) & (k["ts_us"] < w.end_us)]
+            dur = float(w.dur_us)
+        else:
+            inside = k[(k["at_us"] >= c.ts_us) & (k["at_us"] < c.end_us)]
+            dur = float(inside["end_us"].max() - inside["ts_us"].min()) if len(inside) else 0.0
+        fams = inside["short"].map(kernel_family)
+        fam = inside.assign(f=fams).groupby("f")["dur_us"].sum()
+        top = inside.groupby("short")["dur_us"].sum().sort_values(ascending=False).head(3)
+        if kernel_rows is not None:
+            kernel_rows += [{"step": len(out), "mode": meta["mode"], "bs": meta["bs"], "short": s_, "family": f_,
+                             "dur_us": float(d_)} for s_, f_, d_ in zip(inside["short"], fams, inside["dur_us"])]
+        out.append({**meta, "name": c.name, "start_us": float(w.ts_us), "dur_us": dur, "cpu_us": float(c.dur_us),
+                    "kernels": int(len(inside)), "kernel_us": float(inside["dur_us"].sum()),
+                    **{f"{f}_us": float(v) for f, v in fam.items()}, "how": "gpu-range" if paired else "launch",
+                    "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
+    return out
+
+
+def _sig_step(s: dict):
+    return ("P", s["bs"], s.get("toks")) if s["mode"] in ("EXTEND", "MIXED") else ("D", s["bs"])
+
+
+def _sig_row(r: dict):
+    return ("P", r["new_seq"], r["new_token"]) if r["kind"] == "prefill" else ("D", r["running_req"])
+
+
+def join_steps(steps: list[dict], rows: list[dict], min_match: float = 0.8) -> tuple[list[dict], dict]:
+    """Put each traced step next to the scheduler log line of the same forward.
+
+    Traced steps are a contiguous run of the forwards that the log lists in the same order (one
+    Prefill line per prefill forward; one Decode line per decode forward when the server runs
+    with --decode-log-interval 1). The alignment is the offset at which the signatures
+    (EXTEND bs/toks <-> #new-seq/#new-token, DECODE bs <-> #running-req) agree most. Returns
+    (steps with log fields added under ``log_*``, {"offset", "matched", "of", "ok"}).
+    """
+    rows = [r for r in rows if r["kind"] in ("prefill", "decode")]
+    st = [_sig_step(s) for s in steps]
+    lg = [_sig_row(r) for r in rows]
+    best, best_off = -1, None
+    for off in range(-len(st) + 1, len(lg)):
+        score = sum(1 for i, sig in enumerate(st) if 0 <= off + i < len(lg) and lg[off + i] == sig)
+        if score > best:
+            best, best_off = score, off
+    info = {"offset": best_off, "matched": max(best, 0), "of": len(st),
+            "ok": bool(st) and best >= min_match * len(st)}
+    joined = []
+    for i, s in enumerate(steps):
+        j = (best_off or 0) + i
+        r = rows[j] if info["ok"] and 0 <= j < len(rows) else {}
+        joined.append({**s, "log_match": bool(r) and lg[j] == st[i],
+                       **{f"log_{k}": r.get(k) for k in ("time", "new_seq", "new_token", "cached_token", "running_req",
+                                                         "queue_req", "token_usage", "cuda_graph")}})
+    return joined, info

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""00 · SGLang environment: GPU, topology, CUDA, packages, usable attention backends, profilers.
+
+What it measures
+    Nothing is served here. It records what every later SGLang script depends on: the GPUs
+    (name, memory, clocks), `nvidia-smi topo -m` links and NUMA affinity, driver and CUDA
+    versions, the versions of torch / sglang / sglang-kernel / flashinfer / triton /
+    transformers, how long `import sglang` takes, which attention backends can really be used
+    (FlashInfer and Triton import; FA3 only if `sgl_kernel.flash_attn` imports — the trimmed
+    sglang-kernel build has no FA3 library, and SGLang 0.5.17 picks FA3 on Hopper without
+    checking), the JIT caches that decide whether a server starts in ~30 s or ~2 min, and
+    whether ncu (with counter permission), nsys and the torch profiler work. It also measures
+    this GPU's copy bandwidth and bf16 GEMM rate (common.gpu.peaks, cached) used as "peak" later.
+
+What the plan expected (hypotheses)
+    * The A100 box of the plan had NVLink pairs and PCIe across NUMA nodes; here the topology is
+      recorded, not assumed (verdict from the link types found).
+    * FA3 is SGLang's default on Hopper but may be missing: the backend has to be detected.
+
+Run
+    python sglang/scripts/00_check_env.py --quick      # ~20 s (skips the ncu permission probe)
+    python sglang/scripts/00_check_env.py              # + ncu counter-permission probe (~10 s more)
+Writes sglang/results/00_check_env/: gpus.csv, packages.csv, backends.csv, profilers.csv,
+jit_caches.csv, topology.txt, story.txt, summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from common import gpu, story  # noqa: E402
+from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
+from common.results import Run  # noqa: E402
+
+PACKAGES = ("torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "apache-tvm-ffi",
+            "transformers", "tokenizers", "datasets", "prometheus-client", "aiohttp", "nvtx", "nvidia-ml-py",
+            "pandas", "matplotlib")
+JIT_CACHES = {"flashinfer": "~/.cache/flashinfer", "tvm-ffi (SGLang JIT kernels)": "~/.cache/tvm-ffi",
+              "triton": "~/.triton/cache"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="skip the ncu counter-permission probe")
+    p.add_argument("--out", default=None, help="results folder (default sglang/results/00_check_env)")
+    return p.parse_args(argv)
+
+
+def try_import(name: str) -> tuple[bool, str, float]:
+    """(ok, version or first line of the error, seconds)."""
+    t = time.time()
+    try:
+        mod = importlib.import_module(name)
+        if getattr(mod, "__file__", None) is None:   # a namespace package (e.g. this repo's sglang/ folder)
+            return False, f"ModuleNotFoundError: no installed package '{name}'", time.time() - t
+        return True, str(getattr(mod, "__version__", "") or "ok"), time.time() - t
+    except Exception as e:  # ImportError, but broken builds raise OSError/RuntimeError too
+        return False, f"{e.__class__.__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", time.time() - t
+
+
+def dir_size(path: str) -> tuple[int, float]:
+    p = Path(os.path.expanduser(path))
+    if not p.is_dir():
+        return 0, 0.0
+    files = [f for f in p.rglob("*") if f.is_file()]
+    return len(files), sum(f.stat().st_size for f in files) / 1e6
+
+
+def numa_text() -> str:
+    if shutil.which("numactl"):
+        out = subprocess.run(["numactl", "--hardware"], capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    return "\n".join(f"{n.name}: cpus {(n / 'cpulist').read_text().strip()}" for n in nodes) or "no NUMA info"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch = require_module("torch", "pip install -r requirements.txt")
+    n_gpu = require_gpu(torch)
+    with Run(__file__, args, out=args.out) as run:
+        prov = run.summary["provenance"]
+        gpus = gpu.gpus()
+        props = torch.cuda.get_device_properties(0)
+        cc = f"{props.major}.{props.minor}"
+        run.log(f"{n_gpu} GPU(s): {gpus[0]['name'] if gpus else torch.cuda.get_device_name(0)}, "
+                f"compute capability {cc}, driver {prov.get('driver')}, torch CUDA {torch.version.cuda}")
+        topo = gpu.topology()
+        for g in gpus:
+            g["numa_affinity"] = topo.get("numa", {}).get(f"GPU{g['index']}")
+            g["cpu_affinity"] = topo.get("cpu_affinity", {}).get(f"GPU{g['index']}")
+        run.table("gpus", gpus)
+        run.path("topology.txt").write_text((topo.get("text") or "nvidia-smi topo -m: unavailable") +
+                                            "\n\n# NUMA\n" + numa_text() + "\n")
+        links = topo.get("links", {})
+        kinds = sorted(set(links.values()))
+        run.log(f"topology: {len(links)} GPU pairs, link types {kinds or '-'}")
+
+        pk = [{"package": p, "version": _version(p)} for p in PACKAGES]
+        run.table("packages", [r for r in pk if r["version"]] + [{"package": "cuda (torch)", "version": torch.version.cuda},
+                                                                 {"package": "driver", "version": prov.get("driver")},
+                                                                 {"package": "nvcc", "version": prov.get("nvcc")}])
+
+        # ---- the stack must import before anything can be served
+        ok_sgl, sgl_ver, sgl_s = try_import("sglang")
+        run.log(f"import sglang: {'ok ' + sgl_ver if ok_sgl else sgl_ver} ({sgl_s:.1f} s)")
+        ok_srv, srv_msg, _ = try_import("sglang.srt.server_args") if ok_sgl else (False, "sglang missing", 0)
+        backends = []
+        ok_fi, fi_msg, _ = try_import("flashinfer")
+        backends.append({"backend": "flashinfer", "usable": ok_fi, "detail": fi_msg, "how": "--attention-backend flashinfer"})
+        ok_tr, tr_msg, _ = try_import("triton")
+        backends.append({"backend": "triton", "usable": ok_tr, "detail": tr_msg, "how": "--attention-backend triton"})
+        ok_fa3, fa3_msg, _ = try_import("sgl_kernel.flash_attn")
+        backends.append({"backend": "fa3", "usable": ok_fa3, "detail": fa3_msg if not ok_fa3 else "sgl_kernel.flash_attn ok",
+                         "how": "--attention-backend fa3"})
+        default = "fa3" if props.major == 9 else ("trtllm_mha" if props.major == 10 else "flashinfer")
+        run.table("backends", backends)
+        run.headline(gpus=n_gpu, gpu=gpus[0]["name"] if gpus else None, sglang=sgl_ver if ok_sgl else None,
+                     import_sglang_s=round(sgl_s, 1), fa3_usable=ok_fa3,
+                     usable_backends=",".join(b["backend"] for b in backends if b["usable"]))
+        for b in backends:
+            run.log(f"backend {b['backend']:10s} {'usable' if b['usable'] else 'NOT usable'}: {b['detail']}")
+
+        # ---- JIT caches decide the start-up time of a server (warm ~30 s, cold ~2 min on an H200)
+        caches = []
+        for name, path in JIT_CACHES.items():
+            n, mb = dir_size(path)
+            caches.append({"cache": name, "path": path, "files": n, "size_mb": round(mb, 1), "warm": n > 0})
+        run.table("jit_caches", caches)
+
+        prof = profilers(probe=not args.quick)
+        prow = [{"profiler": "ncu", "path": prof["ncu"].get("path"), "version": prof["ncu"].get("version"),
+                 "status": prof["ncu"].get("counters", "not probed (--quick)" if prof["ncu"].get("path") else "missing")},
+                {"profiler": "nsys", "path": prof["nsys"].get("path"), "version": prof["nsys"].get("version"),
+                 "status": "usable" if prof["nsys"].get("path") else "missing -> 04 uses the torch profiler"},
+                {"profiler": "torch.profiler", "path": "-", "version": torch.__version__,
+                 "status": "usable" if prof["torch_profiler"]["available"] else "missing"}]
+        run.table("profilers", prow)
+        pkk = gpu.peaks()
+        run.headline(measured_copy_tb_s=pkk.get("dram_tb_s"), measured_bf16_tflops=pkk.get("bf16_tflops"))
+        env_keys = {k: v for k, v in prov.get("env", {}).items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}
+
+        # ---- verdicts
+        if props.major == 9:
+            run.observe("FA3 is SGLang's default attention backend on Hopper, and 0.5.17 does not check that it is "
+                        "installed: the backend must be detected, not assumed",
+                        f"compute capability {cc} -> SGLang default '{default}'; sgl_kernel.flash_attn: "
+                        f"{'imports' if ok_fa3 else fa3_msg}",
+                        "refuted" if ok_fa3 else "confirmed", "backends.csv")
+        else:
+            run.observe("FA3 is SGLang's default on Hopper (detection needed)", f"not a Hopper GPU (cc {cc}); "
+                        f"SGLang's default here: {default}", "inconclusive", "backends.csv")
+        if len(links) == 0:
+            run.observe("the plan's box mixes NVLink pairs and PCIe links across NUMA nodes",
+                        "one GPU: no links to classify", "inconclusive", "topology.txt")
+        else:
+            nv = [k for k in links.values() if k.startswith("NV")]
+            mixed = 0 < len(nv) < len(links)
+            run.observe("the plan's box mixes NVLink pairs and PCIe links across NUMA nodes",
+                        f"{len(nv)} of {len(links)} GPU pairs on NVLink ({', '.join(kinds)})",
+                        "confirmed" if mixed else "refuted", "topology.txt")
+
+        items = [
+            (f"GPU: {n_gpu}x {gpus[0]['name'] if gpus else '?'} (cc {cc}, {gpus[0]['memory_gb'] if gpus else '?'} GB), "
+             f"driver {prov.get('driver')}, CUDA {torch.version.cuda}", []),
+            (f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:6]) or 'single GPU'}", []),
+            (f"measured peaks: copy {story.fmt(pkk.get('dram_tb_s'))} TB/s, bf16 GEMM "
+             f"{story.fmt(pkk.get('bf16_tflops'))} TFLOP/s (datasheet "
+             f"{(pkk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, {(pkk.get('datasheet') or {}).get('bf16_tflops', '?')})", []),
+            (f"sglang {sgl_ver if ok_sgl else 'NOT importable: ' + sgl_ver} (import {sgl_s:.1f} s)"
+             + ("" if ok_srv else f"; server_args: {srv_msg}"), []),
+            ("attention backends", [(f"{b['backend']}: {'usable' if b['usable'] else 'no'} — {b['detail']}", [])
+                                    for b in backends] + [(f"SGLang's default on cc {cc}: {default}"
+                                                           + ("" if ok_fa3 or default != "fa3" else
+                                                              " -> pass --attention-backend flashinfer|triton"), [])]),
+            ("JIT caches", [(f"{c['cache']}: {c['files']} files, {c['size_mb']} MB ({'warm' if c['warm'] else 'cold'})", [])
+                            for c in caches]),
+            ("profilers", [(f"{r['profiler']}: {r['status']}", []) for r in prow]),
+            (f"NVLink multicast env: {env_keys or 'unset (the workbook sets NCCL_NVLS_ENABLE=0 for its servers)'}", []),
+        ]
+        run.story(story.tree(f"SGLANG ENVIRONMENT — {prov.get('gpu')}", items))
+        print(run.summary["story"])
+    if not ok_sgl or not (ok_fi or ok_tr or ok_fa3):
+        print("[setup] SGLang cannot serve here: " + (sgl_ver if not ok_sgl else "no usable attention backend"),
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def _version(p: str) -> str | None:
+    try:
+        return metadata.version(p)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,107 @@
+"""A stand-in for `python -m sglang.launch_server` in CPU tests of common.serving.Server.
+
+It takes the same --model-path/--host/--port flags, serves /health, /generate (plain and
+streamed), /metrics and /flush_cache, and can misbehave on purpose:
+  --spawn-child     start a child process (like SGLang's scheduler) that must be stopped too
+  --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
+  --no-health       never answer /health with 200 (a server that never becomes ready)
+  --ignore-term     ignore SIGTERM (forces the SIGKILL path)
+  --ready-after S   answer /health with 503 for the first S seconds
+As a wrapper (`--wrapper REPORT -- cmd...`) it runs cmd as a child like ncu/nsys do, waits for it,
+and writes REPORT when the child has exited.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+METRICS = ('# TYPE sglang:prompt_tokens_total counter\n'
+           'sglang:prompt_tokens_total{model_name="m",is_streaming="false"} 10.0\n'
+           'sglang:cached_tokens_total{cache_source="device",model_name="m"} 4.0\n')
+
+
+def wrapper_main(argv):
+    report, cmd = argv[0], argv[2:]
+    p = subprocess.Popen(cmd)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # like nsys: keep going until the app is gone
+    p.wait()
+    time.sleep(0.3)                                   # "writing the report"
+    with open(report, "w") as f:
+        f.write(f"app exited with {p.returncode}\n")
+    print("fake wrapper: report written", flush=True)
+
+
+def main(argv):
+    if argv and argv[0] == "--wrapper":
+        return wrapper_main(argv[1:])
+    a = {k: v for k, v in zip(argv, argv[1:] + [""])}
+    port, host = int(a["--port"]), a.get("--host", "127.0.0.1")
+    t0 = time.time()
+    ready_after = float(a.get("--ready-after", 0) or 0)
+    print(f"fake server: model {a.get('--model-path')} on {host}:{port}", flush=True)
+    if "--ignore-term" in argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: (print("fake server: SIGTERM", flush=True), os._exit(0)))
+    if "--spawn-child" in argv:
+        subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    if "--die-after" in a:
+        def die():
+            time.sleep(float(a["--die-after"]))
+            print("fake server: dying on purpose (CUDA out of memory)", flush=True)
+            os._exit(3)
+        threading.Thread(target=die, daemon=True).start()
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body, ctype="application/json"):
+            data = body if isinstance(body, bytes) else body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.startswith("/health"):
+                ok = "--no-health" not in argv and time.time() - t0 >= ready_after
+                return self._send(200 if ok else 503, "")
+            if self.path.startswith("/metrics"):
+                return self._send(200, METRICS, "text/plain")
+            self._send(404, "not found")
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(n) or b"{}")
+            if self.path.startswith("/flush_cache"):
+                return self._send(200, "Cache flushed.\n", "text/plain")
+            if self.path.startswith("/generate"):
+                ids = body.get("input_ids") or [1] * len(body.get("text") or "x")
+                new = body.get("sampling_params", {}).get("max_new_tokens", 4)
+                meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "e2e_latency": 0.01}
+                if not body.get("stream"):
+                    return self._send(200, json.dumps({"output_ids": list(range(new)),
+                                                       "meta_info": {**meta, "completion_tokens": new}}))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(1, new + 1):
+                    time.sleep(0.01)
+                    chunk = {"output_ids": list(range(i)), "meta_info": {**meta, "completion_tokens": i}}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                return
+            self._send(404, "not found")
+
+    ThreadingHTTPServer((host, port), H).serve_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,158 @@
+"""The SGLang track's scripts: --help everywhere, a clean one-line exit where SGLang is missing, and
+the pure logic inside the scripts (ITL per token position, fits, joins, stage mapping, configs).
+Fixtures: see tests/test_sglang_serving.py."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import serving, trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "sglang" / "scripts"
+PY = sorted(p for p in SCRIPTS.glob("*.py"))
+SH = sorted(SCRIPTS.glob("[0-9][0-9]_*.sh"))
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name.replace(".py", "").lstrip("0123456789_") or name, SCRIPTS / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("script", PY, ids=lambda p: p.name)
+def test_python_help_runs_without_gpu_packages(script):
+    out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "--out" in out.stdout
+
+
+@pytest.mark.parametrize("script", SH, ids=lambda p: p.name)
+def test_shell_help(script):
+    out = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Usage" in out.stdout
+
+
+def test_expected_scripts_exist():
+    names = {p.name for p in SCRIPTS.iterdir()}
+    for n in ("00_check_env.py", "01_baseline_perf.py", "02_radix_cache_analysis.py", "03_backend_comparison.py",
+              "04_nsys_profile.sh", "05_ncu_attention.sh", "06_full_pipeline.sh", "07_tp_scaling.sh"):
+        assert n in names
+
+
+@pytest.mark.skipif(serving.sglang_installed(), reason="sglang is installed here: the scripts would really serve")
+@pytest.mark.parametrize("script", ["01_baseline_perf.py", "02_radix_cache_analysis.py", "03_backend_comparison.py",
+                                    "_nsys_profile.py", "_ncu_attention.py", "_tp_scaling.py"])
+def test_missing_stack_is_one_line_and_exit_2(script, tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPTS / script), "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and out.stderr.strip().startswith("[setup]")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_pipeline_rejects_unknown_flags():
+    out = subprocess.run(["bash", str(SCRIPTS / "06_full_pipeline.sh"), "--bogus"], capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown flag" in out.stderr
+
+
+# ------------------------------------------------------------------ 01: ITL by token position, fits
+
+def _stream(t_first, itls, t_send=0.0):
+    return {"meta_info": {"completion_tokens": len(itls) + 1},
+            "client": {"t_send": t_send, "t_first": t_first, "t_done": t_first + sum(itls), "itl_s": itls,
+                       "ttft_s": t_first - t_send, "e2e_s": t_first + sum(itls) - t_send}}
+
+
+def test_itl_rows_start_when_the_whole_batch_decodes():
+    m = load("01_baseline_perf.py")
+    early = _stream(0.10, [0.01] * 10)          # first token at 0.10, while the other is still prefilling
+    late = _stream(0.15, [0.02] * 10)
+    rows = m.itl_rows([early, late, {"error": "x"}], batch=2, prompt_len=100)
+    # early's tokens before t=0.15 are dropped (token i's ITL counts once its previous token is >= 0.15)
+    assert rows[0]["token"] == 1 and rows[0]["requests"] == 1 and rows[0]["itl_ms"] == pytest.approx(20.0)
+    both = [r for r in rows if r["requests"] == 2]
+    assert both and both[0]["itl_ms"] == pytest.approx(15.0)
+    assert rows[0]["kv_tokens"] == 2 * (100 + 1)
+
+
+def test_linear_fit_and_rise():
+    m = load("01_baseline_perf.py")
+    s, b, r2 = m.linear_fit([1, 2, 3, 4], [3, 5, 7, 9])
+    assert (s, b, r2) == pytest.approx((2.0, 1.0, 1.0))
+    assert m.linear_fit([1, 2], [1, 2])[0] != m.linear_fit([1, 2], [1, 2])[0]     # NaN with < 3 points
+    rows = [{"token": i, "itl_ms": 10.0 if i <= 16 else 12.5} for i in range(1, 129)]
+    assert m.rise_pct(rows) == pytest.approx(25.0)
+
+
+def test_family_table_on_real_trace(fixture_path):
+    m = load("01_baseline_perf.py")
+    steps = serving.steps_from_trace(trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json")))
+    fam = m.family_table(steps)
+    assert fam[0]["family"] == "gemm" and sum(r["prefill_pct"] for r in fam) == pytest.approx(100.0)
+    assert all(r["decode_us_per_step"] == 0 for r in fam)           # the trace holds no decode step
+    assert "cpu" not in {r["family"] for r in fam}
+
+
+# ------------------------------------------------------------------ 02: hit rate three ways
+
+def test_hit3_on_real_log_lines(fixture_path):
+    m = load("02_radix_cache_analysis.py")
+    rows = serving.parse_batch_log(fixture_path("sglang_server_log_under_load_llama8b_dummy_h200.log").read_text())
+    pre = [r for r in rows if r["kind"] == "prefill" and not serving.is_probe(r)][:5]
+    meta = [{"prompt_tokens": r["new_token"] + r["cached_token"], "cached_tokens": r["cached_token"]} for r in pre]
+    c, p = sum(x["cached_tokens"] for x in meta), sum(x["prompt_tokens"] for x in meta)
+    before = serving.parse_metrics('sglang:cached_tokens_total{a="1"} 0\nsglang:prompt_tokens_total{a="1"} 0\n')
+    after = serving.parse_metrics(f'sglang:cached_tokens_total{{a="1"}} {c}\nsglang:prompt_tokens_total{{a="1"}} {p}\n')
+    h = m.hit3(meta, pre, before, after)
+    assert h["meta_info"] == pytest.approx(c / p) == pytest.approx(h["log"]) == pytest.approx(h["metrics_requests"])
+
+
+# ------------------------------------------------------------------ 03 / 04 / 05 / 07 pure helpers
+
+def test_matched_prefix_and_sharegpt_file(tmp_path):
+    m = load("03_backend_comparison.py")
+    assert m.matched_prefix([1, 2, 3], [1, 2, 4]) == 2 and m.matched_prefix([1], [1]) == 1 and m.matched_prefix([], [5]) == 0
+    f = m.sharegpt_file(tmp_path / "sg.json", 20, 300)
+    data = json.loads(f.read_text())
+    assert len(data) == 20 and all(len(c["conversations"]) == 2 for c in data)
+    firsts = [c["conversations"][0]["value"] for c in data]
+    assert all(len(x) >= 300 for x in firsts) and len({x[:32] for x in firsts}) == 20    # no shared prefixes
+    assert all(x.isascii() for x in firsts)                                               # 1 char = 1 token
+
+
+def test_timeline_analysis_on_real_trace(fixture_path):
+    m = load("_nsys_profile.py")
+    ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
+    k = trace.kernels(ev)
+    ranges = ev[(ev["kind"] == "user_annotation") & ev["name"].str.startswith("scheduler.")]
+    a = m.analyse(k, ranges, "t")
+    assert a["kernels"] == len(k) and 0 < a["busy"] <= 1 and a["families"].index[0] == "gemm"
+    assert set(a["gaps"]["phase"]) <= {"scheduler.run_batch", "none", "-"}      # "-": gaps < 20 us
+    assert m.phase_name(":scheduler.run_batch") == "scheduler.run_batch"
+    assert m.cpu_phase_at(ranges, -1.0) == "none"
+
+
+def test_ncu_stage_mapping():
+    m = load("_ncu_attention.py")
+    assert m.stage_of("PrefillWithKVCacheKernel", "flashinfer") == "prefill"
+    assert m.stage_of("BatchPrefillWithPagedKVCacheKernel", "flashinfer") == "decode"
+    assert m.stage_of("_fwd_grouped_kernel_stage1", "triton") == "decode"
+    assert m.stage_of("_fwd_kernel", "triton") == "prefill"
+    assert m.stage_of("x", "fa3") == "unknown"
+
+
+def test_tp_configs():
+    m = load("_tp_scaling.py")
+    assert m.parse_configs("llama-3.1-8b:1,2;llama-3.1-70b:4") == [("llama-3.1-8b", 1), ("llama-3.1-8b", 2),
+                                                                   ("llama-3.1-70b", 4)]
+    from common.checks import SetupError
+    with pytest.raises(SetupError):
+        m.parse_configs("gpt-9:2")
+    with pytest.raises(SetupError):
+        m.parse_configs("llama-3.1-8b")

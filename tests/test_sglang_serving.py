@@ -1,0 +1,344 @@
+"""common.serving: the SGLang server manager and the parsers of what the server says.
+
+Fixtures (tests/fixtures/, all from one H200 on 2026-11-21, SGLang 0.5.17, Llama-3.1-8B config with
+dummy weights; made by shared/device/probes/sgl_server_probe.py and sgl_load_probe.sh):
+  sglang_server_log_under_load_llama8b_dummy_h200.log   launch_server --log-level info under two
+        bench_serving runs: 150 "Prefill batch", 9 "Decode batch", 1 retraction line (as recorded)
+  sglang_server_metrics_llama8b_dummy_h200.txt          GET /metrics after 4 requests
+  sglang_server_metrics_after_load_h200.txt             GET /metrics after both load runs
+  sglang_bench_serving_{gsp_8x16,random_ids_rate32}_h200.jsonl   sglang.benchmark.serving --output-file
+  sglang_server_trace_llama8b_h200_cut.json             the server's /start_profile trace (one
+        step[EXTEND bs=1 toks=11]) cut to its first 200 kernels, the CUDA runtime calls that launched
+        them (same correlation id; CUDA-graph kernels share their graph launch's id), the user
+        annotations and the metadata; python/cpu_op events were dropped (they are not read here)
+Known-bad inputs are real lines/files damaged on purpose inside the tests.
+"""
+import json
+import math
+import random
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import serving, trace
+from common.checks import SetupError
+from common.serving import ParseError, Server, ServerError
+
+FAKE = Path(__file__).resolve().parent / "sglang_fake_server.py"
+LOG = "sglang_server_log_under_load_llama8b_dummy_h200.log"
+
+
+# ------------------------------------------------------------------ scheduler log lines
+
+def test_batch_log_counts_and_fields(fixture_path):
+    rows = serving.parse_batch_log(fixture_path(LOG).read_text())
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("prefill") == 150 and kinds.count("decode") == 9 and kinds.count("retract") == 1
+    first = rows[0]   # the server warm-up: "The capital city of France is" = 30 byte tokens
+    assert first["kind"] == "prefill" and first["new_seq"] == 1 and first["new_token"] == 30
+    assert first["cached_token"] == 0 and first["cuda_graph"] is True and first["input_tput"] == pytest.approx(22.66)
+    full = [r for r in rows if r["kind"] == "decode" and r["running_req"] == 181]
+    assert full and full[0]["num_token"] == 777258 and full[0]["token_usage"] == pytest.approx(0.99)
+    assert full[0]["queue_req"] == 75 and full[0]["gen_tput"] == pytest.approx(322.14)
+    r = next(r for r in rows if r["kind"] == "retract")
+    assert (r["retracted"], r["gained"], r["ratio_before"], r["ratio_after"]) == (1, 3707, 0.5977, 0.9531)
+    assert all(rows[i]["ts"] <= rows[i + 1]["ts"] for i in range(len(rows) - 1))
+    assert sum(serving.is_probe(r) for r in rows) >= 1          # a /health generation probe is in there
+
+
+def test_batch_log_ms_tp_and_iter_variants(fixture_path):
+    line = next(l for l in fixture_path(LOG).read_text().splitlines() if "Decode batch" in l)
+    ms = line.replace("11:36:41]", "11:36:41.250 TP0]", 1).replace("Decode batch,", "Decode batch [42],", 1)
+    r = serving.parse_batch_log(ms + "\n")[0]
+    assert r["tp"] == 0 and r["iter"] == 42 and r["time"].endswith(".250")
+    assert r["ts"] - int(r["ts"]) == pytest.approx(0.25)
+    prefixed = "INFO uvicorn | " + line   # lines may carry another logger's prefix
+    assert serving.parse_batch_log(prefixed + "\n")[0]["kind"] == "decode"
+
+
+def test_batch_log_known_bad_fails_loudly(fixture_path):
+    line = next(l for l in fixture_path(LOG).read_text().splitlines() if "Prefill batch" in l)
+    cut = line[:line.index("token usage")]          # a line cut in the middle, then more lines follow
+    with pytest.raises(ParseError, match="does not parse"):
+        serving.parse_batch_log(f"{line}\n{cut}\n{line}\n")
+    assert len(serving.parse_batch_log(f"{line}\n{cut}")) == 1   # ... but a last line still being written is fine
+    assert len(serving.parse_batch_log(f"{cut}\n", strict=False)) == 0
+    with pytest.raises(ParseError):
+        serving.parse_batch_log(b"bytes are not text")
+
+
+# ------------------------------------------------------------------ /metrics
+
+def test_metrics_totals_labels_histograms(fixture_path):
+    m = serving.parse_metrics(fixture_path("sglang_server_metrics_llama8b_dummy_h200.txt").read_text())
+    assert m.total("sglang:cached_tokens_total") == 4081 and m.total("prompt_tokens_total") == 6156
+    big = serving.parse_metrics(fixture_path("sglang_server_metrics_after_load_h200.txt").read_text())
+    assert big.total("prompt_tokens_total") == 30 + 1.713926e06             # summed over is_streaming
+    assert big.total("prompt_tokens_total", is_streaming="true") == 1.713926e06
+    assert big.get("realtime_tokens_total", mode="prefill_cache") == 544480
+    assert big.total("evicted_tokens_total") == 416239
+    assert big.get("max_total_num_tokens") == 788603
+    with pytest.raises(KeyError):
+        big.get("realtime_tokens_total")                 # three modes match: ambiguous
+    with pytest.raises(KeyError, match="enable-metrics"):
+        big.total("no_such_metric")
+    assert big.total("no_such_metric", 0.0) == 0.0
+    h = big.histogram("time_to_first_token_seconds")
+    assert h["count"] > 0 and h["buckets"][-1][0] == math.inf and h["buckets"][-1][1] == h["count"]
+    assert all(a[1] <= b[1] for a, b in zip(h["buckets"], h["buckets"][1:]))
+
+
+def test_hit_rate_from_counter_deltas(fixture_path):
+    text = fixture_path("sglang_server_metrics_after_load_h200.txt").read_text()
+    after = serving.parse_metrics(text)
+    zero = serving.parse_metrics("\n".join(l if l.startswith("#") or not l.strip() else l.rsplit(" ", 1)[0] + " 0.0"
+                                           for l in text.splitlines()))
+    h = serving.hit_rate(zero, after)
+    assert h["hit_rate_requests"] == pytest.approx(544475 / 1713956)
+    assert h["hit_rate_scheduler"] == pytest.approx(544480 / (544480 + 1.175719e06))
+    assert h["evicted_tokens"] == 416239 and h["retracted_requests"] == 1
+    same = serving.hit_rate(after, after)
+    assert math.isnan(same["hit_rate_requests"]) and same["evicted_tokens"] == 0
+
+
+def test_metrics_known_bad_fails_loudly(fixture_path):
+    lines = fixture_path("sglang_server_metrics_llama8b_dummy_h200.txt").read_text().splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("sglang:cached_tokens_total"))
+    broken = lines[:i] + [lines[i].replace('="device"', "=device")] + lines[i + 1:]
+    with pytest.raises(ParseError, match=f"line {i + 1}"):
+        serving.parse_metrics("\n".join(broken))
+    with pytest.raises(ParseError, match="enable-metrics"):
+        serving.parse_metrics("<html>404 Not Found</html>".replace("<html>404 Not Found</html>", "# only comments\n"))
+    with pytest.raises(ParseError):
+        serving.parse_metrics("sglang:x 1.0.0\n")
+
+
+# ------------------------------------------------------------------ bench_serving output
+
+def test_bench_jsonl(fixture_path):
+    gsp = serving.read_bench_jsonl(fixture_path("sglang_bench_serving_gsp_8x16_h200.jsonl"))
+    assert len(gsp) == 1 and gsp[0]["completed"] == 128 and math.isinf(gsp[0]["request_rate"])
+    h = serving.bench_headline(gsp[0])
+    assert "server_info" not in h and h["total_throughput"] == pytest.approx(137633.7622875021)
+    rid = serving.bench_headline(serving.read_bench_jsonl(fixture_path("sglang_bench_serving_random_ids_rate32_h200.jsonl"))[0])
+    assert rid["request_rate"] == 32.0 and rid["median_itl_ms"] < rid["p99_itl_ms"]
+
+
+def test_bench_known_bad(fixture_path, tmp_path):
+    text = fixture_path("sglang_bench_serving_gsp_8x16_h200.jsonl").read_text()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text + text[: len(text) // 2])    # a second run cut while it was being appended
+    with pytest.raises(ParseError, match="line 2"):
+        serving.read_bench_jsonl(cut)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"backend": "engine", "output_throughput": 1.0}) + "\n")
+    with pytest.raises(ParseError, match="not a bench_serving result"):
+        serving.read_bench_jsonl(other)
+    with pytest.raises(ParseError, match="no bench_serving output"):
+        serving.read_bench_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_bench_cmd_keeps_lengths_fixed():
+    class S:
+        host, port, model_path = "127.0.0.1", 30001, "/m"
+    cmd = serving.bench_cmd(S(), "/o.jsonl", num_prompts=8, input_len=512, output_len=64, rate=4)
+    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"] and "--tokenize-prompt" in cmd
+    assert cmd[cmd.index("--random-range-ratio") + 1] == "1.0" and cmd[cmd.index("--request-rate") + 1] == "4"
+    gsp = serving.bench_cmd(S(), "/o.jsonl", num_prompts=8, input_len=1, output_len=1, dataset="generated-shared-prefix")
+    assert "--tokenize-prompt" not in gsp                  # bench_serving asserts against it for GSP
+
+
+# ------------------------------------------------------------------ statistics
+
+def test_percentiles_match_numpy():
+    np = pytest.importorskip("numpy")
+    rnd = random.Random(3)
+    for n in (1, 2, 7, 100):
+        v = [rnd.expovariate(1.0) for _ in range(n)]
+        got = serving.percentiles(v, (50, 90, 99))
+        for q in (50, 90, 99):
+            assert got[f"p{q}"] == pytest.approx(float(np.percentile(v, q)))
+    assert math.isnan(serving.percentiles([])["p50"])
+    assert serving.percentiles([None, 1.0, float("nan"), 3.0])["p50"] == 2.0
+
+
+def test_latency_summary():
+    res = [{"meta_info": {"prompt_tokens": 10, "completion_tokens": 4, "cached_tokens": 5},
+            "client": {"t_send": 0.0, "t_done": 2.0, "e2e_s": 2.0, "ttft_s": 0.5, "itl_s": [0.1, 0.2, 0.3]}},
+           {"meta_info": {"prompt_tokens": 10, "completion_tokens": 4, "cached_tokens": 0},
+            "client": {"t_send": 1.0, "t_done": 4.0, "e2e_s": 3.0, "ttft_s": 1.5, "itl_s": [0.1]}},
+           {"error": "HTTP 500"}]
+    s = serving.latency_summary(res)
+    assert s["failed"] == 1 and s["wall_s"] == 4.0 and s["output_throughput"] == 2.0
+    assert s["hit_rate"] == 0.25 and s["p50_ttft_ms"] == pytest.approx(1000.0)
+    assert s["p50_itl_ms"] == pytest.approx(150.0)
+    assert serving.latency_summary([{"error": "x"}])["failed"] == 1
+
+
+# ------------------------------------------------------------------ traces, kernels, joins
+
+def test_kernel_families_on_real_names(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
+    fams = {s: serving.kernel_family(s) for s in set(trace.kernels(ev)["short"])}
+    expect = {"nvjet_sm90_tst_128x16_64x11_2x1_v_bz_TNT": "gemm", "splitKreduce_kernel": "gemm",
+              "PrefillWithKVCacheKernel": "attention", "BatchPrefillWithPagedKVCacheKernel": "attention",
+              "MergeStateKernel": "attention", "PersistentVariableLengthMergeStatesKernel": "attention",
+              "FusedAddRMSNormKernel": "norm", "fused_rope_kernel": "rope", "act_and_mul_kernel": "activation",
+              "store_kvcache": "kv_store"}
+    for k, f in expect.items():
+        assert fams.get(k) == f, (k, fams.get(k))
+    assert "other" not in fams.values(), fams
+    assert serving.kernel_family("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "allreduce"
+    assert serving.kernel_family("_fwd_grouped_kernel_stage1") == "attention"
+    assert serving.kernel_family("somethingUnknown") == "other"
+
+
+def test_steps_from_real_trace(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
+    rows = []
+    steps = serving.steps_from_trace(ev, rows)
+    assert [(s["mode"], s["bs"], s["toks"]) for s in steps] == [("EXTEND", 1, 11)]
+    s = steps[0]
+    assert s["kernels"] == len(rows) > 150 and s["cpu_us"] > 0 and s["gemm_us"] > s["attention_us"] > 0
+    assert s["kernel_us"] == pytest.approx(sum(r["dur_us"] for r in rows)) and s["how"] == "gpu-range"
+    # a trace without the GPU-side step range (seen with CUDA-graph replays): kernels by their launch
+    launch = serving.steps_from_trace(ev[ev["kind"] != "gpu_annotation"])
+    assert launch[0]["how"] == "launch" and (launch[0]["mode"], launch[0]["toks"]) == ("EXTEND", 11)
+    assert launch[0]["kernels"] > 150 and launch[0]["gemm_us"] > launch[0]["attention_us"] > 0
+    assert serving.parse_step_name("step[DECODE bs=32]") == {"mode": "DECODE", "bs": 32, "toks": None}
+    assert serving.parse_step_name("scheduler.run_batch") is None
+
+
+def test_join_steps_with_real_log(fixture_path):
+    rows = [r for r in serving.parse_batch_log(fixture_path(LOG).read_text()) if r["kind"] != "retract"]
+    window = rows[40:60]
+    steps = [{"mode": "EXTEND", "bs": r["new_seq"], "toks": r["new_token"]} if r["kind"] == "prefill"
+             else {"mode": "DECODE", "bs": r["running_req"], "toks": None} for r in window]
+    steps[5] = {**steps[5], "bs": steps[5]["bs"] + 1}                 # one step that disagrees
+    joined, info = serving.join_steps(steps, rows)
+    assert info["ok"] and info["offset"] == 40 and info["matched"] == len(steps) - 1
+    assert joined[0]["log_cached_token"] == window[0].get("cached_token")
+    assert joined[5]["log_match"] is False and joined[6]["log_match"] is True
+    junk = [{"mode": "EXTEND", "bs": 999, "toks": 7}] * 10
+    _, bad = serving.join_steps(junk, rows)
+    assert not bad["ok"]
+
+
+# ------------------------------------------------------------------ small helpers
+
+def test_flags_and_forbidden_flags(tmp_path):
+    assert serving.flags(tp_size=2, enable_metrics=True, disable_radix_cache=False, port=None,
+                         json_model_override_args={"num_hidden_layers": 2}) == \
+        ["--tp-size", "2", "--enable-metrics", "--json-model-override-args", '{"num_hidden_layers": 2}']
+    with pytest.raises(SetupError, match="multicast"):
+        Server("m", ["--enable-nccl-nvls"], log_path=tmp_path / "l")
+    assert len(serving.random_text(77, 1)) == 77 and serving.random_text(77, 1) == serving.random_text(77, 1)
+    assert serving.random_ids(5, 1) == serving.random_ids(5, 1) != serving.random_ids(5, 2)
+
+
+# ------------------------------------------------------------------ the server manager (a stand-in server)
+
+def fake(tmp_path, *extra, **kw):
+    kw.setdefault("start_timeout", 30)
+    kw.setdefault("stop_timeout", 3)
+    return Server("dummy-model", list(extra), log_path=tmp_path / "server.log", launcher=[sys.executable, str(FAKE)],
+                  echo=lambda *_: None, **kw)
+
+
+def test_server_starts_serves_and_stops_its_whole_group(tmp_path):
+    srv = fake(tmp_path, "--spawn-child", "--ready-after", "0.5")
+    with srv:
+        assert srv.alive()
+        pgid = srv.proc.pid
+        time.sleep(0.3)
+        members = serving.group_pids(pgid)
+        assert len(members) >= 2                      # server + its child
+        out = srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5})
+        assert out["meta_info"]["completion_tokens"] == 5 and out["client"]["e2e_s"] > 0
+        st = srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5}, stream=True)
+        assert st["meta_info"]["completion_tokens"] == 5 and len(st["client"]["itl_s"]) == 4 and st["client"]["ttft_s"] > 0
+        many = srv.generate_many([{"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}] * 6, stream=True)
+        assert serving.latency_summary(many)["completion_tokens"] == 12
+        assert srv.metrics().total("cached_tokens_total") == 4
+        srv.flush_cache()
+        assert "fake server" in srv.log_since(0)
+    assert srv.stop_report["left_over"] == [] and not any(serving._alive(p) for p in members)
+    assert serving.port_free("127.0.0.1", srv.port)
+
+
+def test_port_in_use_is_a_setup_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(SetupError, match=f"port {port}.*in use"):
+            with fake(tmp_path, port=port):
+                pass
+
+
+def test_server_dying_during_startup_shows_its_log(tmp_path):
+    with pytest.raises(ServerError, match="exited with code 3(.|\n)*CUDA out of memory"):
+        with fake(tmp_path, "--die-after", "0.5", "--no-health"):
+            pass
+
+
+def test_start_timeout_stops_everything(tmp_path):
+    srv = fake(tmp_path, "--no-health", "--spawn-child", start_timeout=2)
+    with pytest.raises(ServerError, match="not healthy after 2 s"):
+        srv.__enter__()
+    assert srv.proc is None and srv.stop_report["left_over"] == []
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    srv = fake(tmp_path, "--ignore-term", "--spawn-child", stop_timeout=1)
+    with srv:
+        pass
+    assert srv.stop_report["left_over"] == [] and srv.stop_report["returncode"] == -signal.SIGKILL
+
+
+def test_ctrl_c_inside_the_block_stops_the_server(tmp_path):
+    srv = fake(tmp_path, "--spawn-child")
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            pgid = srv.proc.pid
+            time.sleep(0.3)
+            members = serving.group_pids(pgid)
+            raise KeyboardInterrupt
+    assert not any(serving._alive(p) for p in members)
+
+
+def test_wrapper_gets_to_write_its_report(tmp_path):
+    report = tmp_path / "report.txt"
+    srv = fake(tmp_path, "--spawn-child", wrapper=[sys.executable, str(FAKE), "--wrapper", str(report), "--"],
+               wrapper_stop_timeout=20)
+    with srv:
+        assert srv.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+    assert report.read_text().startswith("app exited")        # the app was stopped first, the tool finished
+    assert srv.stop_report["left_over"] == []
+
+
+def test_run_tool_timeout_kills_the_group(tmp_path):
+    with pytest.raises(ServerError, match="did not finish"):
+        serving.run_tool([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "t.log", timeout=1,
+                         echo=lambda *_: None)
+    assert serving.run_tool([sys.executable, "-c", "print('hi')"], tmp_path / "ok.log", echo=lambda *_: None) == 0
+    assert "hi" in (tmp_path / "ok.log").read_text()
+
+
+def test_sigterm_to_the_script_stops_the_server(tmp_path):
+    import os
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("SIGTERM already handled by the test runner")
+    srv = fake(tmp_path, "--spawn-child")
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            time.sleep(0.3)
+            members = serving.group_pids(srv.proc.pid)
+            os.kill(os.getpid(), signal.SIGTERM)      # e.g. `timeout` or a job scheduler ending the script
+            time.sleep(5)
+    assert not any(serving._alive(p) for p in members)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # the handler was put back
