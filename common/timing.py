@@ -7,9 +7,10 @@
     r = rates(t.median_ms, bytes=..., flops=..., peaks=gpu.peaks())   # TB/s, TFLOP/s, % of peak
 
 Method (every sample):
-  1. cold L2 (``cold_l2=True``): read a buffer twice the L2 size, so the call under test finds
-     its inputs in DRAM, as it would inside a model where other layers ran between. Reading
-     (not writing) leaves no dirty lines behind whose write-back the next kernel would pay for;
+  1. cold L2 (``cold_l2=True``): write a buffer twice the L2 size (which evicts the inputs of the
+     call under test), then read a second one (which writes those dirty lines back before the
+     timed region), so the call finds its inputs in DRAM and pays for no one else's write-back,
+     as inside a model where other layers ran in between;
   2. a short spin kernel (``torch.cuda._sleep``) keeps the GPU busy while the CPU enqueues the
      call, so the CPU launch overhead of the call (Python, plan lookups) is not measured;
   3. the call inside a ``record_function`` range whose kernel durations CUPTI reports
@@ -100,31 +101,38 @@ def _torch():
 _flush_buffers: dict = {}
 
 
-def _flush_buffer(torch, device):
-    """A buffer of 2x the L2 size of ``device`` (cached per device)."""
+def _flush_buffers_for(torch, device):
+    """Two buffers of 2x the L2 size of ``device`` (cached per device): one to write, one to read."""
     key = str(device)
     if key not in _flush_buffers:
         props = torch.cuda.get_device_properties(device)
         l2 = getattr(props, "L2_cache_size", 0) or (50 << 20)
-        _flush_buffers[key] = torch.empty(2 * l2, dtype=torch.int8, device=device)
+        _flush_buffers[key] = tuple(torch.zeros(2 * l2, dtype=torch.int8, device=device) for _ in range(2))
     return _flush_buffers[key]
 
 
 def bench(fn, *, method: str = "cupti", cold_l2: bool = True, warmup: int | None = None,
           reps: int | None = None, rep_ms: float = 100.0, min_reps: int = 10, max_reps: int = 1000,
-          spin: bool = True, device=None, flush: str = "read") -> Timing:
+          spin: bool = True, device=None, flush: str = "write+read") -> Timing:
     """Time ``fn()`` on the GPU and return every sample (see the module docstring for the method).
 
     ``reps`` fixes the sample count; otherwise it is chosen so sampling takes about ``rep_ms``.
-    ``warmup`` calls run first (default: enough for ~25 ms, at least 3). ``flush="write"`` cools
-    the L2 by writing instead of reading (what FlashInfer's bench_gpu_time does), for comparison.
+    ``warmup`` calls run first (default: enough for ~25 ms, at least 3). ``flush`` picks how the
+    L2 is cooled: "write+read" (default), "write" (what FlashInfer's bench_gpu_time does: the
+    timed kernel then pays for writing back dirty lines) or "read" (may leave inputs resident).
+    CUPTI mode takes at most 100 samples unless ``reps``/``max_reps`` say otherwise (each sample is
+    a profiler range; more add seconds of host-side processing).
     Several ranks timing a collective must pass the same fixed ``warmup`` and ``reps``.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if flush not in ("write+read", "write", "read"):
+        raise ValueError(f"flush must be 'write+read', 'write' or 'read', not {flush!r}")
+    if method == "cupti" and max_reps == 1000:
+        max_reps = 100
     torch = _torch()
     device = device if device is not None else torch.cuda.current_device()
-    flush_buf = _flush_buffer(torch, device) if cold_l2 else None
+    flush_bufs = _flush_buffers_for(torch, device) if cold_l2 else None
 
     # estimate one call, then warm up (JIT, autotune and allocations happen here, untimed)
     fn()
@@ -145,8 +153,11 @@ def bench(fn, *, method: str = "cupti", cold_l2: bool = True, warmup: int | None
         graph = _capture(torch, fn)
 
     def prologue():
-        if flush_buf is not None:
-            flush_buf.zero_() if flush == "write" else flush_buf.max()
+        if flush_bufs is not None:
+            if "write" in flush:
+                flush_bufs[0].zero_()
+            if "read" in flush:
+                flush_bufs[1].max()
         if spin:
             torch.cuda._sleep(_SPIN_CYCLES)
 
@@ -171,8 +182,8 @@ def bench(fn, *, method: str = "cupti", cold_l2: bool = True, warmup: int | None
         if empty:
             samples = [s for s in samples if s > 0]
             notes.append(f"{empty} sample(s) without a kernel dropped")
-    if flush == "write" and cold_l2:
-        notes.append("L2 cooled by writing (flush='write')")
+    if flush != "write+read" and cold_l2:
+        notes.append(f"L2 cooled with flush={flush!r}")
     return Timing(samples_ms=samples, method=method, cold_l2=cold_l2, warmup=warmup, notes=notes)
 
 

@@ -19,7 +19,10 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
-SIZES_MB = {"~100us": 200.0, "~10us": 20.0}   # bytes copied = 2 x size (read + write)
+# memory-bound: y = 2x over a buffer of this many MB (bytes moved = 2 x size); compute-bound: a bf16
+# GEMM of this M=N=K (time insensitive to the L2 state, so it isolates the timer itself)
+SIZES_MB = {"~100us": 200.0, "~10us": 20.0}
+GEMM_N = {"~100us": 3328, "~10us": 1280}
 TOL = {"~100us": 3.0, "~10us": 5.0}
 LAUNCHES = 20
 
@@ -27,12 +30,18 @@ LAUNCHES = 20
 def _ncu_medians_us(tmp_path):
     from common import ncu
     res = ncu.profile([sys.executable, str(ROOT / "tests/gpu/timing_workload.py"), "--mb",
-                       *map(str, SIZES_MB.values()), "--launches", str(LAUNCHES)],
-                      tmp_path, kernel="vectorized_elementwise", metrics=["gpu__time_duration.sum"], timeout=300)
-    s = ncu.summarize(res.df)
-    assert len(s) == LAUNCHES * len(SIZES_MB), f"ncu profiled {len(s)} launches"
-    t = list(s["time_us"])
-    return {label: statistics.median(t[i * LAUNCHES:(i + 1) * LAUNCHES]) for i, label in enumerate(SIZES_MB)}
+                       *map(str, SIZES_MB.values()), "--gemm", *map(str, GEMM_N.values()), "--launches", str(LAUNCHES)],
+                      tmp_path, kernel=ncu.with_marker("vectorized_elementwise|nvjet|gemm|splitK|sm90_xmma|cutlass"),
+                      metrics=["gpu__time_duration.sum"], timeout=300)
+    s = ncu.summarize(ncu.split_points(res.df))
+    labels = [("elementwise", k) for k in SIZES_MB] + [("gemm", k) for k in GEMM_N]
+    out = {}
+    for p, lab in enumerate(labels):  # a point = LAUNCHES calls; a call may be >1 kernel (split-K GEMM)
+        g = s[s["point"] == p]
+        per_call = g.groupby(g.groupby("kernel").cumcount())["time_us"].sum()
+        assert len(per_call) == LAUNCHES, f"{lab}: {len(g)} kernels for {LAUNCHES} calls"
+        out[lab] = statistics.median(per_call)
+    return out
 
 
 def test_bench_matches_ncu(tmp_path):
@@ -44,18 +53,23 @@ def test_bench_matches_ncu(tmp_path):
     from common.timing import bench
     ref = _ncu_medians_us(tmp_path)
     rows = []
+    calls = {}
     for label, mb in SIZES_MB.items():
-        n = int(mb * 1e6) // 2
-        src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        dst = torch.empty_like(src)
-        for method, flush in (("cupti", "read"), ("events", "read"), ("graph", "read"), ("cupti", "write"),
-                              ("events", "write")):
-            t = bench(lambda: torch.mul(src, 2.0, out=dst), method=method, cold_l2=True, reps=200, flush=flush)
-            err = 100 * (t.median_us - ref[label]) / ref[label]
-            rows.append({"kernel": label, "bytes": 2 * n, "method": method, "flush": flush, "bench_us": t.median_us,
-                         "spread_pct": t.spread_pct, "ncu_us": ref[label], "diff_pct": err})
+        src = torch.randn(int(mb * 1e6) // 2, device="cuda", dtype=torch.bfloat16)
+        calls[("elementwise", label)] = (lambda src=src, dst=torch.empty_like(src): torch.mul(src, 2.0, out=dst))
+    for label, n in GEMM_N.items():
+        a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        calls[("gemm", label)] = (lambda a=a, b=b, c=torch.empty(n, n, device="cuda", dtype=torch.bfloat16):
+                                  torch.matmul(a, b, out=c))
+    for (kind, label), fn in calls.items():
+        for method, flush in (("cupti", "write+read"), ("events", "write+read"), ("graph", "write+read"),
+                              ("cupti", "read"), ("cupti", "write")):
+            t = bench(fn, method=method, cold_l2=True, reps=100, flush=flush)
+            r = ref[(kind, label)]
+            rows.append({"kind": kind, "kernel": label, "method": method, "flush": flush, "bench_us": t.median_us,
+                         "spread_pct": t.spread_pct, "ncu_us": r, "diff_pct": 100 * (t.median_us - r) / r})
     for r in rows:
-        print(f"{r['kernel']:7s} {r['method']:7s} {r['flush']:5s} bench {r['bench_us']:9.2f} us  ncu {r['ncu_us']:9.2f} us  "
+        print(f"{r['kind']:11s} {r['kernel']:7s} {r['method']:7s} {r['flush']:10s} bench {r['bench_us']:9.2f} us  ncu {r['ncu_us']:9.2f} us  "
               f"diff {r['diff_pct']:+6.2f}%  spread {r['spread_pct']:.1f}%")
     out = os.environ.get("HANDS_ON_TEST_OUT")
     if out:
