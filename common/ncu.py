@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -470,7 +469,6 @@ def main(argv=None) -> int:
     """python -m common.ncu profile --out DIR [--kernel RX] [--skip N] [--count N] [--set full] -- CMD..."""
     import argparse
 
-    from .checks import run_main  # noqa: F401  (for symmetry with the scripts)
     p = argparse.ArgumentParser(prog="python -m common.ncu",
                                 description="Run a command under Nsight Compute and print a per-kernel hardware table.")
     sub = p.add_subparsers(dest="cmd", required=True)

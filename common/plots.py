@@ -25,7 +25,8 @@ def roofline(points, peaks: dict, title: str = "Roofline"):
     fig, ax = plt.subplots(figsize=(7.5, 5))
     bw, comp = peaks.get("dram_tb_s"), peaks.get("bf16_tflops")
     xs = [p["flop_per_byte"] for p in points if p.get("flop_per_byte")] or [1.0]
-    lo, hi = min(xs + [0.1]) / 2, max(xs + [2 * comp / bw if bw and comp else 1000]) * 2
+    ridge_x = comp / bw if bw and comp else max(xs)
+    lo, hi = min(xs + [ridge_x]) / 4, max(xs + [ridge_x]) * 4
     if bw and comp:
         ridge = comp / bw
         grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
@@ -33,18 +34,20 @@ def roofline(points, peaks: dict, title: str = "Roofline"):
                 label=f"roof ({peaks.get('source', '?')}): {bw:.2f} TB/s, {comp:.0f} TFLOP/s")
         ax.axvline(ridge, color="grey", ls=":", lw=1)
         ax.text(ridge, comp * 1.05, f" ridge {ridge:.0f} FLOP/B", fontsize=8, color="grey")
+    crowded = len(points) > 8  # then a legend reads better than labels on top of each other
     for p in points:
         if p.get("flop_per_byte") and p.get("tflop_s"):
-            ax.scatter(p["flop_per_byte"], p["tflop_s"], s=28, zorder=3)
-            ax.annotate(p["label"], (p["flop_per_byte"], p["tflop_s"]), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+            ax.scatter(p["flop_per_byte"], p["tflop_s"], s=28, zorder=3, label=p["label"] if crowded else None)
+            if not crowded:
+                ax.annotate(p["label"], (p["flop_per_byte"], p["tflop_s"]), fontsize=7,
+                            xytext=(4, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(f"{title} — {peaks.get('gpu', '')}")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=6 if crowded else 8, loc="lower right", ncol=2 if crowded else 1)
     return fig
 
 

@@ -7,7 +7,8 @@ A report is hand-written Markdown with blocks that this module owns:
     <!-- /auto -->
 
 Block keys: ``<stem>/story``, ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
-``/table:<name>`` (results/<stem>/<name>.csv), ``/figure:<name>`` (results/<stem>/<name>.png,
+``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
+``/figure:<name>`` (results/<stem>/<name>.png,
 copied to reports/figures/<stem>-<name>.png), and ``index`` (INDEX.md: every numbered script
 with its last run). Only the inside of a block changes. A block whose results are missing
 keeps its committed content, and the run lists it, so a fresh clone (no results/) leaves every
@@ -21,13 +22,12 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import REPO_ROOT, SYSTEMS
 from .gpu import provenance_line
-from .results import SUMMARY, load_summary
+from .results import load_summary
 from .story import fmt
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
@@ -112,7 +112,10 @@ class Renderer:
             errs = s.get("point_errors") or []
             return (md_table(errs) + "\n") if errs else "_No sweep point failed in the last run._\n", ""
         if what.startswith("table:"):
-            name = what.split(":", 1)[1]
+            name, cols = what.split(":", 1)[1], None
+            if name.endswith("]") and "[" in name:  # table:NAME[col1,col2,...] keeps those columns
+                name, cols = name[:-1].split("[", 1)
+                cols = [c for c in cols.split(",") if c]
             p = self.results / stem / f"{name}.csv"
             if not p.is_file():
                 return None, f"{p.name} missing"
@@ -121,6 +124,11 @@ class Renderer:
                 df = pd.read_csv(p)
             except pd.errors.EmptyDataError:
                 return "_(the run wrote an empty table)_\n", ""
+            if cols:
+                missing = [c for c in cols if c not in df.columns]
+                if missing:
+                    return None, f"{p.name} has no column(s) {missing}"
+                df = df[cols]
             return md_table(df.to_dict("records"), more=f" in `{p.relative_to(self.root)}`") + "\n", ""
         if what.startswith("figure:"):
             name = what.split(":", 1)[1]

@@ -1,6 +1,5 @@
 """common.results keeps earlier results safe; common.report refreshes only auto blocks."""
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -112,6 +111,10 @@ committed text of a block without results
 <!-- auto:01_demo/table:sweep -->
 old
 <!-- /auto -->
+
+<!-- auto:01_demo/table:sweep[tb_s] -->
+old
+<!-- /auto -->
 """
 
 
@@ -131,6 +134,7 @@ def test_report_refresh_fills_blocks_and_keeps_the_rest(tmp_path):
     assert "| decode is memory-bound | DRAM 81% \\| SM 12% | **confirmed** | ncu.csv |" in text
     assert "committed text of a block without results" in text
     assert "| 1 | 1.23 |" in text and "| 2 | - |" in text
+    assert "| tb_s |\n|---|\n| 1.23 |\n| - |" in text                  # column selection
     assert any("02_missing/story" in k for k in o.kept)
     # a second refresh with the same results changes nothing
     before = md.read_bytes()
@@ -143,7 +147,7 @@ def test_report_refresh_without_results_changes_no_file(tmp_path):
     md = tmp_path / "demo" / "reports" / "analysis.md"
     md.write_text(REPORT)
     o = report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
-    assert md.read_text() == REPORT and o.files_written == [] and len(o.kept) == 4
+    assert md.read_text() == REPORT and o.files_written == [] and len(o.kept) == 5
 
 
 def test_committed_reports_are_well_formed():

@@ -155,12 +155,6 @@ def ncu_target(args) -> int:
     return 0
 
 
-def pick(df, **kw):
-    m = df
-    for k, v in kw.items():
-        m = m[m[k] == v]
-    return m.iloc[0].to_dict() if len(m) else None
-
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -329,7 +323,7 @@ def main(argv=None) -> int:
                         f"median time ratio fa3/fa2 {ratio:.2f} over {len(piv)} query lengths",
                         "confirmed" if ratio < 1 else "refuted", "sweep.csv")
         fa2c = cs[cs["backend"] == "fa2"]
-        one, probe = pick(fa2c, batch=1, out_given=True), pick(fa2c, batch=PROBE[0], out_given=True)
+        one, probe = _fi.pick(fa2c, batch=1, out_given=True), _fi.pick(fa2c, batch=PROBE[0], out_given=True)
         if one and probe:
             run.observe("a single short request (fa2, qo 512, empty cache) splits the KV and merges; batch 8 does not",
                         f"b1 qo512: split_kv={one['plan_split_kv']}, {one['kernels']}; b8 qo512 kv4096: "
@@ -341,7 +335,7 @@ def main(argv=None) -> int:
             run.observe("FA3 never launches a merge kernel (persistent scheduler, no split-KV)",
                         "; ".join(f"b{r.batch} qo{r.qo_len}: {r.kernels}" for r in fa3c.itertuples()),
                         "refuted" if fa3c["merge_kernel"].any() else "confirmed", "calls.csv")
-        none, given = pick(fa2c, batch=PROBE[0], out_given=False), probe
+        none, given = _fi.pick(fa2c, batch=PROBE[0], out_given=False), probe
         if none and given:
             extra = none["kernels_per_call"] - given["kernels_per_call"]
             run.observe("run() without out= launches an extra fill kernel (torch.zeros) before attention (H-12)",
@@ -364,7 +358,7 @@ def main(argv=None) -> int:
                 a = att[att["backend"] == be]
                 if not len(a):
                     continue
-                r = pick(a, qo_len=512) or a.sort_values("qo_len").iloc[-1].to_dict()
+                r = _fi.pick(a, qo_len=512) or a.sort_values("qo_len").iloc[-1].to_dict()
                 where = f"{be} qo {r['qo_len']}"
                 run.observe("occupancy ~47%, limited by shared memory",
                             f"{where}: achieved {r['occupancy_pct']:.0f}%, theoretical {r['theoretical_occupancy_pct']:.1f}%, "
@@ -394,7 +388,7 @@ def main(argv=None) -> int:
         for label, f in facts_of.items():
             be, b, qo, kv, out_given = meta[label]
             c = cs[cs["label"] == label]
-            s = pick(m0, backend=be, batch=b, qo_len=qo, kv_len=kv)
+            s = _fi.pick(m0, backend=be, batch=b, qo_len=qo, kv_len=kv)
             plan = (f"plan(): cta_tile_q {f.get('cta_tile_q')}, grid x {f.get('padded_batch_size')}, split_kv="
                     f"{f.get('split_kv')}" + (f" (chunk {f.get('kv_chunk_tokens')} tokens)" if f.get("split_kv") else "")
                     if "cta_tile_q" in f else "plan(): FA3 persistent schedule (grid = SM count, no split-KV)")

@@ -143,13 +143,6 @@ def ncu_target(args) -> int:
     return 0
 
 
-def pick(df, **kw):
-    """The first row matching all column=value pairs, as a dict (None if none)."""
-    m = df
-    for k, v in kw.items():
-        m = m[m[k] == v]
-    return m.iloc[0].to_dict() if len(m) else None
-
 
 def main(argv=None) -> int:
     args = parse_args(argv)
@@ -283,7 +276,7 @@ def main(argv=None) -> int:
 
         # ---- verdicts: the plan's hypotheses against this run
         cu = m0[m0["variant"] == "cuda"]
-        ref = pick(cu, batch=32, kv_len=4096) or (cu.sort_values("pct_peak_dram").iloc[-1].to_dict() if len(cu) else None)
+        ref = _fi.pick(cu, batch=32, kv_len=4096) or (cu.sort_values("pct_peak_dram").iloc[-1].to_dict() if len(cu) else None)
         if ref:
             run.headline(decode_point=f"CUDA cores, batch {ref['batch']}, KV {ref['kv_len']}", decode_us=ref["time_us"],
                          decode_tb_s=ref["tb_s"], decode_pct_of_measured_peak=ref["pct_peak_dram"])
@@ -352,7 +345,7 @@ def main(argv=None) -> int:
         if kern is not None:
             att = kern[(kern["role"] == "attention") & (kern["variant"] == "cuda") & (kern["model"] == models[0])]
             if len(att):
-                kr = (pick(att, batch=32, kv_len=4096) or att.sort_values("time_us").iloc[-1].to_dict())
+                kr = (_fi.pick(att, batch=32, kv_len=4096) or att.sort_values("time_us").iloc[-1].to_dict())
                 top = (kr.get("top_stalls") or "").split(",")[0].split(" ")[0]
                 run.observe("occupancy ~75%, tensor pipe ~15%, long_scoreboard the top stall (~65%)",
                             f"b{kr['batch']} kv{kr['kv_len']}: occupancy {kr['occupancy_pct']:.0f}% "
@@ -369,7 +362,7 @@ def main(argv=None) -> int:
         for label, f in facts_of.items():
             v, b, kv = meta[label]
             c = cs[cs["label"] == label]
-            s = pick(m0, variant=v, batch=b, kv_len=kv)
+            s = _fi.pick(m0, variant=v, batch=b, kv_len=kv)
             kids = [(f"plan(): split_kv={f.get('split_kv')}, chunk {f.get('kv_chunk_tokens')} tokens, grid x "
                      f"{f.get('padded_batch_size')}" + (f", cta_tile_q {f['cta_tile_q']}" if f.get("cta_tile_q") else "")
                      + (f", {s['plan_ms']:.2f} ms CPU" if s else ""), [])]

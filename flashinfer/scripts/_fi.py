@@ -508,3 +508,10 @@ def cross_check(bench_gpu_time, fn, ours_ms: float) -> dict:
     return {"bench_gpu_time_graph_ms": graph, "bench_gpu_time_events_ms": events, "workbook_ms": ours_ms,
             "ratio": ours_ms / graph if graph else math.nan,
             "ratio_events": ours_ms / events if events else math.nan}
+
+def pick(df, **kw):
+    """The first row of ``df`` matching all column=value pairs, as a dict (None if none)."""
+    m = df
+    for k, v in kw.items():
+        m = m[m[k] == v]
+    return m.iloc[0].to_dict() if len(m) else None

@@ -7,6 +7,11 @@ median for a ~100 us kernel and within 5% for a ~10 us kernel.
 
     pytest -m gpu tests/gpu/test_timing_vs_ncu.py -s
 Writes $HANDS_ON_TEST_OUT/timing_vs_ncu.json when that variable is set.
+
+Last run (H200, 2026-11-21, commit 83742f8): the ~100 us cases pass (GEMM +0.6%, elementwise -1.7%);
+the ~10 us cases FAIL (GEMM -12.5%, elementwise -11.3%): ncu's gpu__time_duration includes a fixed
+~1.3 us that CUPTI's kernel timestamps leave out (common/timing.py explains). The bar is kept as the
+issue set it, so the test shows the gap instead of hiding it.
 """
 import json
 import os
