@@ -106,6 +106,11 @@ def minisgl_commit(src_root: Path) -> str:
 
 
 def _git() -> dict:
+    """The workbook's commit. A copy without .git (e.g. a working tree sent to a GPU node) can name it
+    in HANDS_ON_GIT_COMMIT (add '-dirty' when the tree had uncommitted changes)."""
+    env = os.environ.get("HANDS_ON_GIT_COMMIT")
+    if env:
+        return {"commit": env.removesuffix("-dirty"), "dirty": env.endswith("-dirty"), "source": "HANDS_ON_GIT_COMMIT"}
     sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"])
     dirty = _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"])
     return {"commit": sha or "unknown", "dirty": bool(dirty)}

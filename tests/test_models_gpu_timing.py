@@ -66,6 +66,11 @@ def test_snapshot_without_gpu_is_complete():
     assert "commit" in line and "`x.py --quick`" in line
 
 
+def test_commit_from_environment(monkeypatch):
+    monkeypatch.setenv("HANDS_ON_GIT_COMMIT", "abc123-dirty")
+    assert gpu.snapshot()["git"] == {"commit": "abc123", "dirty": True, "source": "HANDS_ON_GIT_COMMIT"}
+
+
 def test_timing_statistics_and_rates():
     t = timing.Timing(samples_ms=[1.0, 2.0, 3.0, 4.0, 100.0], method="events", cold_l2=True)
     assert t.median_ms == 3.0 and t.quantile_ms(0.5) == 3.0 and t.min_ms == 1.0
