@@ -50,6 +50,9 @@ from common.results import Run  # noqa: E402
 from common.serving import Server, flags  # noqa: E402
 
 STEM_FILE = Path(__file__).with_name("05_ncu_attention.sh")
+# decode steps per request: enough that the profiling window, opened over HTTP once the batch is
+# decoding, still finds steps to profile (2 of them are profiled; the rest only cost ~ms each)
+DECODE_NEW = 160
 KERNELS = {  # kernel-name regex per backend, and the stage each kernel belongs to
     "flashinfer": ("PrefillWithKVCache|BatchPrefillWithPagedKVCache|BatchDecodeWithPagedKVCache|MergeState",
                    {"PrefillWithKVCacheKernel": "prefill", "BatchPrefillWithPagedKVCacheKernel": "decode",
@@ -91,7 +94,7 @@ def profile_backend(args, backend, model_dir, base, shape, run) -> "object":
     wrapper = ncu.build_cmd([], log_file=log_file, kernel=KERNELS[backend][0], launch_count=args.launch_count,
                             metrics=None if args.section_set else "summary", section_set=args.section_set,
                             extra=["--profile-from-start", "off"])
-    pool = Lp + B * (Lkv + 32) + 4096
+    pool = Lp + B * (Lkv + DECODE_NEW + 16) + 4096
     fl = base + flags(attention_backend=backend, disable_prefill_cuda_graph=True, disable_decode_cuda_graph=True,
                       skip_server_warmup=True, max_total_tokens=pool, log_level="info", decode_log_interval=1,
                       json_model_override_args={"num_hidden_layers": args.layers} if args.layers else None)
@@ -109,7 +112,7 @@ def profile_backend(args, backend, model_dir, base, shape, run) -> "object":
         srv.stop_profile()
         res: dict = {}
         th = threading.Thread(target=lambda: res.update(out=srv.generate_many(
-            [{"input_ids": serving.random_ids(Lkv, 100 + i), "sampling_params": {**sp, "max_new_tokens": 24}}
+            [{"input_ids": serving.random_ids(Lkv, 100 + i), "sampling_params": {**sp, "max_new_tokens": DECODE_NEW}}
              for i in range(B)])))
         mark = srv.log_mark()
         th.start()
