@@ -135,11 +135,11 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def app_pids(pgid: int, needle: str) -> list[int]:
-    """Python processes of group ``pgid`` whose arguments contain ``needle``: the server itself, not
-    the profiler that wraps it (whose own command line also names the server)."""
+def app_pids(pgid: int, needle: str, pids=None) -> list[int]:
+    """Python processes of group ``pgid`` (or of ``pids``) whose arguments contain ``needle``: the
+    server itself, not the profiler that wraps it (whose own command line also names the server)."""
     out = []
-    for p in group_pids(pgid):
+    for p in sorted(pids) if pids is not None else group_pids(pgid):
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
@@ -149,16 +149,33 @@ def app_pids(pgid: int, needle: str) -> list[int]:
     return out
 
 
-def child_pids(pid: int) -> list[int]:
-    out = []
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live process (from /proc; {} where /proc is absent)."""
+    out = {}
     for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if d.isdigit():
             try:
                 fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[-1].split()
             except OSError:
                 continue
-            if len(fields) > 1 and int(fields[1]) == pid:
-                out.append(int(d))
+            if len(fields) > 1 and fields[0] != "Z":
+                out[int(d)] = int(fields[1])
+    return out
+
+
+def child_pids(pid: int) -> list[int]:
+    return [c for c, p in _parents().items() if p == pid]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, whatever its process group or session: a profiler may start
+    the application in a session of its own, out of reach of killpg."""
+    par, out, todo = _parents(), [], [pid]
+    while todo:
+        cur = todo.pop()
+        kids = [c for c, p in par.items() if p == cur]
+        out += kids
+        todo += kids
     return out
 
 
@@ -253,16 +270,20 @@ class Server:
             return self.stop_report
         proc, pgid, t0 = self.proc, self.proc.pid, time.time()
         self.proc = None
-        members = set(group_pids(pgid)) | {pgid}
+        members = set(group_pids(pgid)) | set(descendants(pgid)) | {pgid}
         try:
             if self.wrapper and proc.poll() is None:   # let ncu/nsys finish: stop the app, wait for the tool
-                for c in app_pids(pgid, self.launcher[-1]) or child_pids(pgid):
+                apps = app_pids(pgid, self.launcher[-1], members) or child_pids(pgid)
+                self._log_tree(members, apps)
+                for c in apps:
                     _kill(c, signal.SIGTERM)
                 try:
                     proc.wait(self.wrapper_stop_timeout)
                 except subprocess.TimeoutExpired:
                     self.echo(f"{self.name}: wrapper still running after {self.wrapper_stop_timeout:.0f} s; killing it")
             _killpg(pgid, signal.SIGTERM)
+            for p in members - set(group_pids(pgid)):      # descendants that left the group
+                _kill(p, signal.SIGTERM)
             try:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
@@ -278,6 +299,8 @@ class Server:
                 _wait_gone(members, 10)
         except KeyboardInterrupt:       # a second Ctrl-C while stopping: no more patience
             _killpg(pgid, signal.SIGKILL)
+            for p in members:
+                _kill(p, signal.SIGKILL)
             raise
         finally:
             left = [p for p in members if _alive(p)]
@@ -297,6 +320,21 @@ class Server:
                   + (f" WARNING: processes still alive: {left}" if left else "")
                   + (f" WARNING: still holding GPU memory: {gl}" if gl else ""))
         return self.stop_report
+
+    def _log_tree(self, pids, apps) -> None:
+        """Write the wrapped process tree into the server log (which process got the SIGTERM)."""
+        if not self._log:
+            return
+        lines = []
+        for p in sorted(pids):
+            try:
+                argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")[:120]
+                pg = os.getpgid(p)
+            except (OSError, ProcessLookupError):
+                continue
+            lines.append(f"#   pid {p} pgid {pg}{' <- SIGTERM' if p in apps else ''}: {argv}")
+        self._log.write(("# stopping the wrapped server; process tree:\n" + "\n".join(lines) + "\n").encode())
+        self._log.flush()
 
     def __enter__(self) -> "Server":
         try:

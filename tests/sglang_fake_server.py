@@ -8,7 +8,8 @@ streamed), /metrics and /flush_cache, and can misbehave on purpose:
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
 As a wrapper (`--wrapper REPORT -- cmd...`) it runs cmd as a child like ncu/nsys do, waits for it,
-and writes REPORT when the child has exited.
+and writes REPORT when the child has exited; `--wrapper-setsid` starts the child in a session of its
+own (out of the wrapper's process group, as a profiler may do).
 """
 import json
 import os
@@ -24,9 +25,9 @@ METRICS = ('# TYPE sglang:prompt_tokens_total counter\n'
            'sglang:cached_tokens_total{cache_source="device",model_name="m"} 4.0\n')
 
 
-def wrapper_main(argv):
+def wrapper_main(argv, setsid=False):
     report, cmd = argv[0], argv[2:]
-    p = subprocess.Popen(cmd)
+    p = subprocess.Popen(cmd, start_new_session=setsid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # like nsys: keep going until the app is gone
     p.wait()
     time.sleep(0.3)                                   # "writing the report"
@@ -36,8 +37,8 @@ def wrapper_main(argv):
 
 
 def main(argv):
-    if argv and argv[0] == "--wrapper":
-        return wrapper_main(argv[1:])
+    if argv and argv[0] in ("--wrapper", "--wrapper-setsid"):
+        return wrapper_main(argv[1:], setsid=argv[0] == "--wrapper-setsid")
     a = {k: v for k, v in zip(argv, argv[1:] + [""])}
     port, host = int(a["--port"]), a.get("--host", "127.0.0.1")
     t0 = time.time()

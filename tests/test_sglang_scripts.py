@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,12 +119,13 @@ def test_hit3_on_real_log_lines(fixture_path):
 def test_matched_prefix_and_sharegpt_file(tmp_path):
     m = load("03_backend_comparison.py")
     assert m.matched_prefix([1, 2, 3], [1, 2, 4]) == 2 and m.matched_prefix([1], [1]) == 1 and m.matched_prefix([], [5]) == 0
-    f = m.sharegpt_file(tmp_path / "sg.json", 20, 300)
+    prompts = [serving.random_text(511, 90_000 + i) for i in range(20)]
+    f = m.sharegpt_file(tmp_path / "sg.json", prompts)
     data = json.loads(f.read_text())
-    assert len(data) == 20 and all(len(c["conversations"]) == 2 for c in data)
-    firsts = [c["conversations"][0]["value"] for c in data]
-    assert all(len(x) >= 300 for x in firsts) and len({x[:32] for x in firsts}) == 20    # no shared prefixes
-    assert all(x.isascii() for x in firsts)                                               # 1 char = 1 token
+    # what sglang.benchmark.datasets.sharegpt reads: conversations[0/1]["value"], >= 2 turns, completion >= 2 chars
+    pairs = [(d["conversations"][0]["value"], d["conversations"][1]["value"]) for d in data if len(d["conversations"]) >= 2]
+    assert [p for p, _ in pairs] == prompts and all(len(c) >= 2 for _, c in pairs)
+    assert len({p[:32] for p in prompts}) == 20 and all(p.isascii() for p in prompts)   # no shared prefix; 1 char = 1 token
 
 
 def test_timeline_analysis_on_real_trace(fixture_path):
@@ -156,3 +158,21 @@ def test_tp_configs():
         m.parse_configs("gpt-9:2")
     with pytest.raises(SetupError):
         m.parse_configs("llama-3.1-8b")
+
+
+def test_wait_file_waits_for_a_finished_report(tmp_path):
+    import threading
+    m = load("_nsys_profile.py")
+    f = tmp_path / "t.nsys-rep"
+    assert not m.wait_file(f, timeout=1.0, still_s=0.2)                 # never written
+    def writer():
+        for _ in range(4):
+            with open(f, "ab") as fh:
+                fh.write(b"x" * 100)
+            time.sleep(0.3)
+    th = threading.Thread(target=writer)
+    t0 = time.time()
+    th.start()
+    assert m.wait_file(f, timeout=10, still_s=0.6)
+    th.join()
+    assert f.stat().st_size == 400 and time.time() - t0 >= 0.9           # returned only after the last write

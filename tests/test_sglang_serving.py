@@ -321,6 +321,22 @@ def test_wrapper_gets_to_write_its_report(tmp_path):
     assert srv.stop_report["left_over"] == []
 
 
+def test_wrapper_that_moves_the_app_to_its_own_session(tmp_path):
+    """The app is out of the wrapper's process group (killpg cannot reach it): it is still found,
+    stopped first, the report gets written, and nothing is left running."""
+    report = tmp_path / "report.txt"
+    srv = fake(tmp_path, "--spawn-child", wrapper=[sys.executable, str(FAKE), "--wrapper-setsid", str(report), "--"],
+               wrapper_stop_timeout=20)
+    with srv:
+        pgid = srv.proc.pid
+        time.sleep(0.3)
+        below = serving.descendants(pgid)
+        assert len(below) >= 2 and not set(below) & set(serving.group_pids(pgid))   # app + its child, elsewhere
+    assert report.read_text().startswith("app exited")
+    assert srv.stop_report["left_over"] == [] and not any(serving._alive(p) for p in below)
+    assert "<- SIGTERM" in (tmp_path / "server.log").read_text()
+
+
 def test_run_tool_timeout_kills_the_group(tmp_path):
     with pytest.raises(ServerError, match="did not finish"):
         serving.run_tool([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "t.log", timeout=1,

@@ -14,9 +14,9 @@ What it measures (one SGLang server per backend, same model, same flags, --rando
       client) and, full run only, FlashInfer with SGLANG_FLASHINFER_USE_TENSOR_CORE=false (the
       CUDA-core decode kernel) as a fourth variant;
     * the offline performance bar (--perf-bar; on by default in the full run): SGLang's own
-      `python -m sglang.bench_offline_throughput` (warm-up data from a ShareGPT-format file this
-      script writes into the results folder) against the workbook's sglang.Engine on the same
-      config and workload, and SGLang's throughput_test_once on the workbook's Engine (bar: 97%).
+      `python -m sglang.bench_offline_throughput` (the workbook's prompts, written by this script
+      as a local ShareGPT-format file, --sharegpt-output-len fixed) against the workbook's
+      sglang.Engine on the same config and workload, and SGLang's throughput_test_once on the workbook's Engine (bar: 97%).
 
 What the plan expected (hypotheses)
     * FlashInfer has lower launch overhead; Triton is more flexible but slower (A100).
@@ -194,11 +194,11 @@ def fd2_to(path):
         os.close(saved)
 
 
-def sharegpt_file(path, n, min_chars, seed=0) -> Path:
-    """A local ShareGPT-format file (distinct ASCII conversations) for bench_offline_throughput."""
-    conv = [{"id": f"hands-on-{i}", "conversations": [
-        {"from": "human", "value": serving.random_text(min_chars + 64 * (i % 7), seed + i)},
-        {"from": "gpt", "value": serving.random_text(200, seed + 10_000 + i)}]} for i in range(n)]
+def sharegpt_file(path, prompts) -> Path:
+    """The workbook's own prompts as a local ShareGPT-format file, so that bench_offline_throughput
+    (--dataset-name sharegpt) runs exactly the workload the workbook's Engine runs."""
+    conv = [{"id": f"hands-on-{i}", "conversations": [{"from": "human", "value": p},
+                                                       {"from": "gpt", "value": "ok"}]} for i, p in enumerate(prompts)]
     Path(path).write_text(json.dumps(conv))
     return Path(path)
 
@@ -206,12 +206,13 @@ def sharegpt_file(path, n, min_chars, seed=0) -> Path:
 def offline_bar(args, P, model_dir, base, run) -> list[dict]:
     """SGLang's bench_offline_throughput (its own Engine) vs the workbook's Engine, same config and shape."""
     rows = []
-    data = sharegpt_file(run.dir / "sharegpt_local.json", P["bar_n"] + 64, P["bar_in"] + 16)
+    prompts = [serving.random_text(P["bar_in"] - 1, 90_000 + i) for i in range(P["bar_n"])]   # + BOS = bar_in tokens
+    data = sharegpt_file(run.dir / "sharegpt_local.json", prompts)
     out = run.dir / "offline_ref.jsonl"
     cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", model_dir, *base,
-           "--attention-backend", "flashinfer", "--dataset-name", "random", "--dataset-path", str(data),
-           "--random-input-len", str(P["bar_in"]), "--random-output-len", str(P["bar_out"]), "--random-range-ratio", "1.0",
-           "--num-prompts", str(P["bar_n"]), "--seed", "1", "--result-filename", str(out)]
+           "--attention-backend", "flashinfer", "--dataset-name", "sharegpt", "--dataset-path", str(data),
+           "--sharegpt-output-len", str(P["bar_out"]), "--num-prompts", str(P["bar_n"]), "--seed", "1",
+           "--result-filename", str(out)]
     rc = serving.run_tool(cmd, run.path("offline_ref.log"), timeout=900, echo=run.log,
                           env=serving.OFFLINE_ENV if Path(model_dir).is_dir() else None)
     if rc != 0 or not out.exists():
@@ -225,7 +226,6 @@ def offline_bar(args, P, model_dir, base, run) -> list[dict]:
               log_level="info", decode_log_interval=1, enable_metrics=True)
     if not args.model_path:
         kw["load_format"] = "dummy"
-    prompts = [serving.random_text(P["bar_in"] - 1, 90_000 + i) for i in range(P["bar_n"])]   # + BOS = bar_in tokens
     sp = {"temperature": 0, "max_new_tokens": P["bar_out"], "ignore_eos": True}
     with fd2_to(run.path("engine.log")):
         llm = sgl.Engine(**kw)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -102,6 +103,19 @@ def analyse(k, ranges, label: str) -> dict:
             "ranges": ranges}
 
 
+def wait_file(path: Path, timeout: float, still_s: float = 3.0) -> bool:
+    """True once ``path`` exists and its size has not changed for ``still_s`` seconds."""
+    t0, last, since = time.time(), -1, time.time()
+    while time.time() - t0 < timeout:
+        size = path.stat().st_size if path.exists() else -1
+        if size != last:
+            last, since = size, time.time()
+        elif size > 0 and time.time() - since >= still_s:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def burst(srv, P):
     return srv.generate_many([{"input_ids": serving.random_ids(P["prompt"], 5000 + i),
                                "sampling_params": {"max_new_tokens": P["new"], "temperature": 0, "ignore_eos": True}}
@@ -118,8 +132,10 @@ def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
         wrapper = [nsys.find(), "profile", "-o", str(rep), "-f", "true", *nsys.DEFAULT_FLAGS,
                    "--trace-fork-before-exec=true", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
         env["SGLANG_ENABLE_NVTX_SCHEDULER"] = "1"
+    # nsys writes the report when the capture range ends (--capture-range-end=stop), while the server
+    # keeps running: the report is awaited below, so stopping the server needs little patience
     with Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{label}.log"), echo=run.log, wrapper=wrapper,
-                start_timeout=args.start_timeout, env=env, name=f"server[{label}]") as srv:
+                start_timeout=args.start_timeout, env=env, name=f"server[{label}]", wrapper_stop_timeout=90) as srv:
         run.headline(**{f"server_start_s_{label}": round(srv.startup_s, 1)})
         out = srv.generate(input_ids=serving.random_ids(32, 1), sampling_params={"max_new_tokens": 4, "temperature": 0})
         if out["meta_info"]["completion_tokens"] != 4:
@@ -133,10 +149,12 @@ def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
         run.log(f"{label}: burst of {P['burst']} x ({P['prompt']} in, {P['new']} out) in {s['wall_s']:.2f} s, "
                 f"{s['output_throughput']:.0f} out tok/s")
         tr = None if use_nsys else srv.wait_traces(prof_dir, before)[0]
-    if use_nsys:   # the server has exited: nsys wrote the report
-        rep_file = rep.with_suffix(".nsys-rep")
-        if not rep_file.exists():
-            raise RuntimeError(f"nsys wrote no {rep_file.name}; see server_{label}.log (or rerun with --torch)")
+        if use_nsys:
+            rep_file = rep.with_suffix(".nsys-rep")
+            if not wait_file(rep_file, timeout=300):
+                raise RuntimeError(f"nsys wrote no {rep_file.name}; see server_{label}.log (or rerun with --torch)")
+            run.log(f"{label}: nsys wrote {rep_file.name} ({rep_file.stat().st_size / 1e6:.1f} MB)")
+    if use_nsys:   # the server has exited
         csvs = nsys.stats(rep_file, ["cuda_gpu_kern_sum", "cuda_gpu_trace", "nvtx_sum", "nvtx_pushpop_trace"])
         if "cuda_gpu_trace" not in csvs:
             raise RuntimeError(f"nsys stats produced no cuda_gpu_trace table for {rep_file.name}")
