@@ -217,6 +217,35 @@ def _fail_target(rank, world, port):
     return {}
 
 
+class _SegfaultsWhenFreed:
+    """Like mini-SGLang's PyNCCL communicator on the H200 node: freeing it crashes the process."""
+    def __del__(self):
+        import os
+        import signal
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _drops_a_crashing_object(rank, world, port):
+    comm = _SegfaultsWhenFreed()          # freed when the function returns: the crash seen on the GPU node
+    return {"rank": rank, "comm": str(type(comm))}
+
+
+def _keeps_a_crashing_object(rank, world, port):
+    import atexit
+    import os
+    import signal
+    m.keep(_SegfaultsWhenFreed())
+    atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))   # and a crash in interpreter teardown
+    return {"rank": rank}
+
+
+def test_run_ranks_results_survive_an_object_that_crashes_when_freed(tmp_path):
+    with pytest.raises(RuntimeError, match="rank . of 2 failed: exit code -11"):
+        m.run_ranks(_drops_a_crashing_object, 2, (), tmp_path, timeout_s=60)
+    res = m.run_ranks(_keeps_a_crashing_object, 2, (), tmp_path, timeout_s=60)
+    assert [r["rank"] for r in res] == [0, 1]
+
+
 def test_run_ranks_collects_results(tmp_path):
     res = m.run_ranks(_ok_target, 2, (10,), tmp_path, timeout_s=60)
     assert [r["value"] for r in res] == [10, 11] and res[0]["port"] == res[1]["port"]

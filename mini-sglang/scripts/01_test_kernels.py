@@ -164,7 +164,7 @@ def nccl_worker(rank, world, port, buffers):
     from minisgl.kernel import init_pynccl
     rows = []
     for buf in buffers:
-        comm = init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD, max_size_bytes=buf)
+        comm = _msgl.keep(init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD, max_size_bytes=buf))
         path = "symmetric buffer (copy in/out)" if buf else "direct (no buffer)"
         for dtype in (torch.bfloat16, torch.float16):
             for n in (1024, 1 << 20):

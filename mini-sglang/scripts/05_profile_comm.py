@@ -80,10 +80,11 @@ def comm_worker(rank, world, port, sizes, impls, modes, reps, trace_path):
     from minisgl.kernel import init_pynccl
     comms = {}
     if "pynccl buffer" in impls:
-        comms["pynccl buffer"] = init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD,
-                                             max_size_bytes=max(sizes))
+        comms["pynccl buffer"] = _msgl.keep(init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD,
+                                                        max_size_bytes=max(sizes)))
     if "pynccl direct" in impls:
-        comms["pynccl direct"] = init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD, max_size_bytes=0)
+        comms["pynccl direct"] = _msgl.keep(init_pynccl(tp_rank=rank, tp_size=world, tp_cpu_group=dist.group.WORLD,
+                                                        max_size_bytes=0))
     nccl_pg = dist.new_group(backend="nccl") if "torch nccl" in impls else None
     calls = {"pynccl buffer": lambda x: comms["pynccl buffer"].all_reduce(x, "sum"),
              "pynccl direct": lambda x: comms["pynccl direct"].all_reduce(x, "sum"),

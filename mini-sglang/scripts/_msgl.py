@@ -400,9 +400,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# PyNCCL communicators a rank creates. They are never destroyed: on the H200 node (NCCL of torch
+# 2.11) freeing one segfaulted in ncclCommWindowDeregister (symWindowDestroy), whichever rank got
+# there first, after all its measurements were done. So workers keep() them, and _rank_entry leaves
+# the process with os._exit once the result file is written (no destructors run; the driver frees
+# the GPU memory at exit).
+KEEP_ALIVE: list = []
+
+
+def keep(obj):
+    KEEP_ALIVE.append(obj)
+    return obj
+
+
 def _rank_entry(target, rank, world, port, outdir, args):
-    """Child side: run target and leave rank<r>.json (result) or rank<r>.err (the error)."""
+    """Child side: run target and leave rank<r>.json (result) or rank<r>.err (the error), then exit
+    without running destructors (see KEEP_ALIVE)."""
     out = Path(outdir)
+    code = 0
     try:
         res = target(rank, world, port, *args)
         (out / f"rank{rank}.json").write_text(json.dumps(res, default=str))
@@ -410,7 +425,10 @@ def _rank_entry(target, rank, world, port, outdir, args):
         import traceback
         (out / f"rank{rank}.err").write_text(f"{e.__class__.__name__}: {short_error(str(e)) or repr(e)}\n"
                                              f"{traceback.format_exc()}")
-        sys.exit(1)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_ranks(target, world: int, args: tuple, outdir, timeout_s: float = 300.0, log=print) -> list:
