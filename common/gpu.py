@@ -231,9 +231,14 @@ def provenance_line(prov: dict) -> str:
     gpu = prov.get("gpu") or "no GPU"
     n = prov.get("gpu_count") or 0
     git = prov.get("git", {})
-    return (f"{n}x {gpu} · driver {prov.get('driver') or '?'} · CUDA {prov.get('cuda_runtime') or '?'} · "
+    # the runtime torch was built with; a script that never imports torch has only the toolkit's nvcc
+    cuda = prov.get("cuda_runtime") or (f"{prov['nvcc']} (nvcc)" if prov.get("nvcc") else "?")
+    return (f"{n}x {gpu} · driver {prov.get('driver') or '?'} · CUDA {cuda} · "
             f"{pkgs} · {prov.get('date_utc', '?')} · commit {git.get('commit', '?')}"
-            f"{' (dirty)' if git.get('dirty') else ''} · `{prov.get('command', '')}`")
+            f"{' (dirty)' if git.get('dirty') else ''} · `{prov.get('command', '')}`"
+            + (f" · re-analysed (no GPU) {prov['reanalysed'].get('date_utc', '?')}, commit "
+               f"{prov['reanalysed'].get('git', {}).get('commit', '?')}, `{prov['reanalysed'].get('command', '')}`"
+               if prov.get("reanalysed") else ""))
 
 
 # ---------------------------------------------------------------- measured peaks

@@ -64,6 +64,12 @@ def test_snapshot_without_gpu_is_complete():
     assert s["command"] == "x.py --quick" and "commit" in s["git"]
     line = gpu.provenance_line(s)
     assert "commit" in line and "`x.py --quick`" in line
+    # the CUDA field: torch's runtime when torch was imported, else the toolkit's nvcc (real 04 run: no torch)
+    assert "CUDA 13.0 ·" in gpu.provenance_line({"cuda_runtime": "13.0", "nvcc": "12.8"})
+    assert "CUDA 13.0 (nvcc) ·" in gpu.provenance_line({"nvcc": "13.0"})
+    assert "CUDA ? ·" in gpu.provenance_line({})
+    re_ = gpu.provenance_line({"gpu": "NVIDIA H200", "reanalysed": {"git": {"commit": "abc1234"}, "command": "x.py --reanalyse d"}})
+    assert "NVIDIA H200" in re_ and "re-analysed (no GPU)" in re_ and "abc1234" in re_
 
 
 def test_commit_from_environment(monkeypatch):

@@ -176,3 +176,48 @@ def test_wait_file_waits_for_a_finished_report(tmp_path):
     assert m.wait_file(f, timeout=10, still_s=0.6)
     th.join()
     assert f.stat().st_size == 400 and time.time() - t0 >= 0.9           # returned only after the last write
+
+
+# sglang_nsys_cuda_gpu_trace_cut_h200.csv / sglang_nsys_nvtx_pushpop_cut_h200.csv: `nsys stats --report
+# cuda_gpu_trace,nvtx_pushpop_trace --format csv` of the real 04_nsys_profile.sh --quick run (H200, commit
+# 46ebaf8: nsys --cuda-graph-trace=node, SGLANG_ENABLE_NVTX_SCHEDULER=1), cut to the 21 ms around the last
+# prefill kernel (the columns Start, Duration, CorrId, Strm, Name kept; NVTX: Start, End, Duration, Name,
+# PID, TID, Lvl): one prefill step's tail between CUDA-graph decode replays.
+def _nsys_folder(tmp_path, fixture_path, drop_corr=False):
+    import shutil
+    d = tmp_path / "run"
+    d.mkdir(parents=True)
+    gt = d / "timeline_overlap_on_cuda_gpu_trace.csv"
+    shutil.copy(fixture_path("sglang_nsys_cuda_gpu_trace_cut_h200.csv"), gt)
+    if drop_corr:
+        import pandas as pd
+        pd.read_csv(gt).drop(columns=["CorrId"]).to_csv(gt, index=False)
+    shutil.copy(fixture_path("sglang_nsys_nvtx_pushpop_cut_h200.csv"), d / "timeline_overlap_on_nvtx_pushpop_trace.csv")
+    return d
+
+
+def test_04_reanalysis_splits_prefill_and_decode_by_graph_replays(tmp_path, fixture_path):
+    m = load("_nsys_profile.py")
+    (a,) = m.reanalyse(_nsys_folder(tmp_path, fixture_path))
+    assert a["tool"] == "nsys" and a["kernels"] > 500 and a["split_by"].startswith("CUDA-graph")
+    assert "PrefillWithKVCacheKernel" in a["prefill_only_attention"]                       # ragged, eager
+    assert "BatchPrefillWithPagedKVCacheKernel" in a["decode_attention"]                   # tensor-core decode, in graphs
+    assert "PrefillWithKVCacheKernel" not in a["decode_attention"]
+    assert set(a["ranges"]["name"]) <= set(m.PHASES) and len(a["ranges"]) > 0
+    # without correlation ids the split falls back to time, and says so
+    (b,) = m.reanalyse(_nsys_folder(tmp_path / "b", fixture_path, drop_corr=True))
+    assert b["split_by"].startswith("time")
+    with pytest.raises(m.SetupError, match="no timeline_"):
+        m.reanalyse(tmp_path)
+
+
+def test_04_reanalyse_cli_writes_a_run(tmp_path, fixture_path):
+    src = _nsys_folder(tmp_path, fixture_path)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "_nsys_profile.py"), "--reanalyse", str(src), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "ok" and any(o["verdict"] == "confirmed" and "prefill only" in o["observed"]
+                                       for o in s["observations"])
+    assert (out / "timeline_overlap_on_cuda_gpu_trace.csv").exists() and (out / "kernels.csv").exists()
