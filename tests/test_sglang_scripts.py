@@ -221,3 +221,33 @@ def test_04_reanalyse_cli_writes_a_run(tmp_path, fixture_path):
     assert s["status"] == "ok" and any(o["verdict"] == "confirmed" and "prefill only" in o["observed"]
                                        for o in s["observations"])
     assert (out / "timeline_overlap_on_cuda_gpu_trace.csv").exists() and (out / "kernels.csv").exists()
+
+
+# sglang_tp_runs_4xh200.csv, sglang_tp_allreduce_kernels_4xh200.csv, nvidia_smi_topo_4xh200.txt: tp_runs.csv,
+# allreduce_kernels.csv and topology.txt of the real `07_tp_scaling.sh --quick --configs
+# 'llama-3.1-8b:1,4;llama-3.1-70b:4' --time-budget 7` run on 4x H200 (NV18 between every pair), commit fea9650.
+def test_07_reanalysis_of_a_real_4gpu_run(tmp_path, fixture_path):
+    import shutil
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(fixture_path("sglang_tp_runs_4xh200.csv"), src / "tp_runs.csv")
+    shutil.copy(fixture_path("sglang_tp_allreduce_kernels_4xh200.csv"), src / "allreduce_kernels.csv")
+    shutil.copy(fixture_path("nvidia_smi_topo_4xh200.txt"), src / "topology.txt")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "_tp_scaling.py"), "--reanalyse", str(src), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    v = {o["expected"].split(" (")[0].split(":")[-1].strip(): (o["verdict"], o["observed"]) for o in s["observations"]}
+    custom = next(x for k, x in v.items() if k.startswith("decode all-reduces"))
+    assert custom[0] == "confirmed" and "all_reduce_kernel" in custom[1] and "all-gather: ncclDevKernel_AllGather" in custom[1]
+    assert next(x for k, x in v.items() if k.startswith("the custom all-reduce spends less"))[0] == "confirmed"
+    topo = next(x for k, x in v.items() if k.startswith("the plan's box"))
+    assert topo[0] == "refuted" and "6 of 6 GPU pairs on NVLink (NV18)" in topo[1]
+    ak = (out / "allreduce_kernels.csv").read_text()
+    assert ak == fixture_path("sglang_tp_allreduce_kernels_4xh200.csv").read_text()        # kept, not regrouped
+    assert s["headline"]["itl_b1_ms_llama-3.1-8b_tp4_nccl"] > 0 and (out / "tp_scaling.png").exists()
+    assert s["story"].startswith("TENSOR PARALLEL SCALING — ")
+    m = load("_tp_scaling.py")
+    with pytest.raises(m.SetupError, match="no tp_runs.csv"):
+        m.main_reanalyse(m.parse_args(["--reanalyse", str(tmp_path / "none")]))

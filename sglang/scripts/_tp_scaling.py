@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import threading
@@ -65,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--mem-fraction", type=float, default=0.85, help="--mem-fraction-static (default 0.85)")
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--start-timeout", type=float, default=1800, help="seconds to wait for /health (default 1800)")
+    p.add_argument("--reanalyse", metavar="DIR", default=None,
+                   help="no GPU, no server: redo tables, verdicts and story from the CSVs an earlier run left in DIR")
     p.add_argument("--time-budget", type=float, default=None, metavar="MIN",
                    help="start no further configuration once it would likely end past MIN minutes (the ones "
                         "left are noted as skipped; the run still finishes with what it measured)")
@@ -123,8 +126,132 @@ def measure(srv, tp: int, run, prof_dir: Path, quick: bool) -> tuple[dict, list]
     return row, [{"kernel": k["short"]} for k in ar]
 
 
+def is_allgather(kernel: str) -> bool:
+    """The logits all-gather (vocab-parallel lm_head) shares the collective family with all-reduce."""
+    return bool(re.search(r"all_?gather", kernel, re.I))
+
+
+def report(run, df, akd, links: dict, have: int, gpu_name: str) -> None:
+    """Tables, figure, verdicts and story from the per-configuration rows (``df``) and the
+    collective kernels seen in the traced decode steps (``akd``: model, tp, custom_allreduce, kernel)."""
+    runs = df.to_dict("records")
+    serving.table(run, "tp_runs", df)
+    if len(akd) and "launches" not in akd.columns:
+        akd = akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+    serving.table(run, "allreduce_kernels", akd)
+    tp_max = df[df["custom_allreduce"]].sort_values("tp").iloc[-1] if df["custom_allreduce"].any() else None
+    for r in runs:
+        run.headline(**{f"itl_b1_ms_{r['model']}_tp{r['tp']}{'' if r['custom_allreduce'] else '_nccl'}": r["itl_b1_ms"]})
+    if tp_max is not None and tp_max["tp"] >= 2:
+        run.headline(**{f"allreduce_share_pct_{tp_max['model']}_tp{tp_max['tp']}": tp_max["allreduce_share_pct"]})
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for m, g in df[df["custom_allreduce"]].groupby("model"):
+        g = g.sort_values("tp")
+        a1.plot(g["tp"], g["itl_b1_ms"], "o-", label=m)
+        a2.plot(g["tp"], g["output_throughput"], "o-", label=m)
+    a1.set(xlabel="TP size", ylabel="ITL at batch 1 (ms)", title="latency")
+    a2.set(xlabel="TP size", ylabel="output tok/s at rate inf", title="throughput")
+    for a in (a1, a2):
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    run.figure("tp_scaling", fig)
+
+    # ---- verdicts
+    car = df[df["custom_allreduce"]]
+    for m, g in car.groupby("model"):
+        g = g.sort_values("tp")
+        if len(g) >= 2:
+            lo, hi = g.iloc[0], g.iloc[-1]
+            speed, ideal = lo["itl_b1_ms"] / hi["itl_b1_ms"], hi["tp"] / lo["tp"]
+            run.observe(f"{m}: decode ITL improves with TP, but sub-linearly (confirmed if 1 < speed-up < ideal)",
+                        f"TP {lo['tp']} -> {hi['tp']}: ITL {lo['itl_b1_ms']:.2f} -> {hi['itl_b1_ms']:.2f} ms "
+                        f"(x{speed:.2f}, ideal x{ideal:.0f})", "confirmed" if 1 < speed < ideal else "refuted", "tp_runs.csv")
+            sh = [x for x in g["allreduce_share_pct"] if x is not None and not math.isnan(x)]
+            if len(sh) >= 2:
+                run.observe(f"{m}: the all-reduce share of a decode step grows with TP",
+                            " -> ".join(f"TP {t}: {s:.1f}%" for t, s in zip(g["tp"], g["allreduce_share_pct"])),
+                            "confirmed" if all(b > a for a, b in zip(sh, sh[1:])) else "refuted", "tp_runs.csv")
+    multi = car[car["tp"] >= 2]
+    if len(multi):
+        seen = set(";".join(multi["allreduce_kernels"]).split(";")) - {"-"}
+        ar = sorted(k for k in seen if not is_allgather(k))
+        ag = sorted(k for k in seen if is_allgather(k))
+        run.observe("decode all-reduces (small messages) use SGLang's custom all-reduce kernel, not NCCL "
+                    "(the logits all-gather is a different collective and not judged)",
+                    f"all-reduce kernels in decode steps: {', '.join(ar) or '-'}; all-gather: {', '.join(ag) or '-'}",
+                    "confirmed" if ar and not any("nccl" in k.lower() for k in ar) else "refuted", "allreduce_kernels.csv")
+    nccl = df[~df["custom_allreduce"]]
+    if len(nccl):
+        n = nccl.iloc[0]
+        c = car[(car["model"] == n["model"]) & (car["tp"] == n["tp"])]
+        if len(c):
+            c = c.iloc[0]
+            run.observe("--disable-custom-all-reduce (NCCL only) makes small-batch decode slower",
+                        f"{n['model']} TP {n['tp']}: ITL b1 {c['itl_b1_ms']:.2f} ms (custom) vs {n['itl_b1_ms']:.2f} ms "
+                        f"(NCCL); all-reduce {story.fmt(c['allreduce_us_per_step'])} vs {story.fmt(n['allreduce_us_per_step'])} "
+                        "us/step", "confirmed" if n["itl_b1_ms"] > c["itl_b1_ms"] else "refuted", "tp_runs.csv")
+            run.observe("the custom all-reduce spends less GPU time per decode step than NCCL's (batch 16 trace)",
+                        f"{n['model']} TP {n['tp']}: collectives {story.fmt(c['allreduce_us_per_step'])} us/step "
+                        f"({story.fmt(c['allreduce_share_pct'])}% of the step) custom vs {story.fmt(n['allreduce_us_per_step'])} "
+                        f"us/step ({story.fmt(n['allreduce_share_pct'])}%) NCCL only; step {story.fmt(c['decode_step_gpu_ms'])} vs "
+                        f"{story.fmt(n['decode_step_gpu_ms'])} ms", "confirmed" if c["allreduce_us_per_step"] < n["allreduce_us_per_step"]
+                        else "refuted", "tp_runs.csv")
+    pairs = {tuple(sorted(k.split("-"))): v for k, v in links.items()}     # topo -m lists each pair twice
+    nv = [v for v in pairs.values() if v.startswith("NV")]
+    run.observe("the plan's box mixed NVLink pairs and PCIe across NUMA nodes; here the topology is recorded",
+                f"{len(nv)} of {len(pairs)} GPU pairs on NVLink ({', '.join(sorted(set(pairs.values()))) or 'one GPU'})",
+                "inconclusive" if not pairs else ("confirmed" if 0 < len(nv) < len(pairs) else "refuted"), "topology.txt")
+
+    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if r['custom_allreduce'] else 'NCCL only'} (start {r['start_s']:.0f} s)",
+              [(f"batch 1: TTFT {r['ttft_b1_ms']:.1f} ms, ITL {r['itl_b1_ms']:.2f} ms", []),
+               (f"decode bs {r['decode_bs']}: step {story.fmt(r['decode_step_gpu_ms'])} ms GPU, all-reduce "
+                f"{story.fmt(r['allreduce_us_per_step'])} us/step = {story.fmt(r['allreduce_share_pct'])}% "
+                f"({story.fmt(r['allreduce_launches_per_step'])} launches: {r['allreduce_kernels']})", []),
+               (f"rate inf: {r['output_throughput']:.0f} out tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, ITL p50 "
+                f"{r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms", [])]) for r in runs]
+    items.append((f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:8]) or 'single GPU'}", []))
+    run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu_name}", items))
+    print(run.summary["story"])
+
+
+def main_reanalyse(args) -> int:
+    """Tables, verdicts and story again from an earlier run's CSVs (no GPU, no server)."""
+    import json
+    pd = require_module("pandas")
+    src = Path(args.reanalyse).resolve()
+    if not (src / "tp_runs.csv").exists():
+        raise SetupError(f"{src}: no tp_runs.csv to re-analyse (written by 07_tp_scaling.sh)")
+    df = pd.read_csv(src / "tp_runs.csv")
+    akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
+    topo_text = (src / "topology.txt").read_text() if (src / "topology.txt").exists() else ""
+    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    keep = {f.name: f.read_bytes() for f in src.iterdir() if f.is_file() and f.suffix in (".log", ".txt")
+            and f.name not in ("log.txt", "story.txt")}
+    with Run(STEM_FILE, args, out=args.out) as run:
+        if prev.get("provenance"):      # the hardware facts are those of the recorded run
+            now = run.summary["provenance"]
+            run.summary["provenance"] = {**prev["provenance"], "reanalysed": {k: now.get(k) for k in ("date_utc", "git", "command")}}
+        run.note("re-analysed without a GPU from the CSVs of: "
+                 + (gpu.provenance_line(prev["provenance"]) if prev.get("provenance") else str(src)))
+        for n in prev.get("notes", []):
+            if "skipped" in n:
+                run.note(n)
+        for name, data in keep.items():
+            run.path(name).write_bytes(data)
+        have = (prev.get("provenance") or {}).get("gpu_count") or int(df["tp"].max())
+        report(run, df, akd, gpu.parse_topo(topo_text).get("links", {}) if topo_text else {}, have,
+               (prev.get("provenance") or {}).get("gpu") or "GPU")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     serving.require_sglang()
     have = serving.require_gpus(1)
     pd = require_module("pandas")
@@ -181,73 +308,7 @@ def main(argv=None) -> int:
             took.append(time.time() - t_cfg)
         if not runs:
             raise RuntimeError("no configuration ran; see point_errors and server_*.log")
-        df = pd.DataFrame(runs)
-        serving.table(run, "tp_runs", df)
-        akd = pd.DataFrame(ar_rows)
-        serving.table(run, "allreduce_kernels", akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size()
-                  .rename("launches").reset_index() if len(akd) else akd)
-
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for m, g in df[df["custom_allreduce"]].groupby("model"):
-            g = g.sort_values("tp")
-            a1.plot(g["tp"], g["itl_b1_ms"], "o-", label=m)
-            a2.plot(g["tp"], g["output_throughput"], "o-", label=m)
-        a1.set(xlabel="TP size", ylabel="ITL at batch 1 (ms)", title="latency")
-        a2.set(xlabel="TP size", ylabel="output tok/s at rate inf", title="throughput")
-        for a in (a1, a2):
-            a.grid(True, alpha=0.3)
-            a.legend(fontsize=8)
-        run.figure("tp_scaling", fig)
-
-        # ---- verdicts
-        car = df[df["custom_allreduce"]]
-        for m, g in car.groupby("model"):
-            g = g.sort_values("tp")
-            if len(g) >= 2:
-                lo, hi = g.iloc[0], g.iloc[-1]
-                speed, ideal = lo["itl_b1_ms"] / hi["itl_b1_ms"], hi["tp"] / lo["tp"]
-                run.observe(f"{m}: decode ITL improves with TP, but sub-linearly (confirmed if 1 < speed-up < ideal)",
-                            f"TP {lo['tp']} -> {hi['tp']}: ITL {lo['itl_b1_ms']:.2f} -> {hi['itl_b1_ms']:.2f} ms "
-                            f"(x{speed:.2f}, ideal x{ideal:.0f})", "confirmed" if 1 < speed < ideal else "refuted", "tp_runs.csv")
-                sh = [x for x in g["allreduce_share_pct"] if x is not None and not math.isnan(x)]
-                if len(sh) >= 2:
-                    run.observe(f"{m}: the all-reduce share of a decode step grows with TP",
-                                " -> ".join(f"TP {t}: {s:.1f}%" for t, s in zip(g["tp"], g["allreduce_share_pct"])),
-                                "confirmed" if all(b > a for a, b in zip(sh, sh[1:])) else "refuted", "tp_runs.csv")
-        multi = car[car["tp"] >= 2]
-        if len(multi):
-            names = ";".join(sorted(set(";".join(multi["allreduce_kernels"]).split(";")) - {"-"}))
-            run.observe("decode all-reduces (small messages) use SGLang's custom all-reduce kernel, not NCCL",
-                        f"all-reduce kernels in decode steps: {names or '-'}",
-                        "confirmed" if names and "nccl" not in names.lower() else "refuted", "allreduce_kernels.csv")
-        nccl = df[~df["custom_allreduce"]]
-        if len(nccl):
-            n = nccl.iloc[0]
-            c = car[(car["model"] == n["model"]) & (car["tp"] == n["tp"])]
-            if len(c):
-                c = c.iloc[0]
-                run.observe("--disable-custom-all-reduce (NCCL only) makes small-batch decode slower",
-                            f"{n['model']} TP {n['tp']}: ITL b1 {c['itl_b1_ms']:.2f} ms (custom) vs {n['itl_b1_ms']:.2f} ms "
-                            f"(NCCL); all-reduce {story.fmt(c['allreduce_us_per_step'])} vs {story.fmt(n['allreduce_us_per_step'])} "
-                            "us/step", "confirmed" if n["itl_b1_ms"] > c["itl_b1_ms"] else "refuted", "tp_runs.csv")
-        nv = [v for v in links.values() if v.startswith("NV")]
-        run.observe("the plan's box mixed NVLink pairs and PCIe across NUMA nodes; here the topology is recorded",
-                    f"{len(nv)} of {len(links)} GPU pairs on NVLink ({', '.join(sorted(set(links.values()))) or 'one GPU'})",
-                    "inconclusive" if not links else ("confirmed" if 0 < len(nv) < len(links) else "refuted"), "topology.txt")
-
-        items = [(f"{r['model']} TP={r['tp']} {'custom AR' if r['custom_allreduce'] else 'NCCL only'} (start {r['start_s']:.0f} s)",
-                  [(f"batch 1: TTFT {r['ttft_b1_ms']:.1f} ms, ITL {r['itl_b1_ms']:.2f} ms", []),
-                   (f"decode bs {r['decode_bs']}: step {story.fmt(r['decode_step_gpu_ms'])} ms GPU, all-reduce "
-                    f"{story.fmt(r['allreduce_us_per_step'])} us/step = {story.fmt(r['allreduce_share_pct'])}% "
-                    f"({story.fmt(r['allreduce_launches_per_step'])} launches: {r['allreduce_kernels']})", []),
-                   (f"rate inf: {r['output_throughput']:.0f} out tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, ITL p50 "
-                    f"{r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms", [])]) for r in runs]
-        items.append((f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:8]) or 'single GPU'}", []))
-        run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu.gpus()[0]['name']}", items))
-        print(run.summary["story"])
+        report(run, pd.DataFrame(runs), pd.DataFrame(ar_rows), links, have, gpu.gpus()[0]["name"])
     return 0
 
 
