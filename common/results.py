@@ -162,6 +162,17 @@ class Run:
         self.summary["notes"].append(text)
         self.log(f"note: {text}")
 
+    def reanalysis_of(self, prev: dict, source) -> None:
+        """This run re-analyses files recorded by an earlier one (``prev``: its summary.json): the
+        hardware provenance stays that of the recording, with when/where the analysis was redone."""
+        from .gpu import provenance_line
+        if prev.get("provenance"):
+            now = self.summary["provenance"]
+            self.summary["provenance"] = {**prev["provenance"],
+                                          "reanalysed": {k: now.get(k) for k in ("date_utc", "git", "command")}}
+        self.note("re-analysed without a GPU from the files recorded by: "
+                  + (provenance_line(prev["provenance"]) if prev.get("provenance") else str(source)))
+
     def observe(self, expected: str, observed: str, verdict: str, evidence: str = "") -> None:
         """One expected-vs-observed line: the plan's hypothesis and what the hardware said."""
         if verdict not in VERDICTS:

@@ -213,6 +213,9 @@ def test_04_reanalysis_splits_prefill_and_decode_by_graph_replays(tmp_path, fixt
 
 def test_04_reanalyse_cli_writes_a_run(tmp_path, fixture_path):
     src = _nsys_folder(tmp_path, fixture_path)
+    (src / "summary.json").write_text(json.dumps({          # the recording run's summary, as 04 writes it
+        "provenance": {"gpu": "NVIDIA H200", "gpu_count": 1, "git": {"commit": "46ebaf8"}, "command": "_nsys_profile.py --quick"},
+        "args": {"quick": True, "preset": "llama-3.1-8b", "backend": "flashinfer"}}))
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(SCRIPTS / "_nsys_profile.py"), "--reanalyse", str(src), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
@@ -221,6 +224,9 @@ def test_04_reanalyse_cli_writes_a_run(tmp_path, fixture_path):
     assert s["status"] == "ok" and any(o["verdict"] == "confirmed" and "prefill only" in o["observed"]
                                        for o in s["observations"])
     assert (out / "timeline_overlap_on_cuda_gpu_trace.csv").exists() and (out / "kernels.csv").exists()
+    p = s["provenance"]
+    assert p["gpu"] == "NVIDIA H200" and p["git"]["commit"] == "46ebaf8" and "--reanalyse" in p["reanalysed"]["command"]
+    assert s["story"].startswith("SYSTEM TIMELINE — llama-3.1-8b, flashinfer, burst 16 x (512 in, 64 out)")
 
 
 # sglang_tp_runs_4xh200.csv, sglang_tp_allreduce_kernels_4xh200.csv, nvidia_smi_topo_4xh200.txt: tp_runs.csv,

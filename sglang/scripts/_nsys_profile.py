@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import gpu, nsys, serving, story, trace  # noqa: E402
+from common import nsys, serving, story, trace  # noqa: E402
 from common.checks import SetupError, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.serving import Server, flags  # noqa: E402
@@ -261,16 +261,12 @@ def main_reanalyse(args) -> int:
     prev_args = prev.get("args", {})
     P = QUICK if prev_args.get("quick") else FULL
     with Run(STEM_FILE, args, out=args.out) as run:
-        if prev.get("provenance"):      # the hardware facts are those of the recorded run
-            now = run.summary["provenance"]
-            run.summary["provenance"] = {**prev["provenance"], "reanalysed": {k: now.get(k) for k in ("date_utc", "git", "command")}}
+        run.reanalysis_of(prev, src)
         for f in src.glob("timeline_*"):
             if f.suffix == ".csv" or f.suffix == ".nsys-rep":
                 (run.dir / f.name).write_bytes(f.read_bytes())
         for f in src.glob("server_*.log"):
             (run.dir / f.name).write_bytes(f.read_bytes())
-        run.note("re-analysed without a GPU from the timeline recorded by: "
-                 + (gpu.provenance_line(prev["provenance"]) if prev.get("provenance") else "an earlier run"))
         for k_ in ("server_start_s_overlap_on", "server_start_s_overlap_off"):
             if k_ in prev.get("headline", {}):
                 run.headline(**{k_: prev["headline"][k_]})

@@ -232,11 +232,7 @@ def main_reanalyse(args) -> int:
     keep = {f.name: f.read_bytes() for f in src.iterdir() if f.is_file() and f.suffix in (".log", ".txt")
             and f.name not in ("log.txt", "story.txt")}
     with Run(STEM_FILE, args, out=args.out) as run:
-        if prev.get("provenance"):      # the hardware facts are those of the recorded run
-            now = run.summary["provenance"]
-            run.summary["provenance"] = {**prev["provenance"], "reanalysed": {k: now.get(k) for k in ("date_utc", "git", "command")}}
-        run.note("re-analysed without a GPU from the CSVs of: "
-                 + (gpu.provenance_line(prev["provenance"]) if prev.get("provenance") else str(src)))
+        run.reanalysis_of(prev, src)
         for n in prev.get("notes", []):
             if "skipped" in n:
                 run.note(n)
