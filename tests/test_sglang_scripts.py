@@ -257,3 +257,29 @@ def test_07_reanalysis_of_a_real_4gpu_run(tmp_path, fixture_path):
     m = load("_tp_scaling.py")
     with pytest.raises(m.SetupError, match="no tp_runs.csv"):
         m.main_reanalyse(m.parse_args(["--reanalyse", str(tmp_path / "none")]))
+
+
+def test_07_merge_keeps_earlier_rows_marked_and_replaces_remeasured(tmp_path, fixture_path):
+    """--merge: an earlier run's rows join this run's, marked with when they were measured; a
+    configuration measured again replaces the old row (real 4x H200 rows, fea9650)."""
+    import shutil
+    pd = pytest.importorskip("pandas")
+    src = tmp_path / "old"
+    src.mkdir()
+    shutil.copy(fixture_path("sglang_tp_runs_4xh200.csv"), src / "tp_runs.csv")
+    shutil.copy(fixture_path("sglang_tp_allreduce_kernels_4xh200.csv"), src / "allreduce_kernels.csv")
+    (src / "summary.json").write_text(json.dumps({"provenance": {"date_utc": "2026-11-21T13:40:00Z", "git": {"commit": "fea9650"}}}))
+    m = load("_tp_scaling.py")
+    old, akd, prev = m.load_merge(src, pd)
+    assert set(old["measured"]) == {"2026-11-21T13:40 @ fea9650"} and len(akd) and prev["provenance"]["git"]
+    now = old[(old["model"] == "llama-3.1-8b") & (old["tp"] == 4) & old["custom_allreduce"]].copy()
+    now["itl_b1_ms"] = 1.0
+    now["measured"] = "this run"
+    now = pd.concat([now, now.assign(tp=2)], ignore_index=True)
+    both = m.merge_rows(now, old)
+    assert len(both) == len(old) + 1                                      # TP 2 added, TP 4 replaced
+    tp4 = both[(both["model"] == "llama-3.1-8b") & (both["tp"] == 4) & both["custom_allreduce"]]
+    assert list(tp4["measured"]) == ["this run"] and list(tp4["itl_b1_ms"]) == [1.0]
+    assert (both[both["measured"] != "this run"]["tp"] != 2).all()
+    with pytest.raises(m.SetupError, match="no tp_runs.csv"):
+        m.load_merge(tmp_path / "none", pd)

@@ -494,20 +494,99 @@ def load_bench_gpu_time(log):
         return importlib.import_module("flashinfer.testing").bench_gpu_time
 
 
-def cross_check(bench_gpu_time, fn, ours_ms: float) -> dict:
-    """Time ``fn`` with FlashInfer's bench_gpu_time and compare with the workbook's median.
+def cupti_python() -> str | None:
+    """Why FlashInfer's CUPTI timer cannot run here (None when cupti-python >= 13 imports)."""
+    try:
+        from importlib.metadata import version
+        from cupti import cupti  # noqa: F401
+        v = version("cupti-python")
+    except Exception as e:  # noqa: BLE001  (ModuleNotFoundError, or a broken install)
+        return f"cupti-python unavailable ({e.__class__.__name__}: {str(e)[:80]}); pip install cupti-python"
+    return None if int(v.split(".")[0]) >= 13 else f"cupti-python {v} < 13"
 
-    The reference is bench_gpu_time in CUDA-graph mode (10 calls per replay, rotating buffers for a
-    cold L2): like the workbook's CUPTI timer it leaves out the CPU's launch overhead. Its default
-    mode (CUDA events around each Python call) is recorded too: it adds the time the GPU waits for
-    the Python launch path, which the ratio_events column shows.
+
+class SmClock:
+    """Mean SM clock (MHz, NVML, sampled every 2 ms) while the block runs; nan without NVML."""
+
+    def __enter__(self):
+        import threading
+        self.samples, self._stop = [], threading.Event()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            import torch
+            h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            read = lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)  # noqa: E731
+            read()
+        except Exception:  # noqa: BLE001
+            self._t = None
+            return self
+
+        def loop():
+            while not self._stop.wait(0.002):
+                self.samples.append(read())
+        self._t = threading.Thread(target=loop, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._t is not None:
+            self._t.join()
+
+    @property
+    def mhz(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else math.nan
+
+
+def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
+    """Time ``run_fn(*args)`` with FlashInfer's bench_gpu_time and with the workbook's timer.
+
+    FlashInfer's timer runs in three modes, each with its cold-L2 strategy (input tensors passed
+    as ``input_args`` so that its CUDA-graph mode can rotate copies of them):
+      cupti  - CUPTI kernel timestamps per call, L2 flushed (written) before each call, GPU idle
+               between calls: the same instrument as the workbook's default; the reference when
+               cupti-python is installed;
+      graph  - 10 calls per CUDA-graph replay, back to back, rotating buffers: the reference
+               without cupti-python;
+      events - CUDA events around each Python call: adds the launch path, recorded only.
+    The workbook's number is ``bench`` with its defaults (CUPTI, L2 written then read); with
+    FlashInfer's flush (write only) as well. The mean SM clock of each measurement is recorded:
+    back-to-back calls can run at a lower clock than calls with idle gaps between them.
     """
     import statistics
-    graph = statistics.median(bench_gpu_time(fn, use_cuda_graph=True))
-    events = statistics.median(bench_gpu_time(fn))
-    return {"bench_gpu_time_graph_ms": graph, "bench_gpu_time_events_ms": events, "workbook_ms": ours_ms,
-            "ratio": ours_ms / graph if graph else math.nan,
-            "ratio_events": ours_ms / events if events else math.nan}
+    fn = lambda: run_fn(*args)  # noqa: E731
+    out: dict = {}
+    with SmClock() as c:
+        out["workbook_ms"] = bench(fn).median_ms
+    out["workbook_sm_mhz"] = c.mhz
+    out["workbook_write_flush_ms"] = bench(fn, flush="write").median_ms
+    why = cupti_python()
+    modes = [("graph", dict(use_cuda_graph=True)), ("events", {})] + ([("cupti", dict(enable_cupti=True))] if why is None else [])
+    for name, kw in modes:
+        with SmClock() as c:
+            out[f"bgt_{name}_ms"] = statistics.median(bench_gpu_time(run_fn, input_args=args, **kw))
+        out[f"bgt_{name}_sm_mhz"] = c.mhz
+    out["reference"] = "cupti" if why is None else "graph"
+    out["reference_note"] = "" if why is None else why
+    out["reference_ms"] = out[f"bgt_{out['reference']}_ms"]
+    out["ratio"] = out["workbook_ms"] / out["reference_ms"] if out["reference_ms"] else math.nan
+    return out
+
+
+def observe_cross_check(run, xrows: list, label) -> None:
+    """Headline + verdict of the bench_gpu_time cross-check (``label(row)`` names a shape)."""
+    expected = "the workbook's timer agrees with FlashInfer's own bench_gpu_time on the same shapes within 3%"
+    if not xrows:
+        run.observe(expected, "bench_gpu_time could not run (see errors)", "inconclusive", "cross_check.csv")
+        return
+    worst = max(abs(x["ratio"] - 1) for x in xrows)
+    refs = sorted({x["reference"] for x in xrows})
+    run.headline(bench_gpu_time_max_deviation_pct=100 * worst)
+    run.observe(expected, f"against its {'/'.join(refs)} mode: " + ", ".join(f"{label(x)}: {x['ratio']:.3f}" for x in xrows)
+                + (f" ({xrows[0]['reference_note']})" if xrows[0].get("reference_note") else ""),
+                "confirmed" if worst <= 0.03 else "refuted", "cross_check.csv")
+
 
 def pick(df, **kw):
     """The first row of ``df`` matching all column=value pairs, as a dict (None if none)."""

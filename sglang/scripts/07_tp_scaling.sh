@@ -16,6 +16,7 @@
 #   ./sglang/scripts/07_tp_scaling.sh --quick          # 8B at TP 1, 2 (2 GPUs), ~4 min
 #   ./sglang/scripts/07_tp_scaling.sh                  # 8B TP 1/2/4 + 70B TP 2/4 (4 GPUs)
 #   ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-70b:2,4'
+#   ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-8b:2' --merge OLD   # add to an earlier run's rows
 #   ./sglang/scripts/07_tp_scaling.sh --help
 # Writes sglang/results/07_tp_scaling/ (tp_runs.csv, allreduce_kernels.csv, topology.txt,
 # tp_scaling.png, story.txt, summary.json).

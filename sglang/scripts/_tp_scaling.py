@@ -29,6 +29,7 @@ Run (through the wrapper; this file takes the same flags)
     ./sglang/scripts/07_tp_scaling.sh                # 8B TP 1/2/4 + 70B TP 2/4 (needs 4 GPUs)
     ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-70b:2,4'
     ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-8b:1,4;llama-3.1-70b:4' --time-budget 8
+    ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-70b:2' --no-nccl-compare --merge OLD_DIR
 Writes sglang/results/07_tp_scaling/: tp_runs.csv, allreduce_kernels.csv, topology.txt, tp_scaling.png,
 server_*.log, bench/, profiles/, story.txt, summary.json.
 """
@@ -68,6 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--start-timeout", type=float, default=1800, help="seconds to wait for /health (default 1800)")
     p.add_argument("--reanalyse", metavar="DIR", default=None,
                    help="no GPU, no server: redo tables, verdicts and story from the CSVs an earlier run left in DIR")
+    p.add_argument("--merge", metavar="DIR", default=None,
+                   help="also report the configurations an earlier run recorded in DIR (its tp_runs.csv), each row "
+                        "marked with the date and commit it was measured at; configurations measured now replace them")
     p.add_argument("--time-budget", type=float, default=None, metavar="MIN",
                    help="start no further configuration once it would likely end past MIN minutes (the ones "
                         "left are noted as skipped; the run still finishes with what it measured)")
@@ -206,7 +210,10 @@ def report(run, df, akd, links: dict, have: int, gpu_name: str) -> None:
                 f"{len(nv)} of {len(pairs)} GPU pairs on NVLink ({', '.join(sorted(set(pairs.values()))) or 'one GPU'})",
                 "inconclusive" if not pairs else ("confirmed" if 0 < len(nv) < len(pairs) else "refuted"), "topology.txt")
 
-    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if r['custom_allreduce'] else 'NCCL only'} (start {r['start_s']:.0f} s)",
+    def when(r):
+        m = r.get("measured")
+        return "" if not isinstance(m, str) or m == "this run" else f"; measured {m}"
+    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if r['custom_allreduce'] else 'NCCL only'} (start {r['start_s']:.0f} s{when(r)})",
               [(f"batch 1: TTFT {r['ttft_b1_ms']:.1f} ms, ITL {r['itl_b1_ms']:.2f} ms", []),
                (f"decode bs {r['decode_bs']}: step {story.fmt(r['decode_step_gpu_ms'])} ms GPU, all-reduce "
                 f"{story.fmt(r['allreduce_us_per_step'])} us/step = {story.fmt(r['allreduce_share_pct'])}% "
@@ -216,6 +223,36 @@ def report(run, df, akd, links: dict, have: int, gpu_name: str) -> None:
     items.append((f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:8]) or 'single GPU'}", []))
     run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu_name}", items))
     print(run.summary["story"])
+
+
+def load_merge(src: Path, pd) -> tuple:
+    """An earlier run's rows (tp_runs.csv, allreduce_kernels.csv) with a ``measured`` column
+    (its date and commit) and that run's summary; a missing DIR or CSV is a one-line error."""
+    import json
+    src = Path(src).resolve()
+    if not (src / "tp_runs.csv").exists():
+        raise SetupError(f"--merge {src}: no tp_runs.csv there (written by 07_tp_scaling.sh)")
+    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prov = prev.get("provenance") or {}
+    git = prov.get("git") or {}
+    tag = f"{str(prov.get('date_utc', '?'))[:16]} @ {git.get('commit', '?')}" if prov else src.name
+    df = pd.read_csv(src / "tp_runs.csv")
+    akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
+    if "measured" not in df.columns:
+        df["measured"] = tag
+    return df, akd, prev
+
+
+def merge_rows(now, before, key=("model", "tp", "custom_allreduce")):
+    """``now`` plus the rows of ``before`` whose configuration was not measured now."""
+    import pandas as pd
+    if before is None or not len(before):
+        return now
+    if not len(now):
+        return before
+    have = set(map(tuple, now[list(key)].astype(str).values))
+    keep = before[[tuple(r) not in have for r in before[list(key)].astype(str).values]]
+    return pd.concat([now, keep], ignore_index=True)
 
 
 def main_reanalyse(args) -> int:
@@ -256,7 +293,11 @@ def main(argv=None) -> int:
     if not fits:
         raise SetupError(f"no requested configuration fits: TP sizes {sorted({t for _, t in wanted})} need more GPUs "
                          f"than the {have} visible")
+    merged = load_merge(args.merge, pd) if args.merge else None
     with Run(STEM_FILE, args, out=args.out) as run:
+        if merged is not None:
+            run.note(f"rows of configurations not measured in this run come from {Path(args.merge).resolve()} "
+                     f"(their 'measured' column: {', '.join(sorted(set(merged[0]['measured'])))})")
         for p, t in wanted:
             if t > have:
                 run.note(f"{p} at TP={t} needs {t} GPUs; {have} visible: skipped")
@@ -304,7 +345,18 @@ def main(argv=None) -> int:
             took.append(time.time() - t_cfg)
         if not runs:
             raise RuntimeError("no configuration ran; see point_errors and server_*.log")
-        report(run, pd.DataFrame(runs), pd.DataFrame(ar_rows), links, have, gpu.gpus()[0]["name"])
+        df, akd = pd.DataFrame(runs), pd.DataFrame(ar_rows)
+        if len(df):
+            df["measured"] = "this run"
+        if merged is not None:
+            df = merge_rows(df, merged[0])
+            old_akd = merged[1]
+            if len(old_akd) and "launches" not in old_akd.columns:
+                old_akd = old_akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+            if len(akd):
+                akd = akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+            akd = merge_rows(akd, old_akd)
+        report(run, df, akd, links, have, gpu.gpus()[0]["name"])
     return 0
 
 

@@ -16,7 +16,7 @@ def _torch():
 
 
 def test_measured_peaks_against_datasheet(tmp_path, monkeypatch):
-    torch = _torch()
+    _torch()
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
     from common import gpu
     p = gpu.peaks()
