@@ -249,3 +249,43 @@ def test_shell_wrappers_help(script):
     assert out.returncode == 0 and "Usage" in out.stdout
     bad = subprocess.run(["bash", str(SCRIPTS / script), "--no-such-flag"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "unknown option" in bad.stderr
+
+
+def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
+    """cross_check calls bench_gpu_time in each mode with the inputs as input_args, judges against
+    the spaced CUDA-graph mode and keeps the others (the numbers are made up; the logic is tested)."""
+    fi = _fi
+    calls = []
+
+    def fake_bgt(fn, input_args=(), **kw):
+        calls.append(kw)
+        fn(*input_args)
+        if kw.get("sleep_after_run"):
+            return [0.100, 0.101, 0.099]
+        return [0.110] if kw.get("use_cuda_graph") else [0.120]
+
+    class T:
+        def __init__(self, ms):
+            self.median_ms = ms
+    seen = []
+    out = fi.cross_check(fake_bgt, lambda a, b: seen.append((a, b)), (1, 2), lambda fn, **kw: (fn(), T(0.102))[1])
+    assert out["reference"] == "graph_spaced" and out["reference_ms"] == 0.100
+    assert abs(out["ratio"] - 1.02) < 1e-9 and out["bgt_graph_ms"] == 0.110 and out["bgt_events_ms"] == 0.120
+    assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.1 ms -> 10 per replay
+    assert all(s == (1, 2) for s in seen)
+    rows = [dict(out, label="x")]
+
+    class R:
+        def __init__(self):
+            self.obs, self.head = [], {}
+
+        def observe(self, *a):
+            self.obs.append(a)
+
+        def headline(self, **k):
+            self.head.update(k)
+    r = R()
+    fi.observe_cross_check(r, rows, lambda x: x["label"])
+    assert r.obs[0][2] == "confirmed" and "x: 1.020" in r.obs[0][1] and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
+    fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
+    assert r.obs[1][2] == "refuted"

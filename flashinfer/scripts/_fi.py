@@ -542,17 +542,19 @@ class SmClock:
 def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     """Time ``run_fn(*args)`` with FlashInfer's bench_gpu_time and with the workbook's timer.
 
-    FlashInfer's timer runs in three modes, each with its cold-L2 strategy (input tensors passed
-    as ``input_args`` so that its CUDA-graph mode can rotate copies of them):
-      cupti  - CUPTI kernel timestamps per call, L2 flushed (written) before each call, GPU idle
-               between calls: the same instrument as the workbook's default; the reference when
-               cupti-python is installed;
-      graph  - 10 calls per CUDA-graph replay, back to back, rotating buffers: the reference
-               without cupti-python;
-      events - CUDA events around each Python call: adds the launch path, recorded only.
-    The workbook's number is ``bench`` with its defaults (CUPTI, L2 written then read); with
-    FlashInfer's flush (write only) as well. The mean SM clock of each measurement is recorded:
-    back-to-back calls can run at a lower clock than calls with idle gaps between them.
+    The two timers must see the GPU in the same state. The workbook's samples are spaced (an L2
+    flush and a short spin before each call), so the GPU stays near its boost clock; FlashInfer's
+    default modes first run ~1 s of back-to-back calls (estimate, dry run, 100 ms of samples), and
+    a GPU under sustained load lowers its SM clock (measured here: NVML's mean SM clock is recorded
+    for every mode). So the reference is bench_gpu_time's CUDA-graph mode with its own
+    ``sleep_after_run`` (idle time after each replay), a few calls per replay (a ~2 ms burst) and
+    rotating copies of the inputs for a cold L2 (``input_args``): ``graph_spaced``. Also recorded:
+      graph  - its defaults (10 calls per replay, back to back): the sustained-load number;
+      events - CUDA events around each Python call (adds the launch path);
+      cupti  - its CUPTI mode, where cupti-python is installed (on the H200 run of 2026-11-21 it
+               read 2.1-2.3x its own graph and events modes, so it is not used as the reference).
+    The workbook's number is ``bench`` with its defaults (CUPTI, L2 written then read), and with
+    FlashInfer's flush (write only) as well.
     """
     import statistics
     fn = lambda: run_fn(*args)  # noqa: E731
@@ -561,15 +563,19 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
         out["workbook_ms"] = bench(fn).median_ms
     out["workbook_sm_mhz"] = c.mhz
     out["workbook_write_flush_ms"] = bench(fn, flush="write").median_ms
-    why = cupti_python()
-    modes = [("graph", dict(use_cuda_graph=True)), ("events", {})] + ([("cupti", dict(enable_cupti=True))] if why is None else [])
+    n = max(1, min(10, int(2.0 / max(out["workbook_ms"], 1e-3))))     # calls per replay: ~2 ms bursts
+    modes = [("graph_spaced", dict(use_cuda_graph=True, num_iters_within_graph=n, sleep_after_run=True,
+                                   dry_run_iters=3, repeat_iters=30)),
+             ("graph", dict(use_cuda_graph=True)), ("events", {})]
+    if cupti_python() is None:
+        modes.append(("cupti", dict(enable_cupti=True)))
     for name, kw in modes:
         with SmClock() as c:
             out[f"bgt_{name}_ms"] = statistics.median(bench_gpu_time(run_fn, input_args=args, **kw))
         out[f"bgt_{name}_sm_mhz"] = c.mhz
-    out["reference"] = "cupti" if why is None else "graph"
-    out["reference_note"] = "" if why is None else why
-    out["reference_ms"] = out[f"bgt_{out['reference']}_ms"]
+    out["graph_spaced_calls_per_replay"] = n
+    out["reference"] = "graph_spaced"
+    out["reference_ms"] = out["bgt_graph_spaced_ms"]
     out["ratio"] = out["workbook_ms"] / out["reference_ms"] if out["reference_ms"] else math.nan
     return out
 
@@ -583,9 +589,12 @@ def observe_cross_check(run, xrows: list, label) -> None:
     worst = max(abs(x["ratio"] - 1) for x in xrows)
     refs = sorted({x["reference"] for x in xrows})
     run.headline(bench_gpu_time_max_deviation_pct=100 * worst)
-    run.observe(expected, f"against its {'/'.join(refs)} mode: " + ", ".join(f"{label(x)}: {x['ratio']:.3f}" for x in xrows)
-                + (f" ({xrows[0]['reference_note']})" if xrows[0].get("reference_note") else ""),
-                "confirmed" if worst <= 0.03 else "refuted", "cross_check.csv")
+    sustained = ", ".join(f"{label(x)}: {x['workbook_ms'] / x['bgt_graph_ms']:.3f} ({x['bgt_graph_sm_mhz']:.0f} vs "
+                          f"{x['workbook_sm_mhz']:.0f} MHz)" for x in xrows)
+    run.observe(expected, f"workbook / bench_gpu_time {'/'.join(refs)} (same GPU state): " + ", ".join(
+                f"{label(x)}: {x['ratio']:.3f}" for x in xrows) + f"; against its back-to-back default graph mode "
+                f"(mean SM clock there vs the workbook's): {sustained}", "confirmed" if worst <= 0.03 else "refuted",
+                "cross_check.csv")
 
 
 def pick(df, **kw):
