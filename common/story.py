@@ -42,8 +42,8 @@ def fmt(v, digits: int = 3) -> str:
         a = abs(v)
         if a == 0:
             return "0"
-        if a >= 1e5:
-            return f"{v:,.0f}"
+        if a >= 1e5 or (a >= 1000 and digits <= 3):
+            return f"{v:,.0f}"       # thousands separated, as ints are: 1,965 next to 1,955
         if a >= 100:
             return f"{v:.0f}" if digits <= 3 else f"{v:.1f}"
         if a >= 10:

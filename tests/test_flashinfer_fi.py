@@ -289,3 +289,27 @@ def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
     assert r.obs[0][2] == "confirmed" and "x: 1.020" in r.obs[0][1] and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
     fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
     assert r.obs[1][2] == "refuted"
+
+
+# fi_cross_check_decode_h200.csv: cross_check.csv of the real `03_profile_decode.py --quick --ncu` run on
+# one H200 at commit 63d8e4f (FlashInfer 0.6.15.post1, cupti-python 13.0.1 present for the CUPTI column).
+def test_cross_check_verdict_on_the_real_h200_rows(fixture_path):
+    pd = pytest.importorskip("pandas")
+    rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200.csv")).to_dict("records")
+    assert {r["reference"] for r in rows} == {"graph_spaced"} and len(rows) == 3
+
+    class R:
+        obs, head = [], {}
+
+        def observe(self, *a):
+            self.obs.append(a)
+
+        def headline(self, **k):
+            self.head.update(k)
+    r = R()
+    _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
+    expected, observed, verdict, evidence = r.obs[0]
+    assert verdict == "confirmed" and r.head["bench_gpu_time_max_deviation_pct"] < 3
+    assert "cuda b256 kv32768" in observed and "MHz" in observed      # the back-to-back mode and its clock are shown
+    worst_default = max(abs(x["workbook_ms"] / x["bgt_graph_ms"] - 1) for x in rows)
+    assert worst_default > 0.03     # the sustained default mode is the one that disagreed; the record keeps it

@@ -100,3 +100,37 @@ def test_store_copies_labels():
     assert m.copies("store_kv_cache", 2048, 64).startswith("K and V rows of all 64 tokens")
     assert m.copies("index_elementwise_kernel", 2048, 64).startswith("one cache's rows")
     assert m.copies("vectorized_elementwise_kernel", 2048, 64).startswith("a helper")
+
+
+# msgl_comm_allreduce_4xh200.csv, msgl_comm_copy_overhead_4xh200.csv, msgl_comm_launches_rank0_4xh200.csv:
+# allreduce.csv, copy_overhead.csv and launches.csv of the real `05_profile_comm.py --quick --tp 2 4` run on
+# 4x H200 (NV18 between every pair, NVLink multicast off), commit 6977385.
+def test_05_reanalysis_of_a_real_4gpu_run(tmp_path, fixture_path):
+    import json
+    import shutil
+    import subprocess
+    pytest.importorskip("pandas")
+    src = tmp_path / "src"
+    src.mkdir()
+    for a, b in (("allreduce", "msgl_comm_allreduce_4xh200"), ("copy_overhead", "msgl_comm_copy_overhead_4xh200"),
+                 ("launches", "msgl_comm_launches_rank0_4xh200")):
+        shutil.copy(fixture_path(f"{b}.csv"), src / f"{a}.csv")
+    (src / "summary.json").write_text(json.dumps({"provenance": {"gpu": "NVIDIA H200", "gpu_count": 4},
+                                                  "headline": {"p2p_gb_s": 397.0}, "args": {"analyze": False}}))
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(SCRIPTS / "05_profile_comm.py"), "--reanalyse", str(src), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    v = {o["expected"]: (o["verdict"], o["observed"]) for o in s["observations"]}
+    copies = next(x for k, x in v.items() if k.startswith("the symmetric buffer adds"))
+    # NCCL's one-time set-up copies in the first traced call are not the buffer's per-call DtoD copies
+    assert copies[0] == "confirmed" and "buffered [2, 2], direct [0, 0]" in copies[1] and "one-time" in copies[1]
+    bw = next(x for k, x in v.items() if k.startswith("all-reduce reaches"))
+    assert bw[0] == "refuted" and "311 GB/s" in bw[1] and "78% of the measured" in bw[1]
+    assert s["headline"]["tp_sizes"] == "2,4" and (out / "busbw.png").exists() and s["story"].startswith("ALL-REDUCE")
+    est = (out / "forward_estimate.csv").read_text()
+    assert "decode bs=1" in est and "prefill 8192" in est
+    bad = subprocess.run([sys.executable, str(SCRIPTS / "05_profile_comm.py"), "--reanalyse", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no allreduce.csv" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr

@@ -24,6 +24,7 @@ def test_kernel_line_from_real_ncu_row(fixture_path):
 
 def test_fmt_and_table():
     assert story.fmt(float("nan")) == "-" and story.fmt(1234567.0) == "1,234,567" and story.fmt(3.14159) == "3.14"
+    assert story.fmt(1955.08) == "1,955" and story.fmt(1965) == "1,965" and story.fmt(450.4) == "450"  # one style per column
     t = story.table([{"k": "a", "v": 1.5}, {"k": "bb", "v": 22.25}], ["k", "v"])
     assert t.splitlines()[2].startswith("a ") and t.splitlines()[3].endswith("22.2")
 

@@ -30,6 +30,7 @@ Run
     python mini-sglang/scripts/05_profile_comm.py                    # TP 2/4/8 as GPUs allow, 9 sizes
     python mini-sglang/scripts/05_profile_comm.py --tp 2 4           # chosen TP sizes
     python mini-sglang/scripts/05_profile_comm.py --analyze          # only the copy-path analysis
+    python mini-sglang/scripts/05_profile_comm.py --reanalyse DIR --out OUT   # no GPU: verdicts again from DIR's CSVs
     nsys profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -o /tmp/comm \
         python mini-sglang/scripts/05_profile_comm.py --quick --analyze   # every rank's timeline
 Writes mini-sglang/results/05_profile_comm/: allreduce.csv, copy_overhead.csv, forward_estimate.csv,
@@ -66,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--tp", type=int, nargs="+", default=None, help="TP sizes (default: 2, 4, 8 as GPUs allow)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before hung ranks are stopped")
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/05_profile_comm)")
+    p.add_argument("--reanalyse", metavar="DIR", default=None,
+                   help="no GPU: redo tables, verdicts and story from the allreduce.csv/launches.csv an earlier run left in DIR")
     return p.parse_args(argv)
 
 
@@ -150,8 +153,138 @@ def interp_us(df, n):
     return math.exp(math.log(lo[1]) + f * (math.log(hi[1]) - math.log(lo[1])))
 
 
+def analyse(run, df, launches: list, p2p, link_ds, name: str, ngpu: int, tps, analyze: bool, dram_tb_s: float) -> None:
+    """Tables, figure, verdicts and story from the all-reduce rows (``df``: allreduce.csv) and the
+    launches of the traced calls on rank 0 (launches.csv); shared by a GPU run and --reanalyse."""
+    run.table("allreduce", df)
+    run.figure("busbw", plots.sweep(df.assign(series=lambda x: "TP" + x["tp"].astype(str) + " " + x["impl"] + " " + x["mode"]),
+                                    x="bytes", y="busbw_gb_s", hue="series", logx=True, ylabel="bus bandwidth (GB/s)",
+                                    hline=p2p, hline_label="measured GPU0->GPU1 copy",
+                                    title=f"all-reduce bf16 — {name}"))
+
+    # ---- copy path: buffered minus direct, per size (eager)
+    tp0 = int(df["tp"].min())
+    e = df[(df["tp"] == tp0) & (df["mode"] == "eager")].pivot_table(index="bytes", columns="impl", values="time_us")
+    ov = []
+    if {"pynccl buffer", "pynccl direct"} <= set(e.columns):
+        for n, r in e.iterrows():
+            ov.append({"tp": tp0, "bytes": int(n), "buffer_us": r["pynccl buffer"], "direct_us": r["pynccl direct"],
+                       "copy_overhead_us": r["pynccl buffer"] - r["pynccl direct"],
+                       "copy_share_pct": 100 * (r["pynccl buffer"] - r["pynccl direct"]) / r["pynccl buffer"],
+                       "two_copies_at_measured_peak_us": 2 * 2 * n / (dram_tb_s * 1e12) * 1e6})
+        run.table("copy_overhead", ov)
+    if launches:
+        run.table("launches", launches)
+    # ---- what one Llama-3.1-8B forward's all-reduces cost (2 per layer + embedding)
+    cfg = models.config("llama-3.1-8b")
+    n_ar = 2 * cfg["num_hidden_layers"] + 1
+    est = []
+    for impl in ("pynccl buffer", "pynccl direct", "torch nccl"):
+        d = df[(df["tp"] == tp0) & (df["impl"] == impl) & (df["mode"] == ("graph" if not analyze else "eager"))]
+        if not len(d):
+            continue
+        for label, tokens in (("decode bs=1", 1), ("decode bs=32", 32), ("decode bs=256", 256), ("prefill 8192", 8192)):
+            n = tokens * cfg["hidden_size"] * 2
+            t = interp_us(d, n)
+            est.append({"impl": impl, "step": label, "message_bytes": n, "allreduces": n_ar, "per_call_us": t,
+                        "per_forward_us": n_ar * t})
+    run.table("forward_estimate", est)
+
+    # ---- verdicts
+    big = df[df["bytes"] == df["bytes"].max()]
+    best = big.sort_values("busbw_gb_s").iloc[-1]
+    run.headline(tp_sizes=",".join(map(str, sorted(set(df["tp"])))), p2p_gb_s=p2p, best_busbw_gb_s=best["busbw_gb_s"],
+                 best_busbw_impl=f"TP{best['tp']} {best['impl']} {best['mode']}")
+    ref = p2p or link_ds
+    run.observe("all-reduce reaches 85-95% of NVLink bandwidth (large messages)",
+                f"best busbw {best['busbw_gb_s']:.0f} GB/s at {int(best['bytes']) // MiB} MiB (TP{best['tp']} {best['impl']} "
+                f"{best['mode']}) = {100 * best['busbw_gb_s'] / ref:.0f}% of the measured GPU0->GPU1 copy"
+                + (f", {100 * best['busbw_gb_s'] / link_ds:.0f}% of the datasheet link" if link_ds else ""),
+                "confirmed" if best["busbw_gb_s"] >= 0.85 * ref else "refuted", "allreduce.csv")
+    if launches:
+        per = {}
+        for r in launches:
+            per.setdefault(r["range"], []).append(r)
+        d2d = lambda v: sum(1 for r in v if r["kind"] == "memcpy" and "DtoD" in str(r["name"]))  # noqa: E731
+        setup = lambda v: sum(1 for r in v if r["kind"] in ("memcpy", "memset") and "DtoD" not in str(r["name"]))  # noqa: E731
+        nb = [d2d(v) for k, v in per.items() if "pynccl buffer" in k]
+        nd = [d2d(v) for k, v in per.items() if "pynccl direct" in k]
+        first = {k: setup(v) for k, v in per.items() if setup(v)}
+        run.observe("the symmetric buffer adds device-to-device copies around every all-reduce (code: two)",
+                    f"DtoD memcpy per call: buffered {nb}, direct {nd} (rank 0 trace)" + (
+                        "; the first traced call of a communicator also ran one-time host-to-device copies/memsets (NCCL "
+                        "setup): " + ", ".join(f"{k[6:]} {n}" for k, n in first.items()) if first else ""),
+                    "confirmed" if nb and all(x == 2 for x in nb) and all(x == 0 for x in nd) else "refuted", "launches.csv")
+    if ov:
+        small, large = ov[0], ov[-1]
+        run.observe("the copies' share is largest for decode-sized messages",
+                    f"copy share {small['copy_share_pct']:.0f}% at {small['bytes'] // KiB} KiB vs "
+                    f"{large['copy_share_pct']:.0f}% at {large['bytes'] // MiB} MiB (eager, TP{tp0})",
+                    "confirmed" if small["copy_share_pct"] > large["copy_share_pct"] else "refuted", "copy_overhead.csv")
+    g = df[(df["tp"] == tp0) & (df["bytes"] == df["bytes"].min())].pivot_table(index="impl", columns="mode", values="time_us")
+    if "graph" in g.columns:
+        run.observe("CUDA-graph replay lowers small-message latency (the engine replays decode)",
+                    "; ".join(f"{i}: {r['eager']:.1f} us eager vs {r['graph']:.1f} us graph" for i, r in g.iterrows()),
+                    "confirmed" if (g["graph"] < g["eager"]).all() else "refuted", "allreduce.csv")
+
+    # ---- story
+    items = [(f"{len(tps)} TP size(s) on {ngpu} x {name}; measured GPU0->GPU1 copy "
+              f"{p2p and round(p2p)} GB/s; NVLink multicast off", [])]
+    if launches:
+        per = {}
+        for r in launches:
+            per.setdefault(r["range"][6:], []).append(r)
+        items.append(("one call on rank 0 (engine stream, GPU order)", [
+            (k, [(f"#{r['order']} {r['kind']} {r['short'][:60]} {r['dur_us']:.1f} us", []) for r in v]) for k, v in per.items()]))
+    for tp in sorted(set(df["tp"])):
+        d = df[(df["tp"] == tp) & (df["mode"] == "eager")]
+        items.append((f"TP{tp} eager", [(f"{impl}: " + ", ".join(
+            f"{int(r.bytes) // KiB if r.bytes < MiB else int(r.bytes) // MiB}{'K' if r.bytes < MiB else 'M'} "
+            f"{r.time_us:.0f}us/{r.busbw_gb_s:.0f}GB/s" for r in d[d["impl"] == impl].itertuples()), [])
+            for impl in sorted(set(d["impl"]))]))
+    if est:
+        items.append((f"Llama-3.1-8B TP{tp0} forward: {n_ar} all-reduces", [
+            (f"{r['impl']} {r['step']}: {r['message_bytes']:,} B each -> {r['per_forward_us']:.0f} us per forward", [])
+            for r in est]))
+    run.story(story.tree(f"ALL-REDUCE — PyNCCL vs torch NCCL on {name}", items))
+    print(run.summary["story"])
+
+
+def main_reanalyse(args) -> int:
+    """Verdicts and story again from an earlier run's CSVs (no GPU, no ranks)."""
+    import json
+    pd = require_module("pandas")
+    src = Path(args.reanalyse).resolve()
+    if not (src / "allreduce.csv").exists():
+        raise SetupError(f"{src}: no allreduce.csv to re-analyse (written by 05_profile_comm.py)")
+    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prov, head = prev.get("provenance") or {}, prev.get("headline") or {}
+    df = pd.read_csv(src / "allreduce.csv")
+    launches = pd.read_csv(src / "launches.csv").to_dict("records") if (src / "launches.csv").exists() else []
+    name = prov.get("gpu") or "GPU"
+    link_ds = (gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2 or None
+    peaks = prov.get("peaks") or {}
+    ov = pd.read_csv(src / "copy_overhead.csv") if (src / "copy_overhead.csv").exists() else None
+    dram = peaks.get("dram_tb_s") or (
+        # the recorded two-copies time gives back the copy bandwidth the run measured
+        float((4 * ov["bytes"] / (ov["two_copies_at_measured_peak_us"] * 1e-6) / 1e12).iloc[0]) if ov is not None and len(ov) else math.nan)
+    with Run(__file__, args, out=args.out) as run:
+        run.reanalysis_of(prev, src)
+        for n in prev.get("notes", []):
+            if not n.startswith("re-analysed"):
+                run.note(n)
+        for f in src.glob("trace_rank0_tp*.json"):
+            run.path(f.name).write_bytes(f.read_bytes())
+        tps = sorted(set(int(t) for t in df["tp"]))
+        analyse(run, df, launches, head.get("p2p_gb_s"), link_ds, name, prov.get("gpu_count") or max(tps), tps,
+                bool((prev.get("args") or {}).get("analyze")), dram)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch = require_module("torch", "pip install -r requirements.txt")
     ngpu = require_gpu(torch)
     if ngpu < 2 and not args.tp:
@@ -204,95 +337,9 @@ def main(argv=None) -> int:
             raise RuntimeError("no all-reduce was measured (every TP size failed; see point errors in summary.json)")
         import pandas as pd
         df = pd.DataFrame(rows)
-        run.table("allreduce", df)
-        run.figure("busbw", plots.sweep(df.assign(series=lambda x: "TP" + x["tp"].astype(str) + " " + x["impl"] + " " + x["mode"]),
-                                        x="bytes", y="busbw_gb_s", hue="series", logx=True, ylabel="bus bandwidth (GB/s)",
-                                        hline=p2p, hline_label="measured GPU0->GPU1 copy",
-                                        title=f"all-reduce bf16 — {name}"))
-
-        # ---- copy path: buffered minus direct, per size (eager)
         tp0 = int(df["tp"].min())
-        e = df[(df["tp"] == tp0) & (df["mode"] == "eager")].pivot_table(index="bytes", columns="impl", values="time_us")
-        ov = []
-        if {"pynccl buffer", "pynccl direct"} <= set(e.columns):
-            for n, r in e.iterrows():
-                ov.append({"tp": tp0, "bytes": int(n), "buffer_us": r["pynccl buffer"], "direct_us": r["pynccl direct"],
-                           "copy_overhead_us": r["pynccl buffer"] - r["pynccl direct"],
-                           "copy_share_pct": 100 * (r["pynccl buffer"] - r["pynccl direct"]) / r["pynccl buffer"],
-                           "two_copies_at_measured_peak_us": 2 * 2 * n / (gpu.peaks()["dram_tb_s"] * 1e12) * 1e6})
-            run.table("copy_overhead", ov)
-        launches = []
-        if traces.get(tp0):
-            launches = _msgl.launches_by_range(traces[tp0], r"^call: ")
-            run.table("launches", launches)
-        # ---- what one Llama-3.1-8B forward's all-reduces cost (2 per layer + embedding)
-        cfg = models.config("llama-3.1-8b")
-        n_ar = 2 * cfg["num_hidden_layers"] + 1
-        est = []
-        for impl in ("pynccl buffer", "pynccl direct", "torch nccl"):
-            d = df[(df["tp"] == tp0) & (df["impl"] == impl) & (df["mode"] == ("graph" if not args.analyze else "eager"))]
-            if not len(d):
-                continue
-            for label, tokens in (("decode bs=1", 1), ("decode bs=32", 32), ("decode bs=256", 256), ("prefill 8192", 8192)):
-                n = tokens * cfg["hidden_size"] * 2
-                t = interp_us(d, n)
-                est.append({"impl": impl, "step": label, "message_bytes": n, "allreduces": n_ar, "per_call_us": t,
-                            "per_forward_us": n_ar * t})
-        run.table("forward_estimate", est)
-
-        # ---- verdicts
-        big = df[df["bytes"] == df["bytes"].max()]
-        best = big.sort_values("busbw_gb_s").iloc[-1]
-        run.headline(tp_sizes=",".join(map(str, sorted(set(df["tp"])))), p2p_gb_s=p2p, best_busbw_gb_s=best["busbw_gb_s"],
-                     best_busbw_impl=f"TP{best['tp']} {best['impl']} {best['mode']}")
-        ref = p2p or link_ds
-        run.observe("all-reduce reaches 85-95% of NVLink bandwidth (large messages)",
-                    f"best busbw {best['busbw_gb_s']:.0f} GB/s at {int(best['bytes']) // MiB} MiB (TP{best['tp']} {best['impl']} "
-                    f"{best['mode']}) = {100 * best['busbw_gb_s'] / ref:.0f}% of the measured GPU0->GPU1 copy"
-                    + (f", {100 * best['busbw_gb_s'] / link_ds:.0f}% of the datasheet link" if link_ds else ""),
-                    "confirmed" if best["busbw_gb_s"] >= 0.85 * ref else "refuted", "allreduce.csv")
-        if launches:
-            per = {}
-            for r in launches:
-                per.setdefault(r["range"], []).append(r)
-            nb = [sum(1 for r in v if r["kind"] == "memcpy") for k, v in per.items() if "pynccl buffer" in k]
-            nd = [sum(1 for r in v if r["kind"] == "memcpy") for k, v in per.items() if "pynccl direct" in k]
-            run.observe("the symmetric buffer adds device-to-device copies around every all-reduce (code: two)",
-                        f"memcpy per call: buffered {nb}, direct {nd} (rank 0 trace)",
-                        "confirmed" if nb and all(x == 2 for x in nb) and all(x == 0 for x in nd) else "refuted", "launches.csv")
-        if ov:
-            small, large = ov[0], ov[-1]
-            run.observe("the copies' share is largest for decode-sized messages",
-                        f"copy share {small['copy_share_pct']:.0f}% at {small['bytes'] // KiB} KiB vs "
-                        f"{large['copy_share_pct']:.0f}% at {large['bytes'] // MiB} MiB (eager, TP{tp0})",
-                        "confirmed" if small["copy_share_pct"] > large["copy_share_pct"] else "refuted", "copy_overhead.csv")
-        g = df[(df["tp"] == tp0) & (df["bytes"] == df["bytes"].min())].pivot_table(index="impl", columns="mode", values="time_us")
-        if "graph" in g.columns:
-            run.observe("CUDA-graph replay lowers small-message latency (the engine replays decode)",
-                        "; ".join(f"{i}: {r['eager']:.1f} us eager vs {r['graph']:.1f} us graph" for i, r in g.iterrows()),
-                        "confirmed" if (g["graph"] < g["eager"]).all() else "refuted", "allreduce.csv")
-
-        # ---- story
-        items = [(f"{len(tps)} TP size(s) on {ngpu} x {name}; measured GPU0->GPU1 copy "
-                  f"{p2p and round(p2p)} GB/s; NVLink multicast off", [])]
-        if launches:
-            per = {}
-            for r in launches:
-                per.setdefault(r["range"][6:], []).append(r)
-            items.append(("one call on rank 0 (engine stream, GPU order)", [
-                (k, [(f"#{r['order']} {r['kind']} {r['short'][:60]} {r['dur_us']:.1f} us", []) for r in v]) for k, v in per.items()]))
-        for tp in sorted(set(df["tp"])):
-            d = df[(df["tp"] == tp) & (df["mode"] == "eager")]
-            items.append((f"TP{tp} eager", [(f"{impl}: " + ", ".join(
-                f"{int(r.bytes) // KiB if r.bytes < MiB else int(r.bytes) // MiB}{'K' if r.bytes < MiB else 'M'} "
-                f"{r.time_us:.0f}us/{r.busbw_gb_s:.0f}GB/s" for r in d[d["impl"] == impl].itertuples()), [])
-                for impl in impls]))
-        if est:
-            items.append((f"Llama-3.1-8B TP{tp0} forward: {n_ar} all-reduces", [
-                (f"{r['impl']} {r['step']}: {r['message_bytes']:,} B each -> {r['per_forward_us']:.0f} us per forward", [])
-                for r in est]))
-        run.story(story.tree(f"ALL-REDUCE — PyNCCL vs torch NCCL on {name}", items))
-        print(run.summary["story"])
+        launches = _msgl.launches_by_range(traces[tp0], r"^call: ") if traces.get(tp0) else []
+        analyse(run, df, launches, p2p, link_ds, name, ngpu, tps, args.analyze, gpu.peaks()["dram_tb_s"])
     return 0
 
 
