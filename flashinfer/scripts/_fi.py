@@ -544,11 +544,12 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
 
     The two timers must see the GPU in the same state. The workbook's samples are spaced (an L2
     flush and a short spin before each call), so the GPU stays near its boost clock; FlashInfer's
-    default modes first run ~1 s of back-to-back calls (estimate, dry run, 100 ms of samples), and
-    a GPU under sustained load lowers its SM clock (measured here: NVML's mean SM clock is recorded
-    for every mode). So the reference is bench_gpu_time's CUDA-graph mode with its own
-    ``sleep_after_run`` (idle time after each replay), a few calls per replay (a ~2 ms burst) and
-    rotating copies of the inputs for a cold L2 (``input_args``): ``graph_spaced``. Also recorded:
+    default modes first run 0.1-1 s of back-to-back calls (estimate, dry run, 100 ms of samples),
+    and back-to-back calls can run slower, partly at a lower SM clock (NVML's mean SM clock is
+    recorded for every mode). So the reference is bench_gpu_time's CUDA-graph mode with its own
+    ``sleep_after_run`` (idle time after each replay), as many calls per replay as fit in ~2 ms
+    (1 to 10) and rotating copies of the inputs for a cold L2 (``input_args``): ``graph_spaced``.
+    Also recorded:
       graph  - its defaults (10 calls per replay, back to back): the sustained-load number;
       events - CUDA events around each Python call (adds the launch path);
       cupti  - its CUPTI mode, where cupti-python is installed (on the H200 run of 2026-11-21 it
@@ -563,7 +564,7 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
         out["workbook_ms"] = bench(fn).median_ms
     out["workbook_sm_mhz"] = c.mhz
     out["workbook_write_flush_ms"] = bench(fn, flush="write").median_ms
-    n = max(1, min(10, int(2.0 / max(out["workbook_ms"], 1e-3))))     # calls per replay: ~2 ms bursts
+    n = max(1, min(10, int(2.0 / max(out["workbook_ms"], 1e-3))))     # calls per replay: up to ~2 ms, at least 1
     modes = [("graph_spaced", dict(use_cuda_graph=True, num_iters_within_graph=n, sleep_after_run=True,
                                    dry_run_iters=3, repeat_iters=30)),
              ("graph", dict(use_cuda_graph=True)), ("events", {})]
