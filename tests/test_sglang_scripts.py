@@ -281,5 +281,8 @@ def test_07_merge_keeps_earlier_rows_marked_and_replaces_remeasured(tmp_path, fi
     tp4 = both[(both["model"] == "llama-3.1-8b") & (both["tp"] == 4) & both["custom_allreduce"]]
     assert list(tp4["measured"]) == ["this run"] and list(tp4["itl_b1_ms"]) == [1.0]
     assert (both[both["measured"] != "this run"]["tp"] != 2).all()
+    both.to_csv(src / "tp_runs.csv", index=False)              # merging a merged run: its own rows get its tag
+    again, _, _ = m.load_merge(src, pd)
+    assert "this run" not in set(again["measured"]) and set(again["measured"]) == {"2026-11-21T13:40 @ fea9650"}
     with pytest.raises(m.SetupError, match="no tp_runs.csv"):
         m.load_merge(tmp_path / "none", pd)

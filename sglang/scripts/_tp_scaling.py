@@ -240,6 +240,7 @@ def load_merge(src: Path, pd) -> tuple:
     akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
     if "measured" not in df.columns:
         df["measured"] = tag
+    df["measured"] = [tag if m == "this run" or not isinstance(m, str) else m for m in df["measured"]]  # a merged run's own rows
     return df, akd, prev
 
 
