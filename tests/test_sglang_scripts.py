@@ -128,6 +128,17 @@ def test_matched_prefix_and_sharegpt_file(tmp_path):
     assert len({p[:32] for p in prompts}) == 20 and all(p.isascii() for p in prompts)   # no shared prefix; 1 char = 1 token
 
 
+def test_offline_bar_cli_runs_the_engines_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))     # the preset's model dir goes here
+    m = load("03_backend_comparison.py")
+    args = m.parse_args(["--quick"])
+    _, base = serving.model_and_flags(args)
+    assert "--disable-prefill-cuda-graph" in base            # --quick servers skip the prefill capture
+    cli = m.cli_flags(base)
+    assert "--disable-prefill-cuda-graph" not in cli         # ... the bar's CLI must not (the Engine captures)
+    assert cli == [f for f in base if f != "--disable-prefill-cuda-graph"] and "--load-format" in cli
+
+
 def test_timeline_analysis_on_real_trace(fixture_path):
     m = load("_nsys_profile.py")
     ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))

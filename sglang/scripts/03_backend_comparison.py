@@ -203,13 +203,21 @@ def sharegpt_file(path, prompts) -> Path:
     return Path(path)
 
 
+def cli_flags(base: list[str]) -> list[str]:
+    """The server flags bench_offline_throughput gets: the workbook's Engine below runs SGLang's
+    defaults, so --quick's --disable-prefill-cuda-graph is left out. With it, the CLI's first
+    prefill that hits the cache stalled ~10 s inside its timed run (H200, 2026-11-21: 713 vs
+    4,961 out tok/s), the one-time cost an Engine with prefill graphs pays while capturing them."""
+    return [f for f in base if f != "--disable-prefill-cuda-graph"]
+
+
 def offline_bar(args, P, model_dir, base, run) -> list[dict]:
     """SGLang's bench_offline_throughput (its own Engine) vs the workbook's Engine, same config and shape."""
     rows = []
     prompts = [serving.random_text(P["bar_in"] - 1, 90_000 + i) for i in range(P["bar_n"])]   # + BOS = bar_in tokens
     data = sharegpt_file(run.dir / "sharegpt_local.json", prompts)
     out = run.dir / "offline_ref.jsonl"
-    cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", model_dir, *base,
+    cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", model_dir, *cli_flags(base),
            "--attention-backend", "flashinfer", "--dataset-name", "sharegpt", "--dataset-path", str(data),
            "--sharegpt-output-len", str(P["bar_out"]), "--num-prompts", str(P["bar_n"]), "--seed", "1",
            "--result-filename", str(out)]
