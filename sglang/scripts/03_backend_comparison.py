@@ -205,9 +205,10 @@ def sharegpt_file(path, prompts) -> Path:
 
 def cli_flags(base: list[str]) -> list[str]:
     """The server flags bench_offline_throughput gets: the workbook's Engine below runs SGLang's
-    defaults, so --quick's --disable-prefill-cuda-graph is left out. With it, the CLI's first
-    prefill that hits the cache stalled ~10 s inside its timed run (H200, 2026-11-21: 713 vs
-    4,961 out tok/s), the one-time cost an Engine with prefill graphs pays while capturing them."""
+    defaults (prefill CUDA graphs captured), so --quick's --disable-prefill-cuda-graph is left out
+    and both sides run one config. (With the flag, one H200 run on 2026-11-21 stalled ~10 s on
+    the CLI's first cache-hitting prefill: 713 vs 4,961 out tok/s; the same command on a fresh
+    machine did not stall, 4,945 tok/s. The cause was not isolated; see the SGLang report.)"""
     return [f for f in base if f != "--disable-prefill-cuda-graph"]
 
 
