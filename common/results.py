@@ -92,7 +92,7 @@ class Run:
     """A results folder for one run of one script (see the module docstring)."""
 
     def __init__(self, script_file: str | Path, args=None, out: str | Path | None = None,
-                 quiet: bool = False):
+                 quiet: bool = False, command: str | None = None):
         script = Path(script_file).resolve()
         self.stem = script.stem
         self.system = script.parent.parent.name
@@ -106,7 +106,7 @@ class Run:
         args_d = vars(args) if hasattr(args, "__dict__") else dict(args or {})
         self.summary: dict = {
             "script": f"{self.system}/scripts/{script.name}", "stem": self.stem, "system": self.system,
-            "status": "running", "args": args_d, "provenance": gpu.snapshot(),
+            "status": "running", "args": args_d, "provenance": gpu.snapshot(None if command is None else [command]),
             "headline": {}, "tables": [], "figures": [], "files": [], "story": "",
             "observations": [], "point_errors": [], "notes": [],
         }

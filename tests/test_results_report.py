@@ -34,6 +34,21 @@ def test_run_writes_files_then_summary(tmp_path):
     assert {"date_utc", "command", "git", "packages", "gpu"} <= set(s["provenance"])
 
 
+def test_run_records_the_command_a_wrapper_passes(tmp_path):
+    """The 06 pipelines write their summary from a heredoc (argv "-"); they pass their own command line."""
+    script = _script(tmp_path)
+    with results.Run(script, {}, quiet=True, command="./demo/scripts/06_full_pipeline.sh --quick --ncu") as run:
+        pass
+    s = json.loads((run.final_dir / "summary.json").read_text())
+    assert s["provenance"]["command"] == "./demo/scripts/06_full_pipeline.sh --quick --ncu"
+    with results.Run(script, {}, quiet=True) as run:
+        pass
+    assert json.loads((run.final_dir / "summary.json").read_text())["provenance"]["command"].split()[0] != "./demo"
+    for sh in ("flashinfer", "sglang", "mini-sglang"):    # each pipeline hands its command line to Run
+        text = (Path(__file__).resolve().parents[1] / sh / "scripts" / "06_full_pipeline.sh").read_text()
+        assert 'PIPELINE_COMMAND="$0 $*"' in text and 'command=os.environ' in text and "PIPELINE_COMMAND" in text
+
+
 def test_failed_run_keeps_last_good_result(tmp_path):
     script = _script(tmp_path)
     with results.Run(script, {}, quiet=True) as run:

@@ -17,6 +17,7 @@ set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 MODE=quick NCU=0 NSYS=0
+export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
 for a in "$@"; do
   case "$a" in
     --quick) MODE=quick ;;
@@ -85,14 +86,15 @@ printf '%-44s %-24s %8s\n' "total ($MODE)" "$FAILED failed" "$TOTAL"
 
 # record the run like the numbered scripts do (results/06_full_pipeline/summary.json, steps.csv)
 printf '%s\n' "${ROWS[@]}" | "$PY" -c '
-import sys
+import os, sys
 sys.path.insert(0, sys.argv[1])
 from common import story
 from common.results import Run
 rows = [dict(zip(("script", "status", "seconds"), l.rstrip("\n").split("|"))) for l in sys.stdin if l.strip()]
 for r in rows:
     r["seconds"] = int(r["seconds"])
-with Run(sys.argv[2], {"mode": sys.argv[3], "ncu": sys.argv[4] == "1", "nsys": sys.argv[5] == "1"}, quiet=True) as run:
+with Run(sys.argv[2], {"mode": sys.argv[3], "ncu": sys.argv[4] == "1", "nsys": sys.argv[5] == "1"}, quiet=True,
+         command=os.environ.get("PIPELINE_COMMAND")) as run:
     run.table("steps", rows)
     failed = [r for r in rows if not r["status"].startswith("ok")]
     run.headline(scripts=len(rows), failed=len(failed), total_s=sum(r["seconds"] for r in rows))

@@ -17,6 +17,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 S="$ROOT/sglang/scripts"
 MODE=quick; ONLY_NSYS=0; ONLY_NCU=0
+export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
 for a in "$@"; do
   case "$a" in
     --quick) MODE=quick ;;
@@ -79,7 +80,8 @@ from common.results import Run
 rows = [dict(zip(("script", "status", "seconds"), l.split("\t"))) for l in os.environ["STEPS_TSV"].splitlines() if l]
 for r in rows:
     r["seconds"] = int(r["seconds"])
-with Run("sglang/scripts/06_full_pipeline.sh", {"mode": os.environ["MODE"]}, quiet=True) as run:
+with Run("sglang/scripts/06_full_pipeline.sh", {"mode": os.environ["MODE"]}, quiet=True,
+         command=os.environ.get("PIPELINE_COMMAND")) as run:
     run.table("steps", rows)
     run.headline(steps=len(rows), failed=sum(r["status"] != "ok" for r in rows), total_s=sum(r["seconds"] for r in rows))
     run.story(f"SGLANG PIPELINE ({os.environ['MODE']})\n" + story.table(rows, ["script", "status", "seconds"]))
