@@ -272,6 +272,11 @@ def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
     assert out["reference"] == "graph_spaced" and out["reference_ms"] == 0.100
     assert abs(out["ratio"] - 1.02) < 1e-9 and out["bgt_graph_ms"] == 0.110 and out["bgt_events_ms"] == 0.120
     assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.1 ms -> 10 per replay
+    assert calls[1]["num_iters_within_graph"] == 1 and calls[1]["sleep_after_run"]           # + one call per replay
+    assert out["bgt_graph_spaced_1_ms"] == 0.100
+    calls.clear()
+    long = fi.cross_check(fake_bgt, lambda a, b: None, (1, 2), lambda fn, **kw: T(3.0))     # 3 ms: 1 per replay
+    assert "bgt_graph_spaced_1_ms" not in long and [c.get("num_iters_within_graph") for c in calls][:1] == [1]
     assert all(s == (1, 2) for s in seen)
     rows = [dict(out, label="x")]
 

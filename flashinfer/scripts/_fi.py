@@ -550,6 +550,9 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     ``sleep_after_run`` (idle time after each replay), as many calls per replay as fit in ~2 ms
     (1 to 10) and rotating copies of the inputs for a cold L2 (``input_args``): ``graph_spaced``.
     Also recorded:
+      graph_spaced_1 - the same with one call per replay (only where graph_spaced has more): every
+               call then follows an idle gap, which tells whether the first call after idle runs
+               slower (a candidate for the tensor-core decode point that read 3.5% apart on one H200);
       graph  - its defaults (10 calls per replay, back to back): the sustained-load number;
       events - CUDA events around each Python call (adds the launch path);
       cupti  - its CUPTI mode, where cupti-python is installed (on the H200 run of 2026-11-21 it
@@ -568,6 +571,9 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     modes = [("graph_spaced", dict(use_cuda_graph=True, num_iters_within_graph=n, sleep_after_run=True,
                                    dry_run_iters=3, repeat_iters=30)),
              ("graph", dict(use_cuda_graph=True)), ("events", {})]
+    if n > 1:
+        modes.insert(1, ("graph_spaced_1", dict(use_cuda_graph=True, num_iters_within_graph=1, sleep_after_run=True,
+                                                dry_run_iters=3, repeat_iters=30)))
     if cupti_python() is None:
         modes.append(("cupti", dict(enable_cupti=True)))
     for name, kw in modes:
