@@ -251,6 +251,19 @@ def test_shell_wrappers_help(script):
     assert bad.returncode == 2 and "unknown option" in bad.stderr
 
 
+class _Recorder:
+    """Stands in for a results.Run: keeps what observe()/headline() were given."""
+
+    def __init__(self):
+        self.obs, self.head = [], {}
+
+    def observe(self, *a):
+        self.obs.append(a)
+
+    def headline(self, **k):
+        self.head.update(k)
+
+
 def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
     """cross_check calls bench_gpu_time in each mode with the inputs as input_args, judges against
     the spaced CUDA-graph mode and keeps the others (the numbers are made up; the logic is tested)."""
@@ -280,16 +293,7 @@ def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
     assert all(s == (1, 2) for s in seen)
     rows = [dict(out, label="x")]
 
-    class R:
-        def __init__(self):
-            self.obs, self.head = [], {}
-
-        def observe(self, *a):
-            self.obs.append(a)
-
-        def headline(self, **k):
-            self.head.update(k)
-    r = R()
+    r = _Recorder()
     fi.observe_cross_check(r, rows, lambda x: x["label"])
     assert r.obs[0][2] == "confirmed" and "x: 1.020" in r.obs[0][1] and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
     fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
@@ -303,15 +307,7 @@ def test_cross_check_verdict_on_the_real_h200_rows(fixture_path):
     rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200.csv")).to_dict("records")
     assert {r["reference"] for r in rows} == {"graph_spaced"} and len(rows) == 3
 
-    class R:
-        obs, head = [], {}
-
-        def observe(self, *a):
-            self.obs.append(a)
-
-        def headline(self, **k):
-            self.head.update(k)
-    r = R()
+    r = _Recorder()
     _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
     expected, observed, verdict, evidence = r.obs[0]
     assert verdict == "confirmed" and r.head["bench_gpu_time_max_deviation_pct"] < 3
@@ -327,16 +323,7 @@ def test_cross_check_verdict_refutes_on_the_h200_where_one_point_missed(fixture_
     pd = pytest.importorskip("pandas")
     rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200_b2e5.csv")).to_dict("records")
 
-    class R:
-        def __init__(self):
-            self.obs, self.head = [], {}
-
-        def observe(self, *a):
-            self.obs.append(a)
-
-        def headline(self, **k):
-            self.head.update(k)
-    r = R()
+    r = _Recorder()
     _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
     expected, observed, verdict, evidence = r.obs[0]
     assert verdict == "refuted" and 3 < r.head["bench_gpu_time_max_deviation_pct"] < 4
