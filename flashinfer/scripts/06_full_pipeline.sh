@@ -29,7 +29,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 MODE=quick; NCU=0; NSYS=0
-PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
+export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -124,14 +124,14 @@ echo "=== FlashInfer pipeline ($MODE$([[ $NCU == 1 ]] && echo ', ncu')$([[ $NSYS
 column -t -s $'\t' "$STEPS_TSV" 2>/dev/null || cat "$STEPS_TSV"
 
 # a summary.json for the index (status of every step), then the reports
-MODE="$MODE" NCU="$NCU" TIMELINE="$TIMELINE" PIPELINE_COMMAND="$PIPELINE_COMMAND" TOTAL="$(( $(date +%s) - T0 ))" "$PY" - <<'EOF' || true
+MODE="$MODE" NCU="$NCU" TIMELINE="$TIMELINE" TOTAL="$(( $(date +%s) - T0 ))" "$PY" - <<'EOF' || true
 import os
 import pandas as pd
 from common import story
 from common.results import Run
 steps = pd.read_csv("flashinfer/results/06_full_pipeline/steps.tsv", sep="\t")
 args = {"mode": os.environ["MODE"], "ncu": os.environ["NCU"] == "1", "timeline": os.environ["TIMELINE"]}
-with Run("flashinfer/scripts/06_full_pipeline.sh", args, quiet=True, command=os.environ["PIPELINE_COMMAND"]) as run:
+with Run("flashinfer/scripts/06_full_pipeline.sh", args, quiet=True, command=os.environ.get("PIPELINE_COMMAND")) as run:
     run.table("steps", steps)
     ok = int((steps["status"].str.startswith("ok")).sum())
     run.headline(steps_ok=ok, steps=len(steps), total_s=int(os.environ["TOTAL"]))

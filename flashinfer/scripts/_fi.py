@@ -568,12 +568,10 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     out["workbook_sm_mhz"] = c.mhz
     out["workbook_write_flush_ms"] = bench(fn, flush="write").median_ms
     n = max(1, min(10, int(2.0 / max(out["workbook_ms"], 1e-3))))     # calls per replay: up to ~2 ms, at least 1
-    modes = [("graph_spaced", dict(use_cuda_graph=True, num_iters_within_graph=n, sleep_after_run=True,
-                                   dry_run_iters=3, repeat_iters=30)),
-             ("graph", dict(use_cuda_graph=True)), ("events", {})]
-    if n > 1:
-        modes.insert(1, ("graph_spaced_1", dict(use_cuda_graph=True, num_iters_within_graph=1, sleep_after_run=True,
-                                                dry_run_iters=3, repeat_iters=30)))
+    spaced = lambda k: dict(use_cuda_graph=True, num_iters_within_graph=k, sleep_after_run=True,  # noqa: E731
+                            dry_run_iters=3, repeat_iters=30)
+    modes = [("graph_spaced", spaced(n))] + ([("graph_spaced_1", spaced(1))] if n > 1 else []) + \
+            [("graph", dict(use_cuda_graph=True)), ("events", {})]
     if cupti_python() is None:
         modes.append(("cupti", dict(enable_cupti=True)))
     for name, kw in modes:
