@@ -264,40 +264,75 @@ class _Recorder:
         self.head.update(k)
 
 
-def test_cross_check_reference_is_the_spaced_graph_mode(monkeypatch):
-    """cross_check calls bench_gpu_time in each mode with the inputs as input_args, judges against
-    the spaced CUDA-graph mode and keeps the others (the numbers are made up; the logic is tested)."""
-    fi = _fi
-    calls = []
-
-    def fake_bgt(fn, input_args=(), **kw):
+def _fake_bgt(calls):
+    """A stand-in for bench_gpu_time: CUPTI mode 0.110 ms, spaced graph 0.100 (n per replay) / 0.118
+    (1 per replay), back-to-back graph 0.105, events 0.120 (made-up numbers; the logic is tested)."""
+    def bgt(fn, input_args=(), **kw):
         calls.append(kw)
         fn(*input_args)
+        if kw.get("enable_cupti"):
+            return [0.110, 0.111, 0.109]
         if kw.get("sleep_after_run"):
-            return [0.100, 0.101, 0.099]
-        return [0.110] if kw.get("use_cuda_graph") else [0.120]
+            return [0.118] if kw["num_iters_within_graph"] == 1 else [0.100, 0.101, 0.099]
+        return [0.105] if kw.get("use_cuda_graph") else [0.120]
+    return bgt
 
-    class T:
-        def __init__(self, ms):
-            self.median_ms = ms
-    seen = []
-    out = fi.cross_check(fake_bgt, lambda a, b: seen.append((a, b)), (1, 2), lambda fn, **kw: (fn(), T(0.102))[1])
-    assert out["reference"] == "graph_spaced" and out["reference_ms"] == 0.100
-    assert abs(out["ratio"] - 1.02) < 1e-9 and out["bgt_graph_ms"] == 0.110 and out["bgt_events_ms"] == 0.120
-    assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.1 ms -> 10 per replay
+
+class _T:
+    def __init__(self, ms):
+        self.median_ms = ms
+
+
+def _wb(default_ms, write_ms):
+    """A stand-in for common.timing.bench: ``default_ms`` with its default flush, ``write_ms`` with flush='write'."""
+    return lambda fn, **kw: (fn(), _T(write_ms if kw.get("flush") == "write" else default_ms))[1]
+
+
+def test_cross_check_compares_cupti_with_cupti_at_the_same_flush(monkeypatch):
+    """With cupti-python the reference is bench_gpu_time's CUPTI mode in a CUDA graph, compared with the
+    workbook's number at FlashInfer's write-only flush; the default-vs-default ratio and the spaced modes'
+    launch overhead are kept beside it."""
+    monkeypatch.setattr(_fi, "cupti_python", lambda: None)
+    calls, seen = [], []
+    out = _fi.cross_check(_fake_bgt(calls), lambda a, b: seen.append((a, b)), (1, 2), _wb(0.102, 0.1122))
+    assert out["reference"] == "cupti_graph" and out["reference_ms"] == 0.110
+    assert out["workbook_compared"] == "workbook_write_flush_ms"
+    assert abs(out["ratio"] - 1.02) < 1e-9 and abs(out["ratio_default"] - 0.102 / 0.110) < 1e-9
+    assert calls[-1] == dict(enable_cupti=True, use_cuda_graph=True)
+    assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.102 ms -> 10 per replay
     assert calls[1]["num_iters_within_graph"] == 1 and calls[1]["sleep_after_run"]           # + one call per replay
-    assert out["bgt_graph_spaced_1_ms"] == 0.100
-    calls.clear()
-    long = fi.cross_check(fake_bgt, lambda a, b: None, (1, 2), lambda fn, **kw: T(3.0))     # 3 ms: 1 per replay
-    assert "bgt_graph_spaced_1_ms" not in long and [c.get("num_iters_within_graph") for c in calls][:1] == [1]
+    # per replay: spaced_1 = k + L, spaced_10 = k + L/10  ->  L = (0.118 - 0.100) * 10 / 9 ms = 20 us
+    assert abs(out["spaced_replay_overhead_us"] - 20.0) < 1e-6
     assert all(s == (1, 2) for s in seen)
-    rows = [dict(out, label="x")]
+    calls.clear()
+    long = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(3.0, 3.0))     # 3 ms: 1 per replay
+    assert "bgt_graph_spaced_1_ms" not in long and "spaced_replay_overhead_us" not in long
+    assert calls[0]["num_iters_within_graph"] == 1
 
     r = _Recorder()
-    fi.observe_cross_check(r, rows, lambda x: x["label"])
-    assert r.obs[0][2] == "confirmed" and "x: 1.020" in r.obs[0][1] and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
-    fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
+    _fi.observe_cross_check(r, [dict(out, label="x")], lambda x: x["label"])
+    expected, observed, verdict, _ = r.obs[0]
+    assert verdict == "confirmed" and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
+    assert "x: 1.020" in observed and "x: 0.927" in observed and "20 us per replay of 10" in observed
+    _fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
     assert r.obs[1][2] == "refuted"
+    line = _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
+    assert "x 1.020" in line and "clean-L2 default: x 0.927" in line
+
+
+def test_cross_check_without_cupti_python_falls_back_to_the_spaced_graph(monkeypatch):
+    """Without cupti-python bench_gpu_time would silently time with events: the reference is then its
+    spaced graph mode, compared with the workbook's default number, and the row says so."""
+    monkeypatch.setattr(_fi, "cupti_python", lambda: "cupti-python unavailable")
+    calls = []
+    out = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(0.102, 0.1122))
+    assert not any(c.get("enable_cupti") for c in calls) and "bgt_cupti_graph_ms" not in out
+    assert out["reference"] == "graph_spaced" and out["workbook_compared"] == "workbook_ms"
+    assert abs(out["ratio"] - 1.02) < 1e-9
+    r = _Recorder()
+    _fi.observe_cross_check(r, [dict(out, label="x")], lambda x: x["label"])
+    assert "graph_spaced" in r.obs[0][1] and r.obs[0][2] == "confirmed"
+    assert "graph_spaced mode" in _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
 
 
 # fi_cross_check_decode_h200.csv: cross_check.csv of the real `03_profile_decode.py --quick --ncu` run on

@@ -50,6 +50,7 @@ PACKAGES = (  # (distribution, why this track needs it)
     ("ninja", "FlashInfer's JIT runs ninja -> nvcc (the `ninja` binary on PATH is what counts)"),
     ("nvidia-cutlass-dsl", "CuTe-DSL RMSNorm kernels; absent -> the CUDA JIT `norm` module"),
     ("einops", "imported by flashinfer.testing (bench_gpu_time cross-check; stubbed when absent)"),
+    ("cupti-python", "bench_gpu_time's CUPTI mode: the cross-check's reference (absent -> its spaced graph mode)"),
     ("click", "python -m flashinfer (CLI used by 07)"),
     ("tabulate", "python -m flashinfer (CLI used by 07)"),
     ("cuda-python", "FlashInfer's CUDA bindings"),

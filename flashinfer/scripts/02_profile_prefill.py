@@ -400,8 +400,7 @@ def main(argv=None) -> int:
                 kids += [(story.kernel_line(r), []) for r in kk.to_dict("records")]
             items.append((f"{be}: batch {b}, {qo} new tokens on {kv} KV" + ("" if out_given else ", out=None"), kids))
         if xrows:
-            items.append((f"bench_gpu_time cross-check (workbook / FlashInfer {xrows[0]['reference']} mode, medians): " + ", ".join(
-                f"{x['backend']} b{x['batch']} qo{x['qo_len']} {x['ratio']:.3f}" for x in xrows), []))
+            items.append((_fi.cross_check_line(xrows, lambda x: f"{x['backend']} b{x['batch']} qo{x['qo_len']}"), []))
         run.story(story.tree(f"PREFILL ATTENTION (causal, paged) — {pk['gpu']}, {models[0]} heads ({lay0['hq']} q / "
                              f"{lay0['hkv']} kv, d {lay0['d']}), bf16 (bf16 peak {pk['bf16_tflops']:.0f} TFLOP/s, "
                              f"ridge {ridge:.0f} FLOP/B)", items))

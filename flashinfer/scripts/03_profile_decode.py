@@ -375,8 +375,7 @@ def main(argv=None) -> int:
                 kids += [(story.kernel_line(r), []) for r in kk.to_dict("records")]
             items.append((f"{'CUDA cores' if v == 'cuda' else 'tensor cores'}, batch {b}, KV {kv}", kids))
         if xrows:
-            items.append((f"bench_gpu_time cross-check (workbook / FlashInfer {xrows[0]['reference']} mode, medians): " +
-                          ", ".join(f"{x['variant']} b{x['batch']} kv{x['kv_len']} {x['ratio']:.3f}" for x in xrows), []))
+            items.append((_fi.cross_check_line(xrows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}"), []))
         run.story(story.tree(f"DECODE ATTENTION — {pk['gpu']}, {models[0]} heads ({lay0['hq']} q / {lay0['hkv']} kv, "
                              f"d {lay0['d']}), bf16, page {PAGE} (copy peak {pk['dram_tb_s']:.2f} TB/s)", items))
         print(run.summary["story"])
