@@ -298,7 +298,8 @@ def test_cross_check_compares_cupti_with_cupti_at_the_same_flush(monkeypatch):
     assert out["reference"] == "cupti_graph" and out["reference_ms"] == 0.110
     assert out["workbook_compared"] == "workbook_write_flush_ms"
     assert abs(out["ratio"] - 1.02) < 1e-9 and abs(out["ratio_default"] - 0.102 / 0.110) < 1e-9
-    assert calls[-1] == dict(enable_cupti=True, use_cuda_graph=True)
+    assert calls[-2:] == [dict(enable_cupti=True, use_cuda_graph=True)] * 2       # the first session is kept aside
+    assert out["bgt_cupti_graph_first_ms"] == 0.110
     assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.102 ms -> 10 per replay
     assert calls[1]["num_iters_within_graph"] == 1 and calls[1]["sleep_after_run"]           # + one call per replay
     # per replay: spaced_1 = k + L, spaced_10 = k + L/10  ->  L = (0.118 - 0.100) * 10 / 9 ms = 20 us
