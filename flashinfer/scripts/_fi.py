@@ -543,15 +543,15 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     """Time ``run_fn(*args)`` with FlashInfer's bench_gpu_time and with the workbook's timer.
 
     The verdict compares like with like: the same instrument (CUPTI kernel timestamps) and the same
-    L2 preparation. Reference: bench_gpu_time's CUPTI mode with a CUDA graph (``cupti_graph``; the
-    graph makes the span cover the call's kernels only: without one, its CUPTI mode read ~2.2x the
-    call's single kernel on an H200, 2026-11-21, not investigated further), which cools the L2 by
-    writing a buffer (dirty lines left behind); against it the workbook's timer with the same
+    L2 preparation. Reference: bench_gpu_time's CUPTI mode (``cupti_graph``: first kernel start to
+    last kernel end of one call; replayed from a CUDA graph, so no host gap between a call's
+    launches can enter the span), which cools the L2 by writing a buffer before each call (dirty
+    lines left behind); against it the workbook's timer with the same
     write-only flush (``workbook_write_flush_ms``). ``ratio`` = workbook_write_flush_ms / reference.
     Also recorded, so that each tool's default can be read against the other:
       ratio_default - the workbook's default number (L2 written then read: clean) / reference; the
                difference is the write-back of the dirty lines, which a kernel that already reads
-               DRAM near its peak pays for in full (tensor-core decode b32 x kv4096: ~7% on an H200);
+               DRAM near its peak pays for (tensor-core decode b32 x kv4096: 5-7% on an H200 and an H100);
       graph_spaced / graph_spaced_1 - CUDA graph with ``sleep_after_run`` (idle after each replay),
                n calls per replay (as many as fit ~2 ms, 1 to 10) and 1 call per replay: events
                around a replay that starts from idle include the host's launch of the graph, so
@@ -559,13 +559,12 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
                cost per replay (graph_spaced carries 1/n of it per call);
       graph  - its defaults (10 calls per replay, back to back): the sustained-load number;
       events - CUDA events around each Python call (adds the launch path).
-    Its CUPTI mode runs twice and the second reading is the reference: in a process where the
-    workbook's timer (torch.profiler, also CUPTI) ran before, the first cupti-python session read
-    2.08-2.10x the kernel on every shape (two H200s, 2026-11-21: 9 of 9 first sessions, with or
-    without a graph), longer than bench_gpu_time's own events around the same call, which the kernel
-    itself cannot be; the sessions after it agreed with the workbook's CUPTI at the same flush within
-    0.2-1.9% (three decode shapes) (``bgt_cupti_graph_first_ms``
-    keeps the first reading in every run, so the artifact stays visible).
+    Its CUPTI mode runs twice and the second reading is the reference: the first cupti-python
+    session of each shape read 2.08-2.19x the kernel (2026-11-21, three H200s and one H100: 21 of 21
+    shapes, with or without a graph), longer than bench_gpu_time's own events around the same call,
+    which the kernel itself cannot be; the sessions after it agreed with the workbook's CUPTI at the
+    same flush within 1.9% on every shape. The cause was not isolated (torch.profiler, also CUPTI,
+    had run in those processes before); ``bgt_cupti_graph_first_ms`` keeps the first reading.
     Without cupti-python (>= 13) the reference falls back to graph_spaced, compared with the
     workbook's default number (``reference`` names which). NVML's mean SM clock is kept per mode.
     """
