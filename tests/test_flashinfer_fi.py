@@ -368,3 +368,24 @@ def test_cross_check_verdict_refutes_on_the_h200_where_one_point_missed(fixture_
     assert within.count(True) == 2 and not within[1]          # only the tensor-core point misses
     tc = rows[1]
     assert abs(tc["workbook_ms"] / tc["bgt_graph_ms"] - 1) < 0.01   # ... and agrees with the back-to-back mode
+
+
+# fi_cross_check_decode_h200_b7d6.csv: cross_check.csv of the real `06_full_pipeline.sh --quick --ncu --nsys` run
+# at commit b7d68da on one H200 (GPU-5028283b...), the like-for-like reference (bench_gpu_time CUPTI in a CUDA graph,
+# its second session) with cupti-python 13.0.1.
+def test_cross_check_like_for_like_on_the_real_h200_rows(fixture_path):
+    pd = pytest.importorskip("pandas")
+    rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200_b7d6.csv")).to_dict("records")
+    assert {r["reference"] for r in rows} == {"cupti_graph"}
+    assert {r["workbook_compared"] for r in rows} == {"workbook_write_flush_ms"}
+
+    r = _Recorder()
+    _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
+    expected, observed, verdict, evidence = r.obs[0]
+    assert verdict == "confirmed" and r.head["bench_gpu_time_max_deviation_pct"] < 3
+    # each tool's default disagrees on the tensor-core point (the dirty L2 lines FlashInfer's flush leaves)
+    tc = next(x for x in rows if x["variant"] == "tc")
+    assert tc["ratio_default"] < 0.97 and "tc b32 kv4096: 0.934" in observed
+    assert "us per replay of 10" in observed     # the spaced mode's launch from idle is shown
+    # the first CUPTI session's reading is kept, and it exceeds bench_gpu_time's own event bracket
+    assert all(x["bgt_cupti_graph_first_ms"] > x["bgt_events_ms"] for x in rows)

@@ -6,13 +6,13 @@ What it measures
     Llama-3.1-8B (32 q / 8 kv heads) and 70B (64 / 8) head layouts, head_dim 128, query length
     128 -> 16k (batch 1, no cached prefix by default), for each backend asked for (fa2; fa3 on sm90).
     Per point: what plan() decided (backend, cta_tile_q, grid, split_kv; fa3 is persistent), the
-    median kernel time (common.timing: CUDA events, cold L2), TFLOP/s from the causal FLOP count and
-    % of this GPU's measured bf16 peak, arithmetic intensity from the minimum bytes (roofline).
-    A torch-profiler trace of a few shapes shows the kernels each run() launched (split-KV merge,
-    the fill kernel of run() without out=). Three shapes are also timed with FlashInfer's own
-    flashinfer.testing.bench_gpu_time. With --ncu, Nsight Compute adds per kernel: occupancy
-    (achieved, theoretical) and its limiter, tensor-pipe activity, DRAM %, top warp stalls, grid,
-    and roofline points from measured DRAM bytes.
+    median kernel time (common.timing: CUPTI kernel time, cold L2), TFLOP/s from the causal FLOP
+    count and % of this GPU's measured bf16 peak, arithmetic intensity from the minimum bytes
+    (roofline). A torch-profiler trace of a few shapes shows the kernels each run() launched
+    (split-KV merge, the fill kernel of run() without out=). Three shapes are also timed with
+    FlashInfer's own flashinfer.testing.bench_gpu_time (as in 03: _fi.cross_check). With --ncu,
+    Nsight Compute adds per kernel: occupancy (achieved, theoretical) and its limiter, tensor-pipe
+    activity, DRAM %, top warp stalls, grid, and roofline points from measured DRAM bytes.
 
 What the plan expected (hypotheses, written for an A100; judged by % of measured peak here)
     * FlashAttention-2 with online softmax, 128-token tiles, "TMA producer + tensor-core consumers";

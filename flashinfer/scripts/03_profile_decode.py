@@ -6,11 +6,12 @@ What it measures
     70B: 64 / 8; head_dim 128, bf16, page size 16), batch 1 -> 256 x KV length 512 -> 32k, for the
     default CUDA-core kernel and for use_tensor_cores=True. Per point: plan() CPU time (second call),
     what plan() decided (split_kv, KV chunk, grid) read from plan_info, the median kernel time
-    (common.timing: CUDA events, cold L2), TB/s from the bytes decode must read and % of this GPU's
+    (common.timing: CUPTI kernel time, cold L2), TB/s from the bytes decode must read and % of this GPU's
     measured copy bandwidth. A torch-profiler trace of a few shapes counts the kernels each run()
     really launched (attention, plus a merge kernel when the KV was split) and is compared with
     plan_info. Three shapes are also timed with FlashInfer's own flashinfer.testing.bench_gpu_time
-    (the ratio is recorded). With --ncu, Nsight Compute adds per-kernel DRAM %, tensor pipe,
+    (like for like: its CUPTI timer against the workbook's at the same L2 flush, plus each tool's default;
+    see _fi.cross_check). With --ncu, Nsight Compute adds per-kernel DRAM %, tensor pipe,
     occupancy and its limiter, top warp stalls, and roofline points from measured DRAM bytes.
 
 What the plan expected (hypotheses, written for an A100; judged by % of measured peak here)

@@ -5,7 +5,7 @@ What it measures
     mini-SGLang's indexing() against torch's F.embedding for the embedding tables of real models
     (hidden 4096 Llama-3.1-8B, 8192 Llama-3.1-70B, 3584 Qwen2.5-7B, 1024 the tiny preset; bf16,
     their real vocab sizes), 1 -> 32,768 tokens, plus the vocab-masked kernel that tensor
-    parallelism uses (TP 2/4/8 shards). Per point: median time (common.timing, CUDA events, cold
+    parallelism uses (TP 2/4/8 shards). Per point: median time (common.timing: CUPTI kernel time, cold
     L2), the bytes the lookup must move (ids + rows read, rows written), TB/s and % of this GPU's
     MEASURED copy bandwidth. How work maps to warps comes from the kernel itself: the template
     parameters in its demangled name (index_kernel<threads, min blocks/SM, PDL, row bytes, warps per
