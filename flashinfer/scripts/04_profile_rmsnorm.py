@@ -196,11 +196,13 @@ def main(argv=None) -> int:
                             f"ncu DRAM bytes: fused {fused:.0f} MB vs add+norm {unfused:.0f} MB -> {saved:.0f}% saved "
                             f"(tokens={key[0]}, hidden={key[1]})",
                             "refuted" if saved < 30 else "confirmed", "ncu_kernels.csv")
-            k_fi = kern[kern["kernel"] == "RMSNormKernel"]
+            k_fi = kern[(kern["kernel"] == "RMSNormKernel") & (kern["variant"] == VARIANTS[0]) &
+                        (kern["hidden"] == HIDDEN[0])]     # the plain kernel, not the norm inside add + norm
             if len(k_fi):
                 r = k_fi.sort_values("tokens").iloc[-1].to_dict()
                 run.observe("RMSNorm is memory-bound: high DRAM %, low SM %",
-                            f"DRAM {r['dram_pct']:.0f}%, SM {r['sm_pct']:.0f}% ({ncu.bound(r)})",
+                            f"DRAM {r['dram_pct']:.0f}%, SM {r['sm_pct']:.0f}% ({ncu.bound(r)}; {VARIANTS[0]}, "
+                            f"{r['tokens']} tokens x hidden {r['hidden']})",
                             "confirmed" if r["dram_pct"] > r["sm_pct"] else "refuted", "ncu_kernels.csv")
 
         # ---- the story
