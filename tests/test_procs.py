@@ -1,0 +1,120 @@
+"""common.procs: children in their own process group, stopped with their whole tree; free ports; pidfiles."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from common import procs
+
+ROOT = Path(__file__).resolve().parents[1]
+# a parent that starts a grandchild in ANOTHER session (as a profiler may), then both sleep
+TREE = textwrap.dedent("""
+    import subprocess, sys, time
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    print("kid", kid.pid, flush=True)
+    time.sleep(120)
+""")
+
+
+def _kid_pid(log: Path, timeout=20) -> int:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for line in log.read_text().splitlines():
+            if line.startswith("kid ") and line.split()[1].isdigit():
+                return int(line.split()[1])
+        time.sleep(0.05)
+    raise AssertionError(f"no kid line in {log.read_text()!r}")
+
+
+def test_free_port_is_chosen_by_the_os_and_differs():
+    ports = {procs.free_port() for _ in range(5)}
+    assert len(ports) >= 4 and all(1024 <= p <= 65535 for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not procs.port_free("127.0.0.1", s.getsockname()[1])
+
+
+def test_group_stops_the_whole_tree_even_a_grandchild_in_another_session(tmp_path):
+    log = tmp_path / "tree.log"
+    with procs.Group([sys.executable, "-c", TREE], log, name="tree") as g:
+        kid = _kid_pid(log)
+        parent = g.pid
+        assert procs.alive(kid) and procs.alive(parent)
+    assert not procs.alive(kid) and not procs.alive(parent)
+    assert g.stop_report["left_over"] == []
+
+
+def test_group_is_stopped_on_an_error_inside_the_block(tmp_path):
+    log = tmp_path / "tree.log"
+    with pytest.raises(ZeroDivisionError):
+        with procs.Group([sys.executable, "-c", TREE], log) as g:
+            kid = _kid_pid(log)
+            1 / 0
+    assert not procs.alive(kid) and g.stop_report["left_over"] == []
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('kid 0', flush=True); time.sleep(120)"
+    g = procs.Group([sys.executable, "-c", code], tmp_path / "x.log", stop_timeout=1.0).start()
+    pid = g.pid
+    _kid_pid(tmp_path / "x.log")
+    t0 = time.time()
+    g.stop()
+    assert not procs.alive(pid) and time.time() - t0 < 15
+
+
+def test_run_tool_timeout_stops_the_group_and_names_the_log(tmp_path):
+    log = tmp_path / "tool.log"
+    with pytest.raises(procs.ProcError, match="did not finish within 2 s"):
+        procs.run_tool([sys.executable, "-c", TREE], log, timeout=2, echo=lambda *a: None)
+    assert not procs.alive(_kid_pid(log))
+    assert procs.run_tool([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "rc.log", echo=lambda *a: None) == 3
+
+
+def test_a_pidfile_left_by_a_killed_run_is_found_and_its_group_stopped(tmp_path):
+    pidfile = tmp_path / "server.pid"
+    # run A starts a server-like child and is then SIGKILLed: its Group never stops the child
+    runner = textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(ROOT)!r})
+        from common import procs
+        g = procs.Group([sys.executable, "-c", {TREE!r}], {str(tmp_path / 'a.log')!r}, pidfile={str(pidfile)!r}).start()
+        print("started", g.pid, flush=True); time.sleep(120)
+    """)
+    a = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True)
+    server = int(a.stdout.readline().split()[1])
+    kid = _kid_pid(tmp_path / "a.log")
+    a.send_signal(signal.SIGKILL)
+    a.wait(10)
+    assert procs.alive(server) and pidfile.exists()              # left behind, as after a SIGKILL
+    said = []
+    stopped = procs.reap_stale(pidfile, echo=said.append)
+    assert server in stopped and not procs.alive(server) and not pidfile.exists()
+    assert "left behind by a killed run" in said[0]
+    procs.stop_tree(kid, term_timeout=2)                          # the other-session grandchild is its own
+
+
+def test_reap_leaves_a_live_owners_group_alone(tmp_path):
+    pidfile = tmp_path / "server.pid"
+    with procs.Group([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "x.log", pidfile=pidfile) as g:
+        rec = pidfile.read_text()
+        assert str(g.pid) in rec and str(os.getpid()) in rec
+        # another run (a different owner pid would be alive): simulate by reaping from a child process
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from common import procs; print(procs.reap_stale({str(pidfile)!r}))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout
+        assert out.strip() == "[]" and g.alive()
+    assert not pidfile.exists()
+
+
+def test_nccl_policy_is_one_place():
+    env, notes = procs.nccl_env({"NCCL_NVLS_ENABLE": "1"})
+    assert env == procs.NCCL_OFF and "NCCL_NVLS_ENABLE=1 overridden to 0" in notes[0]
+    env, notes = procs.nccl_env({"HANDS_ON_ALLOW_NVLS": "1", "NCCL_NVLS_ENABLE": "1"})
+    assert env == {} and "left as they are" in notes[0]
+    assert procs.nccl_env({})[1] == []
