@@ -1,0 +1,85 @@
+"""Hypotheses as data, verdicts judged on intervals.
+
+A script declares its hypotheses near the top, each with the quantity it is judged on, the range
+that confirms it and where that range comes from (the plan's figure)::
+
+    DECODE_BW = Hypothesis(
+        "decode-bw", "decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)",
+        quantity="decode attention TB/s as % of the measured DRAM ceiling", unit="%",
+        low=70, high=90, source="PLAN.md Session 3, 03_profile_decode: '~80% of peak HBM'")
+
+and judges it on repeated measurements::
+
+    run.judge(DECODE_BW, [81.2, 80.4, 82.0], evidence="sweep.csv row b32 kv4096")
+
+Rule (the same everywhere): the interval of the measurement (common.stats.interval: the range of
+3-9 repetitions, a bootstrap 95% interval of more samples) lies inside [low, high] -> confirmed;
+entirely outside -> refuted; across a bound -> inconclusive. Fewer than 3 repetitions -> inconclusive
+(one sample is never judged). A failed premise (the condition the hypothesis depends on did not hold,
+e.g. "the split happened") makes the verdict inconclusive, whatever the number says.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .stats import Interval, interval
+
+VERDICTS = ("confirmed", "refuted", "inconclusive", "not run")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    id: str
+    claim: str                   # the plan's expectation, in words
+    quantity: str                # what is measured to judge it (with its unit)
+    low: float | None = None     # confirmed when the whole interval is >= low ...
+    high: float | None = None    # ... and <= high (None: no bound on that side)
+    source: str = ""             # where the range comes from (plan section, figure, reasoning)
+    unit: str = ""
+
+    def range_text(self) -> str:
+        u = self.unit
+        if self.low is not None and self.high is not None:
+            return f"[{self.low:g}, {self.high:g}]{u}"
+        if self.low is not None:
+            return f">= {self.low:g}{u}"
+        if self.high is not None:
+            return f"<= {self.high:g}{u}"
+        return "(no range)"
+
+    def expected(self) -> str:
+        src = f"; source: {self.source}" if self.source else ""
+        return f"{self.claim} — judged on {self.quantity}, confirmed in {self.range_text()}{src}"
+
+
+def verdict_for(h: Hypothesis, iv: Interval, premise: bool = True) -> str:
+    """confirmed / refuted / inconclusive for interval ``iv`` against the range of ``h``."""
+    if not premise or not iv.enough or math.isnan(iv.lo) or math.isnan(iv.hi):
+        return "inconclusive"
+    lo = -math.inf if h.low is None else h.low
+    hi = math.inf if h.high is None else h.high
+    if iv.lo >= lo and iv.hi <= hi:
+        return "confirmed"
+    if iv.hi < lo or iv.lo > hi:
+        return "refuted"
+    return "inconclusive"
+
+
+def judge(h: Hypothesis, values, *, premise: bool | str = True, stat: str = "median",
+          digits: int = 3, detail: str = "") -> dict:
+    """The observation record for hypothesis ``h`` measured as ``values`` (repetitions or samples,
+    or an Interval already computed). ``premise``: True, or a string saying which premise failed."""
+    iv = values if isinstance(values, Interval) else interval(values, stat=stat)
+    ok = premise is True
+    v = verdict_for(h, iv, premise=ok)
+    why = ""
+    if not ok:
+        why = f"; premise failed: {premise if isinstance(premise, str) else 'see evidence'}"
+    elif not iv.enough:
+        why = f"; {iv.n} sample(s): at least 3 repetitions are needed to judge"
+    elif v == "inconclusive":
+        why = f"; the interval straddles {h.range_text()}"
+    observed = f"{h.quantity}: {iv.fmt(digits, h.unit)}" + (f"; {detail}" if detail else "") + why
+    return {"hypothesis": h.id, "expected": h.expected(), "observed": observed, "verdict": v,
+            "interval": iv.to_dict(), "range": [h.low, h.high], "source": h.source}

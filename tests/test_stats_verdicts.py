@@ -1,0 +1,65 @@
+"""common.stats and common.verdicts: one percentile function, intervals, verdicts judged on intervals."""
+import math
+
+import pytest
+
+from common import stats, verdicts
+from common.verdicts import Hypothesis
+
+H = Hypothesis("decode-bw", "decode streams the KV near the DRAM ceiling", "decode TB/s as % of the DRAM ceiling",
+               low=70, high=90, source="PLAN.md: ~80% of peak HBM", unit="%")
+
+
+def test_percentiles_match_numpy_linear():
+    np = pytest.importorskip("numpy")
+    v = [3.0, 1.0, 7.5, 2.2, 9.1, 4.4, 0.5]
+    p = stats.percentiles(v, qs=(10, 50, 90, 99))
+    for q in (10, 50, 90, 99):
+        assert p[f"p{q}"] == pytest.approx(float(np.percentile(v, q)))
+    assert math.isnan(stats.percentiles([])["p50"]) and stats.percentiles([None, 2.0])["p50"] == 2.0
+
+
+def test_intervals():
+    assert stats.interval([1.0]).method == "single" and not stats.interval([1.0]).enough
+    iv = stats.interval([1.02, 0.98, 1.01])
+    assert (iv.point, iv.lo, iv.hi, iv.n, iv.method) == (1.01, 0.98, 1.02, 3, "range") and iv.enough
+    big = stats.interval([100 + (i % 7) for i in range(100)])
+    assert big.method == "bootstrap95" and big.lo <= big.point <= big.hi and big.hi - big.lo < 6
+    assert stats.interval([100 + (i % 7) for i in range(100)]) == big               # seeded: reproducible
+    r = stats.ratio_interval(stats.interval([2.0, 2.2, 2.1]), stats.interval([1.0, 1.1, 1.05]))
+    assert r.lo == pytest.approx(2.0 / 1.1) and r.hi == pytest.approx(2.2 / 1.0)
+
+
+@pytest.mark.parametrize("values,verdict", [
+    ([80, 81, 79.5], "confirmed"),          # inside [70, 90]
+    ([95, 96, 97], "refuted"),               # entirely above
+    ([60, 61, 62], "refuted"),               # entirely below
+    ([88, 91, 89], "inconclusive"),          # straddles 90
+    ([80], "inconclusive"),                  # one sample is never judged
+    ([80, 81], "inconclusive"),              # fewer than 3 repetitions
+])
+def test_verdict_rule(values, verdict):
+    assert verdicts.judge(H, values)["verdict"] == verdict
+
+
+def test_a_failed_premise_is_inconclusive_whatever_the_number():
+    rec = verdicts.judge(H, [80, 81, 80], premise="the kernel split the KV in 1 chunk, the plan assumed 8")
+    assert rec["verdict"] == "inconclusive" and "premise failed: the kernel split" in rec["observed"]
+
+
+def test_the_record_names_threshold_source_and_interval():
+    rec = verdicts.judge(H, [88, 91, 89])
+    assert "[70, 90]%" in rec["expected"] and "PLAN.md" in rec["expected"]
+    assert rec["interval"]["lo"] == 88 and rec["interval"]["hi"] == 91 and "straddles" in rec["observed"]
+    one_sided = Hypothesis("x", "fast", "speed-up", low=1.05)
+    assert verdicts.judge(one_sided, [1.2, 1.3, 1.25])["verdict"] == "confirmed"
+    assert verdicts.judge(one_sided, [1.0, 1.02, 1.01])["verdict"] == "refuted"
+
+
+def test_the_guard_fails_when_the_rule_is_broken(monkeypatch):
+    """Proof that the straddle test can fail: judging on the point value alone would confirm [88, 91]."""
+    broken = lambda h, iv, premise=True: "confirmed" if h.low <= iv.point <= h.high else "refuted"  # noqa: E731
+    monkeypatch.setattr(verdicts, "verdict_for", broken)
+    assert verdicts.judge(H, [88, 91, 89])["verdict"] == "confirmed"          # what a point-only rule says
+    monkeypatch.undo()
+    assert verdicts.judge(H, [88, 91, 89])["verdict"] == "inconclusive"
