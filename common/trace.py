@@ -3,7 +3,11 @@
     ev = read_chrome_trace("trace.json.gz")       # kind, name, ts_us, dur_us, end_us, stream, ...
     k = kernels(ev)                               # GPU kernels only, in time order
     kernel_summary(k)                             # per kernel name: count, total, mean, share
-    steps = annotate(ev, r"step\\[")              # each range (e.g. a scheduler step) with its kernels
+    j = kernels_in_ranges(ev, r"^step\\[")       # every kernel launched inside each matching range
+    range_summary(j)                              # one row per range: GPU span, kernels, top 3
+    capture_calls(torch, [("decode b=32", fn)], "trace.json")   # labelled calls under torch.profiler
+    assign_layers(list(step_kernels["kernel"]))   # layer index of each kernel of a forward (graphs too)
+    kernel_class(name)                            # gemm / attention / norm / rope / kv_store / ...
     gaps(k, min_us=20)                            # where the GPU sat idle between kernels
     s = read_nsys_csv("report_cuda_gpu_kern_sum.csv")   # nsys summary tables, or a trace table
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from pathlib import Path
 
@@ -29,7 +34,12 @@ _KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cp
          "cuda_runtime": "runtime", "cuda_driver": "runtime", "python_function": "python",
          "user_annotation": "user_annotation", "gpu_user_annotation": "gpu_annotation"}
 COLUMNS = ["kind", "name", "short", "ts_us", "dur_us", "end_us", "t_us", "pid", "tid", "stream",
-           "correlation", "external_id", "device"]
+           "correlation", "external_id", "device", "grid", "block"]
+
+
+def _dims(v) -> str | None:
+    """[64, 1, 1] -> '64x1x1' (grid/block of a kernel event); None when absent."""
+    return "x".join(str(int(x)) for x in v) if isinstance(v, (list, tuple)) else None
 
 
 def _load(path):
@@ -63,7 +73,8 @@ def read_chrome_trace(path, require_gpu: bool = True):
         rows.append({"kind": kind, "name": e.get("name", ""), "ts_us": ts, "dur_us": dur,
                      "end_us": ts + dur, "pid": e.get("pid"), "tid": e.get("tid"),
                      "stream": a.get("stream"), "correlation": a.get("correlation"),
-                     "external_id": a.get("External id"), "device": a.get("device")})
+                     "external_id": a.get("External id"), "device": a.get("device"),
+                     "grid": _dims(a.get("grid")), "block": _dims(a.get("block"))})
     if not rows:
         raise TraceError(f"{path}: the trace holds no timed events")
     df = pd.DataFrame(rows)
@@ -121,32 +132,208 @@ def busy_fraction(k, start_us: float | None = None, end_us: float | None = None)
     return busy / (end - start) if end > start else 0.0
 
 
-def annotate(ev, pattern: str, gpu_side: bool = True):
-    """Each user range whose name matches ``pattern`` with the kernels inside it.
+# ------------------------------------------------------------------ ranges -> kernels (the one join)
 
-    With ``gpu_side`` the GPU's view of the range is used (kernels between its first and last
-    kernel); otherwise kernels are matched by their launch falling inside the CPU range.
-    Returns a DataFrame: name, start_us, dur_us, kernels, kernel_us, top (top 3 kernels).
+JOIN_COLUMNS = ["range", "label", "call", "range_index", "range_ts_us", "range_end_us", "order", "gpu_kind",
+                "kernel", "full_name", "ts_us", "dur_us", "end_us", "stream", "correlation", "grid", "block"]
+_CALL = re.compile(r"^(?P<label>.*?)\s*#(?P<call>\d+)$")
+
+
+def split_label(name: str) -> tuple[str, int]:
+    """'decode cuda b=32 kv=4096 #2' -> ('decode cuda b=32 kv=4096', 2); no '#n' suffix -> (name, 0)."""
+    m = _CALL.match(name)
+    return (m.group("label"), int(m.group("call"))) if m else (name, 0)
+
+
+def kernels_in_ranges(ev, pattern: str, kinds=("user_annotation",), gpu_kinds=("kernel", "memcpy", "memset"),
+                      empty_rows: bool = True):
+    """Every GPU event launched inside each CPU range whose name matches ``pattern``.
+
+    The join: a GPU event belongs to a range when the runtime call that launched it (the event with
+    the same correlation id: cudaLaunchKernel, cudaMemcpyAsync, cudaGraphLaunch...) started inside
+    the range, in the same process and on the same thread. A CUDA-graph replay lends the correlation
+    id of its cudaGraphLaunch to every kernel inside it, so graph kernels join like any other launch.
+    Works for torch-profiler traces (read_chrome_trace) and for any event table with the same columns
+    (kind, name, ts_us, end_us, pid, tid, correlation).
+
+    ``kinds``: which CPU events count as ranges (user_annotation: record_function / NVTX mirrored by
+    common.ranges; add "cpu_op" for aten ops). Returns one row per (range, GPU event) with
+    JOIN_COLUMNS: range (its name), label and call ('label #call'), range_index (n-th range of that
+    name), range start/end, order (launch order inside the range, by GPU start), gpu_kind, kernel (short
+    name; the op name for copies), full_name, ts_us/dur_us/end_us (GPU side), stream, correlation, grid,
+    block. A range that launched nothing gives one row with gpu_kind None (``empty_rows``).
+    Raises TraceError when no range matches.
     """
     import pandas as pd
-    kind = "gpu_annotation" if gpu_side and (ev["kind"] == "gpu_annotation").any() else "user_annotation"
     rx = re.compile(pattern)
-    rng = ev[(ev["kind"] == kind) & ev["name"].str.contains(rx)]
-    k = kernels(ev)
-    if kind == "user_annotation":
-        launches = ev[ev["kind"] == "runtime"][["ts_us", "correlation"]]
-        k = k.merge(launches.rename(columns={"ts_us": "launch_us"}), on="correlation", how="left")
-        key = "launch_us"
-    else:
-        key = "ts_us"
-    rows = []
+    rng = ev[ev["kind"].isin(kinds) & ev["name"].str.contains(rx)].sort_values("ts_us", kind="stable")
+    if rng.empty:
+        raise TraceError(f"no range in the trace matches {pattern!r}: were the calls wrapped in "
+                         "record_function / common.ranges.nvtx_range while the profiler ran?")
+    rt = ev[(ev["kind"] == "runtime") & ev["correlation"].notna()][["ts_us", "pid", "tid", "correlation"]]
+    rt = rt.drop_duplicates("correlation").rename(columns={"ts_us": "launch_us", "pid": "launch_pid",
+                                                          "tid": "launch_tid"})
+    cols = ["kind", "short", "name", "ts_us", "dur_us", "end_us", "stream", "correlation", "grid", "block"]
+    k = ev[ev["kind"].isin(gpu_kinds) & ev["correlation"].notna()][cols].merge(rt, on="correlation", how="inner")
+    k = k.sort_values("ts_us", kind="stable")
+    rows, seen = [], {}
     for r in rng.itertuples():
-        inside = k[(k[key] >= r.ts_us) & (k[key] < r.end_us)]
-        top = inside.groupby("short")["dur_us"].sum().sort_values(ascending=False).head(3)
-        rows.append({"name": r.name, "start_us": r.ts_us, "dur_us": r.dur_us, "kernels": len(inside),
-                     "kernel_us": float(inside["dur_us"].sum()),
+        label, call = split_label(r.name)
+        idx = seen.get(r.name, 0)
+        seen[r.name] = idx + 1
+        inside = k[(k["launch_us"] >= r.ts_us) & (k["launch_us"] <= r.end_us) & (k["launch_tid"] == r.tid)
+                   & (k["launch_pid"] == r.pid)]
+        base = {"range": r.name, "label": label, "call": call, "range_index": idx, "range_ts_us": r.ts_us,
+                "range_end_us": r.end_us}
+        if inside.empty and empty_rows:
+            rows.append({**base, "order": None, "gpu_kind": None, "kernel": None, "full_name": None,
+                         "ts_us": math.nan, "dur_us": 0.0, "end_us": math.nan})
+        for n, g in enumerate(inside.itertuples()):
+            rows.append({**base, "order": n, "gpu_kind": g.kind, "kernel": g.short, "full_name": g.name,
+                         "ts_us": g.ts_us, "dur_us": g.dur_us, "end_us": g.end_us, "stream": g.stream,
+                         "correlation": g.correlation, "grid": g.grid, "block": g.block})
+    return pd.DataFrame(rows, columns=JOIN_COLUMNS)
+
+
+def range_summary(joined, by: str = "range_index"):
+    """One row per range of a kernels_in_ranges() table: name, start, GPU span (first kernel start to
+    last kernel end), kernels, kernel_us (sum of kernel durations), busy_pct, top (top 3 kernels)."""
+    import pandas as pd
+    rows = []
+    for (name, i), g in joined.groupby(["range", by], sort=False):
+        kk = g[g["gpu_kind"] == "kernel"]
+        span = float(kk["end_us"].max() - kk["ts_us"].min()) if len(kk) else 0.0
+        top = kk.groupby("kernel")["dur_us"].sum().sort_values(ascending=False).head(3)
+        rows.append({"range": name, by: i, "start_us": float(g["range_ts_us"].iloc[0]),
+                     "cpu_us": float(g["range_end_us"].iloc[0] - g["range_ts_us"].iloc[0]),
+                     "gpu_start_us": float(kk["ts_us"].min()) if len(kk) else math.nan, "gpu_span_us": span,
+                     "kernels": int(len(kk)), "kernel_us": float(kk["dur_us"].sum()),
+                     "busy_pct": 100 * float(kk["dur_us"].sum()) / span if span else math.nan,
                      "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
-    return pd.DataFrame(rows, columns=["name", "start_us", "dur_us", "kernels", "kernel_us", "top"])
+    return pd.DataFrame(rows)
+
+
+def capture_calls(torch, calls, path, reps: int = 3, warm: bool = True) -> Path:
+    """Run each (label, fn) ``reps`` times under torch.profiler (CPU + CUDA activities), each call inside
+    a range "label #i" (NVTX too, via common.ranges), and write the Chrome trace to ``path``. Read it
+    back with read_chrome_trace and kernels_in_ranges(ev, "^label"). ``warm`` calls each fn once first,
+    outside the trace (lazy buffers, JIT loads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .ranges import nvtx_range
+    if warm:
+        for _label, fn in calls:
+            fn()
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for label, fn in calls:
+            for i in range(reps):
+                with nvtx_range(f"{label} #{i}"):
+                    fn()
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+    return Path(path)
+
+
+def kernel_period(names: list, min_period: int = 3, max_period: int = 80, min_repeats: int = 3,
+                  anchor: str | None = None):
+    """The repeating unit of a kernel sequence (e.g. the kernels of one transformer layer).
+
+    Returns (period, block, start) for the period whose repetition covers the longest stretch
+    (``names[i] == names[i + period]``), or (None, [], None) when nothing repeats ``min_repeats``
+    times. Shorter periods win ties, so a layer is not reported as two layers. ``anchor`` (a regex)
+    rotates the block to begin at a matching kernel: the one from which the block reaches an
+    attention or RoPE kernel soonest (a layer begins with the norm before the QKV projection, not
+    the norm before the MLP). Inside a CUDA graph there are no per-layer ranges: this is how a
+    step's kernels are assigned to layers.
+    """
+    best = (0, None, None)
+    n = len(names)
+    for p in range(min_period, min(max_period, n // 2) + 1):
+        run = start = 0
+        best_run, best_start = 0, 0
+        for i in range(n - p):
+            if names[i] == names[i + p]:
+                if run == 0:
+                    start = i
+                run += 1
+                if run > best_run:
+                    best_run, best_start = run, start
+            else:
+                run = 0
+        if best_run + p >= min_repeats * p and best_run > best[0]:
+            best = (best_run, p, best_start)
+    if best[1] is None:
+        return None, [], None
+    _, p, s = best
+    block = names[s:s + p]
+    if anchor:
+        hits = [i for i, nm in enumerate(block) if re.search(anchor, nm)]
+        if hits:
+            def reach(i):   # kernels from position i to the first attention / rope kernel of the block
+                rot = block[i:] + block[:i]
+                return next((k for k, nm in enumerate(rot) if kernel_class(nm) in ("attention", "rope")), p)
+            hit = min(hits, key=reach)
+            s += hit
+            block = names[s:s + p] if s + p <= len(names) else block[hit:] + block[:hit]
+    return p, block, s
+
+
+def _same_layer(window: list, block: list) -> bool:
+    """A window of kernels is one more copy of the layer block: the same names, except at most one
+    kernel of the same class (layer 0 starts with a plain RMSNorm where the others fuse the residual add)."""
+    diff = [(a, b) for a, b in zip(window, block) if a != b]
+    return len(window) == len(block) and (not diff or (len(diff) == 1 and kernel_class(diff[0][0]) ==
+                                                       kernel_class(diff[0][1]) != "other"))
+
+
+def assign_layers(names: list, anchor: str | None = "Norm", layers: int | None = None) -> list:
+    """Layer index of each kernel of one forward step (None before the first and after the last layer:
+    input preparation, embedding, final norm, logits, sampling), from the repeating unit found by
+    :func:`kernel_period`. With ``layers`` (the model's layer count) the result is checked: another
+    number of repeats is a TraceError (the step is not one whole forward)."""
+    p, block, s = kernel_period(names, anchor=anchor)
+    if p is None:
+        raise TraceError("no repeating layer pattern in the step's kernels")
+    while s - p >= 0 and _same_layer(names[s - p:s], block):      # walk back over layers that differ by a kernel
+        s -= p
+    out = [None] * len(names)
+    i, layer = s, 0
+    while i + p <= len(names) and _same_layer(names[i:i + p], block):
+        for j in range(i, i + p):
+            out[j] = layer
+        i, layer = i + p, layer + 1
+    if layers is not None and layer != layers:
+        raise TraceError(f"found {layer} repeats of a {p}-kernel layer, the model has {layers} layers")
+    return out
+
+
+# ------------------------------------------------------------------ kernel classes
+
+_CLASSES = [  # first match wins; case-insensitive; names as seen in SGLang, mini-SGLang and FlashInfer traces
+    ("allreduce", r"allreduce|all_reduce|cross_device_reduce|one_?shot|two_?shot|nccl|custom_ar|AllGather|all_gather"),
+    ("attention", r"PrefillWithKVCache|BatchPrefillWith|BatchDecodeWith|MergeState|VariableLengthMergeStates|"
+                  r"^_fwd_kernel|^_fwd_grouped_kernel|flash_fwd|flash_attn|fmha|attention"),
+    ("gemm", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas|matmul|sm90_xmma"),
+    ("norm", r"RMSNorm|LayerNorm|rms_norm|layer_norm"),
+    ("rope", r"rope|rotary"),
+    ("activation", r"act_and_mul|silu|gelu"),
+    ("kv_store", r"store_kvcache|StoreKVCache|store_cache|set_kv|store_kv"),
+    ("index", r"kv_indices|req_to_token|compute_position|DeviceScan|index_kernel"),
+    ("sampling", r"sampling|sampler|softmax|argmax|topk|top_k|top_p|gumbel"),
+    ("memory", r"memcpy|memset|CatArray|copy|indexSelect|gather|scatter"),
+    ("elementwise", r"elementwise|multi_tensor_apply|reduce_kernel|fill"),
+]
+_CLASS_RX = [(c, re.compile(rx, re.I)) for c, rx in _CLASSES]
+KERNEL_CLASSES = tuple(c for c, _ in _CLASSES) + ("other",)
+
+
+def kernel_class(name: str) -> str:
+    """A coarse class for a kernel name (short or full): gemm, attention, norm, rope, ..., other."""
+    for cls, rx in _CLASS_RX:
+        if rx.search(name or ""):
+            return cls
+    return "other"
 
 
 # ------------------------------------------------------------------ Nsight Systems
@@ -190,6 +377,10 @@ def read_nsys_csv(path):
         ev["t_us"] = ev["ts_us"] - ev["ts_us"].min()
         for c in ("pid", "tid", "external_id"):
             ev[c] = None
+        dims = lambda a, b, c: [f"{int(x)}x{int(y)}x{int(z)}" if x == x else None  # noqa: E731
+                                for x, y, z in zip(df.get(a, []), df.get(b, []), df.get(c, []))] or None
+        ev["grid"] = dims("grid_x", "grid_y", "grid_z")
+        ev["block"] = dims("block_x", "block_y", "block_z")
         ev["stream"] = df.get("stream")
         ev["correlation"] = df.get("correlation")
         ev["device"] = df.get("device")

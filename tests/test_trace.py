@@ -26,14 +26,6 @@ def test_gaps_are_idle_time_between_kernels(fixture_path):
     assert g["gap_us"].sum() == pytest.approx(span - busy, rel=1e-6)
 
 
-def test_annotate_joins_ranges_and_kernels(fixture_path):
-    ev = trace.read_chrome_trace(fixture_path(TRACE))
-    runs = ev[ev["kind"] == "cpu_op"]
-    assert len(runs)                                                    # CPU ops were recorded
-    # the fixture has no user ranges: annotate finds none rather than inventing them
-    assert trace.annotate(ev, r"step\[").empty
-
-
 def test_empty_trace_fails_loudly(fixture_path):
     with pytest.raises(trace.TraceError, match="no timed events"):
         trace.read_chrome_trace(fixture_path("bad_torch_trace_empty.json"))
@@ -64,3 +56,84 @@ def test_nsys_not_a_csv(tmp_path):
     p.write_text("Processing [report.sqlite] with [cuda_gpu_kern_sum.py]...\nSKIPPED: does not contain CUDA kernel data.\n")
     with pytest.raises(trace.TraceError):
         trace.read_nsys_csv(p)
+
+
+# ------------------------------------------------------------------ the one range -> kernel join
+SGL_GRAPH = "torch_trace_sglang_extend_step_h200_cut160.json"   # SGLang step kernels incl. CUDA-graph replays
+SGL_STEP = "torch_trace_sglang_extend_step_h200_cut.json"        # one SGLang EXTEND step with its copies
+SGL_SERVER = "sglang_server_trace_llama8b_h200_cut.json"
+
+
+def test_join_on_aten_ops_keeps_copies_and_launch_geometry(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(TRACE))
+    j = trace.kernels_in_ranges(ev, r"^aten::mm$", kinds=("cpu_op",))
+    assert j["range_index"].tolist() == [0, 0, 1, 1, 2, 2]
+    for i in range(3):
+        mine = j[j["range_index"] == i]
+        assert mine["gpu_kind"].tolist() == ["memset", "kernel"] and mine["order"].tolist() == [0, 1]
+        k = mine.iloc[1]
+        assert k["kernel"].startswith("nvjet_sm90") and k["grid"] == "2x66x1" and k["block"] == "384x1x1"
+    # FlashInfer kernels are launched outside any aten::mm: they join no aten::mm range
+    assert not j["full_name"].fillna("").str.contains("RMSNorm").any()
+
+
+def test_join_follows_cuda_graph_replays_and_finds_the_layers(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(SGL_GRAPH))
+    j = trace.kernels_in_ranges(ev, r"^step\[")
+    names = j[j["gpu_kind"] == "kernel"]["kernel"].tolist()
+    assert len(names) == 165 and names.count("FusedAddRMSNormKernel") >= 10
+    period, block, _ = trace.kernel_period(names, anchor="RMSNorm")
+    assert period == 18 and block[0] == "FusedAddRMSNormKernel"
+    assert block.count("store_kvcache") == 1 and block.count("BatchPrefillWithPagedKVCacheKernel") == 1
+    layers = trace.assign_layers(names, anchor="RMSNorm")
+    assert max(l for l in layers if l is not None) >= 5 and layers.count(0) == 18
+    with pytest.raises(trace.TraceError, match="layers"):
+        trace.assign_layers(names, anchor="RMSNorm", layers=32)      # a cut trace is not a whole forward
+
+
+def test_join_on_a_real_sglang_step_counts_what_the_step_launched(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(SGL_STEP))
+    j = trace.kernels_in_ranges(ev, r"^step\[")
+    assert set(j["label"]) == {"step[EXTEND bs=1 toks=11]"} and (j["call"] == 0).all()
+    kern = j[j["gpu_kind"] == "kernel"]
+    assert len(kern) == len(trace.kernels(ev)) - 3          # 3 kernels were launched before the range began
+    assert (j["gpu_kind"] == "memcpy").sum() == 12
+    s = trace.range_summary(j).iloc[0]
+    assert s["kernels"] == len(kern) and 0 < s["busy_pct"] <= 100 and s["gpu_span_us"] > s["kernel_us"] * 0.5
+    classes = {trace.kernel_class(n) for n in kern["kernel"]}
+    assert {"gemm", "attention", "norm", "rope", "activation", "kv_store"} <= classes
+
+
+def test_join_without_a_matching_range_fails_loudly(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(TRACE))
+    with pytest.raises(trace.TraceError, match="no range"):
+        trace.kernels_in_ranges(ev, r"^decode ")
+
+
+def test_join_needs_the_same_thread(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(TRACE)).copy()
+    runtime = ev["kind"] == "runtime"
+    ev.loc[runtime, "tid"] = -1                                 # launches on another thread join nothing
+    j = trace.kernels_in_ranges(ev, r"^aten::mm$", kinds=("cpu_op",))
+    assert j["gpu_kind"].isna().all() and len(j) == 3
+
+
+def test_split_label():
+    assert trace.split_label("decode cuda b=32 kv=4096 #2") == ("decode cuda b=32 kv=4096", 2)
+    assert trace.split_label("step[EXTEND bs=1 toks=11]") == ("step[EXTEND bs=1 toks=11]", 0)
+
+
+def test_kernel_classes_on_real_names(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path(SGL_SERVER))
+    got = {s: trace.kernel_class(s) for s in set(trace.kernels(ev)["short"])}
+    expect = {"nvjet_sm90_tst_128x16_64x11_2x1_v_bz_TNT": "gemm", "splitKreduce_kernel": "gemm",
+              "PrefillWithKVCacheKernel": "attention", "BatchPrefillWithPagedKVCacheKernel": "attention",
+              "MergeStateKernel": "attention", "PersistentVariableLengthMergeStatesKernel": "attention",
+              "FusedAddRMSNormKernel": "norm", "fused_rope_kernel": "rope", "act_and_mul_kernel": "activation",
+              "store_kvcache": "kv_store"}
+    for k, c in expect.items():
+        assert got.get(k) == c, (k, got.get(k))
+    assert "other" not in got.values(), got
+    assert trace.kernel_class("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "allreduce"
+    assert trace.kernel_class("_fwd_grouped_kernel_stage1") == "attention"
+    assert trace.kernel_class("somethingUnknown") == "other"
