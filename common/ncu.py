@@ -28,11 +28,11 @@ import math
 import os
 import re
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import SetupError
+from .procs import Group, ProcError
 
 
 class NcuError(RuntimeError):
@@ -200,23 +200,36 @@ def profile(app: list[str], out_dir: str | Path, *, name: str = "ncu", timeout: 
     cmd = build_cmd(app, log_file=log_path, **kw)
     echo(f"ncu: {shlex.join(cmd)[:400]}")
     app_out = out_dir / f"{name}_app_stdout.txt"
-    with open(app_out, "w") as f:
+    app_out.unlink(missing_ok=True)
+    # ncu and the application it starts run in their own process group: a timeout, an error or Ctrl-C
+    # stops both (killing ncu alone would leave the profiled application running)
+    with Group(cmd, app_out, env={**os.environ, **(env or {})}, name="ncu", echo=echo) as g:
         try:
-            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                               env={**os.environ, **(env or {})})
-        except subprocess.TimeoutExpired:
-            raise NcuError(f"ncu did not finish within {timeout:.0f} s; see {app_out}") from None
+            rc = g.wait(timeout)
+        except ProcError:
+            raise NcuError(f"ncu did not finish within {timeout:.0f} s (ncu and the profiled application were "
+                           f"stopped); see {app_out}") from None
+    df = read_log(log_path, csv_path, extra_log=app_out, what=f"kernel regex {kw.get('kernel')!r}, rc={rc}")
+    return NcuResult(cmd, csv_path, log_path, df, rc)
+
+
+def read_log(log_path, csv_path=None, *, extra_log=None, what: str = ""):
+    """The one reader of an ncu ``--log-file``: permission errors become SetupError, a log without a
+    kernel row NcuError (with its last lines), otherwise the CSV lines are kept (written to
+    ``csv_path`` when given) and parsed with :func:`read_raw`. Used by :func:`profile` and by scripts
+    that run ncu around a server (the server exits, then its log is read)."""
+    log_path = Path(log_path)
     text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    both = text + "\n" + app_out.read_text(errors="replace")
+    both = text + ("\n" + Path(extra_log).read_text(errors="replace") if extra_log and Path(extra_log).exists() else "")
     if "ERR_NVGPUCTRPERM" in both:
         raise SetupError(PERM_HINT)
     csv_text = extract_csv(text)
     if not csv_text.strip():
         tail = "\n".join(both.strip().splitlines()[-6:])
-        raise NcuError(f"ncu profiled no kernel (rc={p.returncode}; kernel regex {kw.get('kernel')!r}). "
-                       f"Last lines:\n{tail}")
-    csv_path.write_text(csv_text)
-    return NcuResult(cmd, csv_path, log_path, read_raw(csv_text), p.returncode)
+        raise NcuError(f"ncu profiled no kernel ({what or log_path.name}). Last lines of {log_path.name}:\n{tail}")
+    if csv_path is not None:
+        Path(csv_path).write_text(csv_text)
+    return read_raw(csv_text)
 
 
 def extract_csv(text: str) -> str:
@@ -400,6 +413,9 @@ def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
     """
     import pandas as pd
     units = df.attrs.get("units", {})
+    if "gpu__time_duration.sum" not in df.columns:
+        raise NcuParseError("the ncu CSV has no gpu__time_duration.sum column, so no kernel time: collect it "
+                            "(--metrics gpu__time_duration.sum, or a section set such as SpeedOfLight/full)")
     time_us = _col(df, "gpu__time_duration.sum", units, _TIME_US)
     rd = _col(df, "dram__bytes_read.sum", units, _BYTES)
     wr = _col(df, "dram__bytes_write.sum", units, _BYTES)
@@ -447,20 +463,86 @@ def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
         for r, v in vals.items():
             out.loc[i, f"stall_{r}_pct"] = 100 * v / tot
     out["top_stalls"] = tops
+    out.attrs["missing_metrics"] = [m for m in KEY_METRICS if m not in df.columns]
     return out
 
 
+# the metrics a summary row cannot do without (their absence is named, never shown as NaN silently)
+KEY_METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed")
+
+
+# What each warp-stall reason means (NVIDIA Nsight Compute Kernel Profiling Guide, "Warp Stall
+# Reasons"), in the workbook's words. Read a stall with this table, not from its name alone: `wait`
+# is a FIXED-latency dependency (e.g. the result of an arithmetic or MMA instruction), not a
+# producer/consumer hand-off (that shows as `barrier`, or as `long_scoreboard` on a flag in memory).
+STALL_MEANING = {
+    "long_scoreboard": "waiting for an L1TEX result: a global/local memory load (DRAM or L2 latency)",
+    "short_scoreboard": "waiting for an MIO result: shared memory or a special-function (MUFU) op",
+    "wait": "a fixed-latency dependency: the next instruction needs the result of a fixed-latency one "
+            "(arithmetic, tensor MMA issue), or an explicit wait/delay",
+    "barrier": "waiting at a CTA barrier (__syncthreads / named barrier) for sibling warps",
+    "membar": "waiting on a memory barrier (fence)",
+    "math_pipe_throttle": "the execution pipe it needs (FMA, tensor, ...) is busy",
+    "mio_throttle": "the MIO queue (shared memory, special math, some branches) is full",
+    "lg_throttle": "the local/global load-store queue is full (many memory instructions in flight)",
+    "tex_throttle": "the texture/L1TEX queue is full",
+    "drain": "waiting for memory stores to drain at the end of the warp",
+    "dispatch_stall": "the dispatcher could not issue the selected instruction",
+    "branch_resolving": "waiting for a branch target to be computed",
+    "no_instruction": "no instruction fetched yet (instruction cache miss, or after a branch)",
+    "imc_miss": "waiting on an immediate-constant cache miss",
+    "sleeping": "the warp is sleeping (nanosleep, yield)",
+    "gmma": "waiting on a Hopper warpgroup MMA (wgmma) to be issued or finish",
+    "not_selected": "eligible, but another warp was picked (enough parallelism: not a problem)",
+    "misc": "other reasons",
+}
+MEMORY_STALLS = ("long_scoreboard", "lg_throttle", "drain", "tex_throttle", "imc_miss")
+
+
+def top_stall(row) -> str:
+    """Name of the largest stall reason of a summarize() row ('' when none recorded)."""
+    t = str(row.get("top_stalls") or "")
+    return t.split(",")[0].strip().split(" ")[0] if t else ""
+
+
 def bound(row) -> str:
-    """A one-word reading of a summary row: memory-bound, compute-bound, latency-bound."""
-    dram, sm, tc = row.get("dram_pct"), row.get("sm_pct"), row.get("tensor_pct")
-    vals = [v for v in (dram, sm) if v is not None and not math.isnan(v)]
+    """What limits a kernel, from a summarize() row: memory-bound, memory-latency-bound,
+    compute-bound, compute-bound (tensor cores) or latency-bound.
+
+    ncu's SM % is the highest of several SM sub-throughputs, including the issue of load/store
+    instructions, so SM % above DRAM % alone does not make a kernel compute-bound: when the top
+    warp stall is a memory stall (long_scoreboard, lg_throttle...) the kernel is waiting on memory
+    (memory-latency-bound); compute-bound needs the math pipes busy (tensor pipe > 50%, or SM % above
+    DRAM % with a non-memory top stall).
+    """
+    def num(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+    dram, sm, tc = num(row.get("dram_pct")), num(row.get("sm_pct")), num(row.get("tensor_pct"))
+    vals = [v for v in (dram, sm) if v is not None]
     if not vals:
         return "n/a"
+    if tc is not None and tc > 50:
+        return "compute-bound (tensor cores)"
     if max(vals) < 40:
-        return "latency-bound (<40% of both DRAM and SM peaks)"
-    if dram is not None and not math.isnan(dram) and dram >= (sm or 0):
+        return "latency-bound"
+    if dram is not None and dram >= (sm or 0):
         return "memory-bound"
-    return "compute-bound" + (" (tensor cores)" if tc and not math.isnan(tc) and tc > 30 else "")
+    if top_stall(row) in MEMORY_STALLS:
+        return "memory-latency-bound"
+    return "compute-bound" + (" (tensor cores)" if tc is not None and tc > 30 else "")
+
+
+def bound_why(row) -> str:
+    """One sentence giving the numbers behind :func:`bound` (DRAM, SM, tensor %, top stall and its meaning)."""
+    st = top_stall(row)
+    parts = [f"DRAM {row.get('dram_pct', math.nan):.0f}%", f"SM {row.get('sm_pct', math.nan):.0f}%"]
+    if row.get("tensor_pct") is not None and not math.isnan(row.get("tensor_pct")):
+        parts.append(f"tensor {row['tensor_pct']:.0f}%")
+    why = f"{bound(row)}: " + ", ".join(parts)
+    if st:
+        why += f"; top stall {st} ({STALL_MEANING.get(st, '?')})"
+    return why
 
 
 # ------------------------------------------------------------------ command-line use
