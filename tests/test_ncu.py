@@ -160,3 +160,46 @@ def test_build_cmd_flags():
     assert "gpu__time_duration.sum" in cmd[cmd.index("--metrics") + 1].split(",")
     full = ncu.build_cmd(["a"], log_file="l", section_set="full")
     assert "--metrics" not in full and full[full.index("--set") + 1] == "full"
+
+
+# ------------------------------------------------------------------ the one log reader, named gaps, readings
+FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
+
+
+def test_read_log_keeps_only_csv_lines(fixture_path, tmp_path):
+    log = tmp_path / "ncu_log.txt"
+    body = fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv").read_text()
+    log.write_text("==PROF== Connected to process 123\napp says hello\n" + body + "==PROF== Disconnected\n")
+    df = ncu.read_log(log, tmp_path / "ncu.csv")
+    assert len(df) == len(ncu.read_raw(body)) and (tmp_path / "ncu.csv").read_text() == ncu.extract_csv(body)
+
+
+def test_read_log_errors_are_one_line_and_named(fixture_path, tmp_path):
+    from common.checks import SetupError
+    with pytest.raises(ncu.NcuError, match="profiled no kernel"):
+        ncu.read_log(fixture_path("bad_ncu_log_no_kernels.txt"))
+    perm = tmp_path / "perm.txt"
+    perm.write_text("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters\n")
+    with pytest.raises(SetupError, match="NVreg_RestrictProfilingToAdminUsers"):
+        ncu.read_log(perm)
+
+
+def test_a_missing_time_metric_is_named(fixture_path):
+    df = ncu.read_raw(fixture_path(FULL)).drop(columns=["gpu__time_duration.sum"])
+    with pytest.raises(ncu.NcuParseError, match="gpu__time_duration.sum"):
+        ncu.summarize(df)
+    df = ncu.read_raw(fixture_path(FULL)).drop(columns=["dram__bytes_write.sum"])
+    assert ncu.summarize(df).attrs["missing_metrics"] == ["dram__bytes_write.sum"]
+
+
+def test_bound_reads_the_stalls_not_only_sm_vs_dram(fixture_path):
+    rows = {r["kernel"]: r for r in ncu.summarize(ncu.read_raw(fixture_path(FULL))).to_dict("records")}
+    norm = rows["RMSNormKernel"]
+    # SM 62% > DRAM 55%, but the warps wait on memory: not compute-bound
+    assert norm["sm_pct"] > norm["dram_pct"] and ncu.top_stall(norm) == "long_scoreboard"
+    assert ncu.bound(norm) == "memory-latency-bound"
+    assert "long_scoreboard" in ncu.bound_why(norm) and "global/local memory load" in ncu.bound_why(norm)
+    assert ncu.bound(rows["BatchPrefillWithPagedKVCacheKernel"]) == "compute-bound (tensor cores)"
+    assert ncu.bound(rows["FusedAddRMSNormKernel"]) == "memory-bound"
+    assert "FIXED-latency" not in ncu.STALL_MEANING["wait"] and "fixed-latency" in ncu.STALL_MEANING["wait"]
+    assert set(ncu.STALL_MEANING) >= set(ncu.STALL_REASONS) - {"selected"}
