@@ -1,0 +1,371 @@
+"""One joined timeline per story: scheduler steps -> layers -> kernels -> hardware counters.
+
+    kt = step_kernels(ev, step=r"^step\\[", outer=r"^scheduler\\.run_batch$", parse=parse_step)
+    kt = add_work(kt, cfg, steps, ceilings)            # FLOPs / bytes by role -> TFLOP/s, TB/s, % of ceiling
+    kt, info = attach_counters(kt, ncu_rows, windows)  # Nsight Compute counters on every kernel of a step kind
+    tree = layer_tree(kt, step=0)                       # one layer + the once-per-step kernels, shares of the step
+    write_perfetto("story.json", kt, steps, requests, counters)   # Chrome JSON for ui.perfetto.dev (<= 5 MB)
+
+The kernel table ``kt`` has one row per GPU kernel of a traced step: step (0-based), step_name and the
+fields ``parse`` returns for it (mode, bs, toks ...), order, kernel, cls (common.trace.kernel_class),
+ts_us / dur_us / end_us (GPU side), stream, layer (None outside the layers), pos (position in its layer),
+segment (pre | layer | post) and role (qkv_proj, o_proj, gate_up_proj, down_proj, input_norm,
+post_norm, rope, kv_store, attention, act, embedding, final_norm, lm_head, sampling, prepare, other).
+
+How the pieces are joined (each join is one function here, shared by the three systems):
+  * kernels -> steps: common.trace.kernels_in_ranges (correlation id, same process and thread; graph
+    replays included). With ``outer`` the step is the outer range (e.g. SGLang's scheduler.run_batch,
+    which also holds the sampling kernels) named after the step range inside it.
+  * kernels -> layers: common.trace.assign_layers (the repeating unit of the step's kernel names).
+  * kernels -> counters: Nsight Compute profiles a few windows (one step each, usually of a model cut to
+    2 layers of unchanged shapes); each window is aligned kernel by kernel with a traced step of the same
+    kind, with its layers cut to the same count (difflib on kernel names), and the counters of window
+    layer 0 / layer 1 go to layer 0 / every later layer of every traced step of that kind (same shapes,
+    same kernels); pre- and post-layer kernels by their position.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from pathlib import Path
+
+from .trace import TraceError, assign_layers, kernel_class, kernels_in_ranges
+
+GEMM_ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+COUNTER_COLUMNS = ("ncu_time_us", "dram_tb_s", "dram_pct", "sm_pct", "tensor_pct", "occupancy_pct", "limiter",
+                   "top_stalls", "l2_hit_pct", "dram_read_mb", "dram_write_mb", "grid", "block")
+
+
+# ------------------------------------------------------------------ kernels of each step
+
+def step_kernels(ev, step: str, outer: str | None = None, parse=None, layers: int | None = None):
+    """The kernel table of every traced step (see the module docstring).
+
+    ``step``: regex of the step ranges (their names carry the step's description); ``outer``: regex of
+    a range that encloses each step and more of its kernels (optional); ``parse(name) -> dict``: fields
+    of a step name; ``layers``: the model's layer count (checked by assign_layers when given).
+    """
+    import pandas as pd
+    steps = ev[(ev["kind"] == "user_annotation") & ev["name"].str.contains(step)].sort_values("ts_us")
+    if steps.empty:
+        raise TraceError(f"no step range matches {step!r}")
+    if outer:
+        j = kernels_in_ranges(ev, outer, empty_rows=False)
+        names = {}
+        for key, g in j.groupby(["range", "range_index"], sort=False):
+            lo, hi = g["range_ts_us"].iloc[0], g["range_end_us"].iloc[0]
+            inside = steps[(steps["ts_us"] >= lo) & (steps["end_us"] <= hi)]
+            if len(inside):
+                names[key] = inside["name"].iloc[0]
+        j = j[[names.get((r, i)) is not None for r, i in zip(j["range"], j["range_index"])]].copy()
+        j["step_name"] = [names[(r, i)] for r, i in zip(j["range"], j["range_index"])]
+        j["step_key"] = list(zip(j["range"], j["range_index"]))
+    else:
+        j = kernels_in_ranges(ev, step, empty_rows=False)
+        j["step_name"] = j["range"]
+        j["step_key"] = list(zip(j["range"], j["range_index"]))
+    j = j[j["gpu_kind"] == "kernel"]
+    order = {k: n for n, k in enumerate(sorted(set(j["step_key"]), key=lambda k: j[j["step_key"] == k]["range_ts_us"].iloc[0]))}
+    j = j.assign(step=[order[k] for k in j["step_key"]]).sort_values(["step", "ts_us"], kind="stable")
+    rows = []
+    for s, g in j.groupby("step", sort=True):
+        names_ = g["kernel"].tolist()
+        try:
+            lay = assign_layers(names_, layers=layers)
+        except TraceError:
+            lay = [None] * len(names_)
+        meta = parse(g["step_name"].iloc[0]) if parse else {}
+        for n, (r, layer, role, pos, seg) in enumerate(zip(g.itertuples(), lay, *_roles(names_, lay))):
+            rows.append({"step": s, "step_name": r.step_name, **(meta or {}), "order": n, "kernel": r.kernel,
+                         "cls": kernel_class(r.kernel), "ts_us": r.ts_us, "dur_us": r.dur_us, "end_us": r.end_us,
+                         "stream": r.stream, "layer": layer, "pos": pos, "segment": seg, "role": role})
+    return pd.DataFrame(rows)
+
+
+def _roles(names: list, layers: list):
+    """(role, position in the layer, segment) of each kernel of one step."""
+    roles, pos, seg = [None] * len(names), [None] * len(names), [None] * len(names)
+    first = next((i for i, l in enumerate(layers) if l is not None), None)
+    last = max((i for i, l in enumerate(layers) if l is not None), default=None)
+    cur_layer, k_in_layer, gemms, norms, prev_role = None, 0, 0, 0, None
+    for i, (n, l) in enumerate(zip(names, layers)):
+        c = kernel_class(n)
+        if l is not None:
+            if l != cur_layer:
+                cur_layer, k_in_layer, gemms, norms, prev_role = l, 0, 0, 0, None
+            pos[i], seg[i] = k_in_layer, "layer"
+            k_in_layer += 1
+            if c == "gemm" and re.search("splitKreduce", n):
+                r = prev_role or "other"
+            elif c == "gemm":
+                r = GEMM_ROLES[gemms] if gemms < len(GEMM_ROLES) else "other"
+                gemms += 1
+            elif c == "norm":
+                r = "input_norm" if norms == 0 else "post_norm"
+                norms += 1
+            elif c == "activation":
+                r = "act"
+            elif c in ("attention", "rope", "kv_store"):
+                r = c
+            else:
+                r = "other"
+            roles[i] = prev_role = r
+        elif first is None or i < first:
+            seg[i] = "pre"
+            roles[i] = "embedding" if re.search(r"gather|indexSelect|embedding", n, re.I) else "prepare"
+        else:
+            seg[i] = "post"
+            before_gemm = not any(kernel_class(x) == "gemm" for x in names[last + 1:i])
+            roles[i] = ("final_norm" if c == "norm" and before_gemm else "lm_head" if c == "gemm" and before_gemm
+                        else "sampling")
+    return roles, pos, seg
+
+
+def primary(kt):
+    """Rows that carry a role's work: the first kernel of each (step, layer, role); split-K reduces and
+    merge kernels are the second part of the same work (their own time still counts for the step)."""
+    key = kt["layer"].fillna(-1).astype(int).astype(str) + "/" + kt["role"].astype(str)
+    return ~kt.assign(_k=key).duplicated(subset=["step", "_k"]).to_numpy()
+
+
+# ------------------------------------------------------------------ work and rates
+
+def add_work(kt, cfg: dict, steps: dict, ceilings: dict | None = None, tp: int = 1):
+    """FLOPs and minimum bytes of each kernel's role (common.flops.layer_work), and the rates its traced
+    time gives: tflop_s, tb_s, and % of the measured ceilings (``ceilings``: dram_tb_s, bf16_tflops).
+
+    ``steps``: {step: {"tokens": new tokens, "qo_lens": [...], "kv_lens": [...]}} (the batch of that
+    step, from the scheduler's log). Only the primary kernel of a role carries its work (see primary()).
+    """
+    from .flops import layer_work
+    kt = kt.copy()
+    kt["flops"], kt["bytes"] = math.nan, math.nan
+    prim = primary(kt)
+    for s, info in steps.items():
+        work = layer_work(cfg, tokens=info["tokens"], kv_lens=info["kv_lens"], qo_lens=info.get("qo_lens"), tp=tp)
+        m = (kt["step"] == s) & prim
+        for role, w in work.items():
+            sel = m & (kt["role"] == role)
+            kt.loc[sel, "flops"] = float(w["flops"])
+            kt.loc[sel, "bytes"] = float(w["bytes"])
+    sec = kt["dur_us"] * 1e-6
+    kt["tflop_s"] = (kt["flops"] / sec / 1e12).where(kt["flops"] > 0)
+    kt["tb_s"] = kt["bytes"] / sec / 1e12
+    if ceilings:
+        if ceilings.get("bf16_tflops"):
+            kt["pct_bf16_ceiling"] = 100 * kt["tflop_s"] / ceilings["bf16_tflops"]
+        if ceilings.get("dram_tb_s"):
+            kt["pct_dram_ceiling"] = 100 * kt["tb_s"] / ceilings["dram_tb_s"]
+    return kt
+
+
+# ------------------------------------------------------------------ Nsight Compute counters
+
+def _collapse(g, keep_layers: int):
+    """The kernels of one traced step with its layers cut to ``keep_layers`` (what a model cut to that
+    many layers launches): (names, keys) where a key is ('pre', i) / ('layer', l, pos) / ('post', i)."""
+    names, keys, pre, post = [], [], 0, 0
+    for r in g.itertuples():
+        if r.segment == "layer":
+            if r.layer < keep_layers:
+                names.append(r.kernel)
+                keys.append(("layer", int(r.layer), int(r.pos)))
+        elif r.segment == "pre":
+            names.append(r.kernel)
+            keys.append(("pre", pre))
+            pre += 1
+        else:
+            names.append(r.kernel)
+            keys.append(("post", post))
+            post += 1
+    return names, keys
+
+
+def attach_counters(kt, ncu_rows, windows: list[dict], keep_layers: int = 2):
+    """Nsight Compute counters on the kernels of the traced steps.
+
+    ``ncu_rows``: common.ncu.summarize() rows (a DataFrame) of ALL profiled kernels in launch order;
+    ``windows``: in the order they were profiled, one dict each: {"name", "step": a traced step of the
+    same kind, "match": {column: value} selecting every traced step the counters apply to}.
+    Returns (kt with the COUNTER_COLUMNS and ``ncu_window``, info) where info has one row per window:
+    kernels expected / profiled / matched by name.
+    """
+    kt = kt.copy()
+    for c in COUNTER_COLUMNS + ("ncu_window",):
+        kt[c] = None
+    rows = ncu_rows.to_dict("records")
+    ncu_names = [r["kernel"] for r in rows]
+    expected, owners = [], []
+    for w in windows:
+        names, keys = _collapse(kt[kt["step"] == w["step"]], keep_layers)
+        expected += names
+        owners += [(w["name"], k) for k in keys]
+    sm = difflib.SequenceMatcher(None, expected, ncu_names, autojunk=False)
+    mapping = {}
+    for a, b, size in sm.get_matching_blocks():
+        for k in range(size):
+            mapping[a + k] = b + k
+    by_window: dict = {w["name"]: {} for w in windows}
+    for i, (wname, key) in enumerate(owners):
+        if i in mapping:
+            by_window[wname][key] = rows[mapping[i]]
+    info = []
+    for w in windows:
+        got = by_window[w["name"]]
+        n_exp = sum(1 for o in owners if o[0] == w["name"])
+        sel = kt["step"] >= 0
+        for col, val in (w.get("match") or {}).items():
+            sel &= kt[col] == val
+        applied = 0
+        for idx in kt.index[sel]:
+            r = kt.loc[idx]
+            if r["segment"] == "layer":
+                key = ("layer", min(int(r["layer"]), keep_layers - 1), int(r["pos"]))
+            else:
+                key = (r["segment"], _seg_index(kt, idx))
+            c = got.get(key)
+            if c is None or c["kernel"] != r["kernel"]:
+                continue
+            applied += 1
+            kt.at[idx, "ncu_window"] = w["name"]
+            for col in COUNTER_COLUMNS:
+                kt.at[idx, col] = c.get("time_us") if col == "ncu_time_us" else c.get(col)
+        info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied})
+    return kt, info
+
+
+def _seg_index(kt, idx) -> int:
+    """Position of row ``idx`` among the rows of its step and segment (pre/post)."""
+    r = kt.loc[idx]
+    same = kt[(kt["step"] == r["step"]) & (kt["segment"] == r["segment"])]
+    return int(list(same.index).index(idx))
+
+
+def split_windows(ncu_rows, kinds: list[str]) -> list[int]:
+    """Index where each profiled window begins, for windows whose first kernel is known by name:
+    ``kinds`` lists a regex per window matched against kernel names in order. (A helper for reading
+    ncu output by eye; attach_counters aligns whole windows and does not need it.)"""
+    names = list(ncu_rows["kernel"])
+    out, i = [], 0
+    for rx in kinds:
+        while i < len(names) and not re.search(rx, names[i]):
+            i += 1
+        out.append(i)
+    return out
+
+
+# ------------------------------------------------------------------ the layer tree
+
+def layer_tree(kt, step: int, layer: int = 1):
+    """The hardware tree of one step: the once-per-step kernels and every kernel of one layer, each with
+    its time (traced), share of the step's kernel time, rates and counters. Returns a list of dicts."""
+    g = kt[kt["step"] == step]
+    total = float(g["dur_us"].sum())
+    pick = g[(g["segment"] != "layer") | (g["layer"] == layer)]
+    n_layers = int(g["layer"].max()) + 1 if g["layer"].notna().any() else 0
+    out = []
+    for r in pick.to_dict("records"):
+        share_one = 100 * r["dur_us"] / total if total else math.nan
+        out.append({"segment": r["segment"], "role": r["role"], "kernel": r["kernel"], "cls": r["cls"],
+                    "time_us": r["dur_us"], "share_pct": share_one,
+                    "share_all_layers_pct": share_one * n_layers if r["segment"] == "layer" else share_one,
+                    **{k: r.get(k) for k in ("tflop_s", "tb_s", "pct_bf16_ceiling", "pct_dram_ceiling", "ncu_time_us",
+                                             "dram_pct", "sm_pct", "tensor_pct", "occupancy_pct", "limiter",
+                                             "top_stalls", "grid")}})
+    return out
+
+
+def class_shares(kt, by: str = "cls"):
+    """Kernel time per class (or role) and step kind: the share of each step's GPU kernel time."""
+    import pandas as pd
+    keys = [c for c in ("mode", "bs") if c in kt.columns]
+    rows = []
+    for k, g in kt.groupby(keys, sort=False) if keys else [((), kt)]:
+        total = g["dur_us"].sum()
+        steps = g["step"].nunique()
+        for c, h in g.groupby(by):
+            rows.append({**dict(zip(keys, k if isinstance(k, tuple) else (k,))), by: c, "steps": steps,
+                         "us_per_step": h["dur_us"].sum() / steps, "share_pct": 100 * h["dur_us"].sum() / total})
+    return pd.DataFrame(rows).sort_values(keys + ["share_pct"], ascending=[True] * len(keys) + [False])
+
+
+# ------------------------------------------------------------------ Perfetto (Chrome JSON)
+
+def _clean_args(d: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            continue
+        out[k] = round(v, 3) if isinstance(v, float) else (v if isinstance(v, (int, str, bool)) else str(v))
+    return out
+
+
+def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float | None = None,
+                    max_kernels: int = 20000) -> tuple[list, dict]:
+    """Chrome trace events for ui.perfetto.dev: one process per layer of the story (requests, scheduler
+    steps, GPU kernels by stream), counter tracks ("ph": "C") and each kernel's counters in its args.
+
+    ``steps``: dicts with start_us, dur_us, name and any fields (shown as args); ``requests``: dicts
+    with id and a list of (phase, start_us, end_us); ``counters``: {track: [(t_us, value), ...]}.
+    All times in the same clock (microseconds). Windowing: when the story has more than
+    ``max_kernels`` kernels, whole steps are kept from the start and the end until the budget is met
+    (the metadata says which were left out). Returns (events, meta).
+    """
+    t0 = t0_us if t0_us is not None else float(kt["ts_us"].min()) if len(kt) else 0.0
+    ev = [{"ph": "M", "name": "process_name", "pid": p, "args": {"name": n}}
+          for p, n in ((1, "requests"), (2, "scheduler steps"), (3, "GPU kernels"), (4, "counters"))]
+    step_ids = sorted(kt["step"].unique()) if len(kt) else []
+    keep, budget = set(), max_kernels
+    sizes = kt.groupby("step").size().to_dict() if len(kt) else {}
+    lo, hi = 0, len(step_ids) - 1
+    while lo <= hi:                       # alternate from the start and from the end
+        for s in ((step_ids[lo],) if lo == hi else (step_ids[lo], step_ids[hi])):
+            if sizes.get(s, 0) <= budget:
+                keep.add(s)
+                budget -= sizes.get(s, 0)
+        lo, hi = lo + 1, hi - 1
+        if budget <= 0:
+            break
+    dropped = [int(s) for s in step_ids if s not in keep]
+    streams = {}
+    for r in kt[kt["step"].isin(keep)].to_dict("records"):
+        tid = streams.setdefault(r.get("stream"), len(streams) + 1)
+        args = {k: r.get(k) for k in ("step", "layer", "role", "cls", "tflop_s", "tb_s", "pct_bf16_ceiling",
+                                      "pct_dram_ceiling", "ncu_time_us", "dram_pct", "sm_pct", "tensor_pct",
+                                      "occupancy_pct", "limiter", "top_stalls")}
+        ev.append({"ph": "X", "pid": 3, "tid": tid, "name": r["kernel"], "cat": r.get("cls") or "kernel",
+                   "ts": round(r["ts_us"] - t0, 3), "dur": round(r["dur_us"], 3), "args": _clean_args(args)})
+    for s, tid in streams.items():
+        ev.append({"ph": "M", "name": "thread_name", "pid": 3, "tid": tid, "args": {"name": f"stream {s}"}})
+    for st in steps or []:
+        ev.append({"ph": "X", "pid": 2, "tid": 1, "name": st.get("name", "step"), "cat": "step",
+                   "ts": round(st["start_us"] - t0, 3), "dur": round(st["dur_us"], 3),
+                   "args": _clean_args({k: v for k, v in st.items() if k not in ("start_us", "dur_us", "name")})})
+    for i, rq in enumerate(requests or []):
+        for phase, a, b in rq["phases"]:
+            if a is None or b is None:
+                continue
+            ev.append({"ph": "X", "pid": 1, "tid": i + 1, "name": phase, "cat": "request", "ts": round(a - t0, 3),
+                       "dur": round(max(b - a, 0.0), 3), "args": {"request": str(rq["id"])}})
+        ev.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i + 1, "args": {"name": f"request {rq['id']}"}})
+    for track, pts in (counters or {}).items():
+        for t, v in pts:
+            if v is not None and math.isfinite(float(v)):
+                ev.append({"ph": "C", "pid": 4, "name": track, "ts": round(t - t0, 3), "args": {track: float(v)}})
+    meta = {"kernels": int(kt["step"].isin(keep).sum()) if len(kt) else 0, "steps_kept": len(keep),
+            "steps_left_out": dropped, "t0_us": t0}
+    return ev, meta
+
+
+def write_perfetto(path, events, meta: dict | None = None, max_bytes: int = 5 << 20) -> Path:
+    """Write a Chrome trace JSON (open it in https://ui.perfetto.dev); refuses to exceed ``max_bytes``."""
+    text = json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "metadata": meta or {}},
+                      separators=(",", ":"))
+    if len(text) > max_bytes:
+        raise ValueError(f"the Perfetto trace would be {len(text) / 2**20:.1f} MiB (> {max_bytes / 2**20:.0f} MiB): "
+                         "keep fewer steps (max_kernels)")
+    p = Path(path)
+    p.write_text(text)
+    return p
