@@ -1,11 +1,11 @@
-"""One-line errors instead of tracebacks when the machine is not ready.
+"""One-line errors instead of tracebacks when the machine is not ready or a script fails.
 
 A numbered script wraps its ``main`` with :func:`run_main`; anything below raises
 :class:`SetupError` with a message that says what is missing and how to get it::
 
     def main(argv=None):
         args = parse_args(argv)
-        torch = require_module("torch", "pip install -r requirements.txt")
+        torch, nvtx = require_modules(("torch", "pip install -r requirements.txt"), ("nvtx", None))
         require_gpu(torch)
         ...
 
@@ -13,20 +13,40 @@ A numbered script wraps its ``main`` with :func:`run_main`; anything below raise
         run_main(main)
 
 Exit codes: 0 ok, 1 the experiment itself failed (recorded as failed), 2 the machine is
-not ready (no GPU, package, tool or permission), 130 interrupted.
+not ready (no GPU, package, tool, permission, disk space), 130 interrupted by Ctrl-C, 143 stopped
+by SIGTERM (128 + the signal: SIGTERM and SIGHUP raise :class:`Interrupted` while ``main`` runs, so
+a killed script records its run as interrupted like Ctrl-C does). The traceback of a failure goes to
+a file of its own: the failed run's ``error.txt`` when a results.Run was active, else
+``$HANDS_ON_CACHE/errors/<stamp>-<pid>.txt`` (default ``~/.cache/hands-on``; the last 20 kept).
+``HANDS_ON_DEBUG=1`` also prints it.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import importlib
+import os
 import shutil
+import signal
 import sys
+import threading
 import traceback
+from pathlib import Path
 
-EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 143
+KEEP_ERRORS = 20
+_ACTIVE = False   # True while run_main runs main(): results.Run leaves the one-line message to it
 
 
 class SetupError(RuntimeError):
     """The machine lacks something the script needs; the message says what and how to fix it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM / SIGHUP while run_main runs ``main``: handled like Ctrl-C, exit 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 def require_module(name: str, pip: str | None = None):
@@ -37,6 +57,20 @@ def require_module(name: str, pip: str | None = None):
         hint = pip or f"pip install {name.split('.')[0]}"
         raise SetupError(f"Python package '{name}' is not importable ({e.__class__.__name__}: "
                          f"{str(e).splitlines()[0][:160]}). Install it: {hint}") from None
+
+
+def require_modules(*specs):
+    """``require_modules(("pandas", None), ("matplotlib", "pip install matplotlib"))``: the modules in
+    order, or one SetupError naming every missing one and its install command."""
+    mods, missing = [], []
+    for name, pip in specs:
+        try:
+            mods.append(require_module(name, pip))
+        except SetupError:
+            missing.append(f"'{name}' ({pip or 'pip install ' + name.split('.')[0]})")
+    if missing:
+        raise SetupError(f"Python package(s) not importable: {', '.join(missing)}")
+    return mods
 
 
 def require_gpu(torch=None, min_count: int = 1):
@@ -63,30 +97,87 @@ def require_tool(name: str, hint: str) -> str:
     return path
 
 
+def cache_dir() -> Path:
+    """``$HANDS_ON_CACHE`` or ``~/.cache/hands-on``."""
+    return Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
+
+
+def save_traceback(exc: BaseException) -> Path | None:
+    """Write the traceback of ``exc`` to ``<cache>/errors/<stamp>-<pid>.txt`` (the last KEEP_ERRORS
+    kept); its path, or None when it cannot be written."""
+    d = cache_dir() / "errors"
+    p = d / f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}-{os.getpid()}.txt"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"{' '.join(sys.argv)}\n"
+                     + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        for old in sorted(d.glob("*.txt"))[:-KEEP_ERRORS]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return None
+    return p
+
+
+def in_run_main() -> bool:
+    """True while :func:`run_main` runs a ``main`` (it prints the one line for any failure)."""
+    return _ACTIVE
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e)
+    return s.splitlines()[0][:300] if s else ""
+
+
+def _install_signal_handlers() -> dict:
+    """SIGTERM / SIGHUP raise Interrupted in the main thread; returns the handlers to restore."""
+    old: dict = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):   # an ignored SIGHUP (nohup) stays ignored
+                old[sig] = signal.signal(sig, on_signal)
+        except (ValueError, OSError):
+            pass
+    return old
+
+
+def _outcome(e: BaseException) -> tuple[str, int]:
+    """The one line and the exit code for an exception that ended ``main``."""
+    if isinstance(e, SetupError):
+        return f"[setup] {_first_line(e)}", EXIT_SETUP
+    if isinstance(e, KeyboardInterrupt):
+        signum = getattr(e, "signum", signal.SIGINT)
+        how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        kept = getattr(e, "kept_in", None)
+        return (f"[interrupted] stopped by {how}; earlier results were left as they were"
+                + (f" (this run kept in {kept})" if kept else "") + "."), 128 + int(signum)
+    where = getattr(e, "error_file", None) or save_traceback(e)
+    if os.environ.get("HANDS_ON_DEBUG"):
+        traceback.print_exception(type(e), e, e.__traceback__)
+    return (f"[failed] {e.__class__.__name__}: {_first_line(e)}"
+            + (f" (traceback: {where})" if where else "")), EXIT_FAILED
+
+
 def run_main(main, argv=None) -> None:
-    """Run ``main(argv)`` and turn known failures into one line and an exit code."""
+    """Run ``main(argv)`` and turn known failures into one line and an exit code (module docstring)."""
+    global _ACTIVE
+    old = _install_signal_handlers()
+    _ACTIVE = True
     try:
         rc = main(argv)
-    except SetupError as e:
-        print(f"[setup] {e}", file=sys.stderr)
-        sys.exit(EXIT_SETUP)
-    except KeyboardInterrupt:
-        print("[interrupted] stopped by Ctrl-C; earlier results were left as they were.", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
-    except Exception as e:  # the experiment failed: one line here, the traceback kept in a file
-        import os
-        from pathlib import Path
-        where = Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on")) / "last-error.txt"
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            where.write_text(f"{' '.join(sys.argv)}\n{traceback.format_exc()}")
-        except OSError:
-            where = None
-        print(f"[failed] {e.__class__.__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-              + (f" (traceback: {where})" if where else ""), file=sys.stderr)
-        if os.environ.get("HANDS_ON_DEBUG"):
-            traceback.print_exc()
-        sys.exit(EXIT_FAILED)
+        line = None
+    except (Exception, KeyboardInterrupt) as e:  # the experiment failed: one line, the traceback in a file
+        line, rc = _outcome(e)
+    finally:
+        _ACTIVE = False
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    if line:
+        print(line, file=sys.stderr)
     sys.exit(rc or 0)
 
 

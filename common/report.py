@@ -3,59 +3,80 @@
 A report is hand-written Markdown with blocks that this module owns:
 
     <!-- auto:03_profile_decode/story -->
+    <!-- run: 1x NVIDIA H200 · torch 2.11.0+cu130, flashinfer-python 0.6.15.post1 · commit 6ca9eea · 2026-11-21 -->
     ...replaced on every refresh...
     <!-- /auto -->
 
 Block keys: ``<stem>/story``, ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
 ``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
-``/figure:<name>`` (results/<stem>/<name>.png,
-copied to reports/figures/<stem>-<name>.png), and ``index`` (INDEX.md: every numbered script
-with its last run). Only the inside of a block changes. A block whose results are missing
-keeps its committed content, and the run lists it, so a fresh clone (no results/) leaves every
-report byte for byte as committed. Files are rewritten only when a block really changed.
+``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
+``index`` (INDEX.md: every numbered script with its last run) and ``runs`` (one per page, near its
+top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
+hidden ``<!-- run: ... -->`` line every block rendered from a run begins with; a page mixing GPUs
+or stacks says so in one bold line, and `make reports` prints one line for it).
+
+Reports only move forward:
+- blocks are refreshed only from finished, successful runs (``"status": "ok"``) of summary schema
+  ``results.SCHEMA`` with provenance; a summary that is malformed, of an older schema or without
+  provenance, or a table CSV that is not text, gives one line ``skipped <path>: <what is wrong>``
+  and its blocks keep their content; the rest of the refresh goes on;
+- every block of every page is rendered in memory first; files (pages, figures) are replaced (temp
+  file + rename) only when all rendered. An unexpected error leaves every file as it was, one line;
+- a block whose results are missing keeps its committed content byte for byte, so a fresh clone
+  (no results/) leaves every report as committed, its runs header included.
+
+Tables are read with the stdlib csv module (no pandas needed to run this).
 
     python -m common.report                   # all systems
     python -m common.report --system flashinfer
 """
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
+import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import REPO_ROOT, SYSTEMS
 from .gpu import provenance_line
-from .results import load_summary
+from .results import SCHEMA, SUMMARY, failed_dir, recover
 from .story import fmt
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
+RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 MAX_ROWS = 40
+STACK = ("torch", "flashinfer-python", "sglang")
+# what pandas.read_csv reads as missing by default: tables render the same with or without pandas
+NA = {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+      "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}
+BOOLS = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False, "false": False}
 
 
 @dataclass
 class Outcome:
     refreshed: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)       # (file: key, why)
+    kept: list[str] = field(default_factory=list)       # "file: key (why)"
+    skipped: list[str] = field(default_factory=list)    # "skipped <path>: <what is wrong>"
+    mixed: list[str] = field(default_factory=list)      # one line per page that mixes machines
     files_written: list[str] = field(default_factory=list)
 
 
+class RenderError(Exception):
+    """An unexpected error while rendering one block: nothing was written."""
+
+
+class Skip(Exception):
+    """A results file that cannot be used (the message says what is wrong); its block is kept."""
+
+
+# ---------------------------------------------------------------- markdown tables
+
 def _md_escape(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def md_table(rows: list[dict], columns: list[str] | None = None, max_rows: int = MAX_ROWS, more: str = "") -> str:
-    if not rows:
-        return "_(no rows)_"
-    columns = columns or list(rows[0].keys())
-    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for r in rows[:max_rows]:
-        out.append("| " + " | ".join(_md_escape(fmt(_num(r.get(c))) if _num(r.get(c)) is not None else "-")
-                                     for c in columns) + " |")
-    if len(rows) > max_rows:
-        out.append(f"\n_{len(rows) - max_rows} more rows{more}_")
-    return "\n".join(out)
 
 
 def _num(v):
@@ -66,32 +87,190 @@ def _num(v):
     return v
 
 
+def _cell(v) -> str:
+    v = _num(v)
+    return _md_escape(fmt(v) if v is not None else "-")
+
+
+def _md_row(r: dict, columns) -> str:
+    return "| " + " | ".join(_cell(r.get(c)) for c in columns) + " |"
+
+
+def md_table(rows: list[dict], columns: list[str] | None = None, max_rows: int = MAX_ROWS, more: str = "") -> str:
+    if not rows:
+        return "_(no rows)_"
+    columns = columns or list(rows[0].keys())
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    out += [_md_row(r, columns) for r in rows[:max_rows]]
+    if len(rows) > max_rows:
+        out.append(f"\n_{len(rows) - max_rows} more rows{more}_")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- reading results
+
+def _typed(values: list) -> list:
+    """One CSV column as pandas would type it: all ints, else all floats, else all bools, else text."""
+    present = [v for v in values if v not in NA]
+    for conv in (_int, _float, BOOLS.__getitem__):
+        try:
+            [conv(v) for v in present]
+        except (ValueError, KeyError):
+            continue
+        return [None if v in NA else conv(v) for v in values]
+    return [None if v in NA else v for v in values]
+
+
+def _int(s: str) -> int:
+    if not re.fullmatch(r"[+-]?\d+", s):
+        raise ValueError(s)
+    return int(s)
+
+
+def _float(s: str) -> float:
+    if "_" in s or s != s.strip():
+        raise ValueError(s)
+    return float(s)
+
+
+def read_table(p: Path) -> tuple[list[str], list[dict]] | None:
+    """(columns, rows) of a CSV with typed cells; None for an empty file; Skip when unusable."""
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise Skip(f"not text (undecodable byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except OSError as e:
+        raise Skip(f"unreadable ({e.strerror or e})") from None
+    try:
+        lines = [r for r in csv.reader(io.StringIO(text, newline="")) if r]
+    except csv.Error as e:
+        raise Skip(f"not a readable CSV ({e})") from None
+    if not lines:
+        return None
+    cols, data = lines[0], lines[1:]
+    for i, r in enumerate(data, 2):
+        if len(r) > len(cols):
+            raise Skip(f"line {i} has {len(r)} fields, the header {len(cols)}")
+    data = [r + [""] * (len(cols) - len(r)) for r in data]
+    typed = [_typed([r[j] for r in data]) for j in range(len(cols))]
+    return cols, [{c: typed[j][i] for j, c in enumerate(cols)} for i in range(len(data))]
+
+
+def summary_problem(s) -> str | None:
+    """What makes a summary.json unusable for reports, or None when it is a finished, successful run
+    of this schema with provenance."""
+    if not isinstance(s, dict):
+        return f"not a JSON object (a {type(s).__name__})"
+    schema = s.get("schema")
+    if schema is None:
+        return f"no \"schema\" key (an older summary; reports read schema {SCHEMA}): re-run the script"
+    if not isinstance(schema, int) or schema < SCHEMA:
+        return f"schema {schema!r} is older than {SCHEMA}: re-run the script"
+    if schema > SCHEMA:
+        return f"schema {schema} is newer than this workbook reads ({SCHEMA}): update the workbook"
+    if s.get("status") != "ok":
+        return f"status {s.get('status')!r}: only finished, successful runs refresh reports"
+    prov = s.get("provenance")
+    if not isinstance(prov, dict) or not prov.get("date_utc"):
+        return "no provenance (GPU, stack, commit, date)"
+    for k, t in (("packages", dict), ("git", dict), ("reanalysed", dict)):
+        if prov.get(k) is not None and not isinstance(prov[k], t):
+            return f"provenance \"{k}\" is a {type(prov[k]).__name__}, not an object"
+    for k, t in (("headline", dict), ("observations", list), ("point_errors", list), ("story", str)):
+        if s.get(k) is not None and not isinstance(s[k], t):
+            return f"\"{k}\" is a {type(s[k]).__name__}, not a {t.__name__}"
+    for i, o in enumerate(s.get("observations") or [], 1):
+        if not isinstance(o, dict) or not {"expected", "observed", "verdict"} <= set(o):
+            return f"observation {i} lacks expected/observed/verdict"
+    if any(not isinstance(e, dict) for e in s.get("point_errors") or []):
+        return "a point error is not an object"
+    return None
+
+
+def _hidden(s) -> str:
+    return str(s).replace("-->", "->").replace(" · ", ", ").replace("\n", " ")
+
+
+def run_line(prov: dict) -> str:
+    """The hidden first line of a block rendered from a run: GPU · stack · commit · date."""
+    pk = prov.get("packages") or {}
+    stack = ", ".join(f"{k} {pk[k]}" for k in STACK if k in pk) or "no stack recorded"
+    git = prov.get("git") or {}
+    commit = f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"
+    fields = (f"{prov.get('gpu_count') or 0}x {prov.get('gpu') or 'no GPU'}", stack, f"commit {commit}",
+              str(prov.get("date_utc", "?"))[:10])
+    return f"<!-- run: {' · '.join(_hidden(f) for f in fields)} -->"
+
+
+# ---------------------------------------------------------------- rendering
+
 class Renderer:
-    """Renders one block key of one system from its results folder."""
+    """Renders the block keys of one system from its results folder (nothing is written here:
+    figure copies wait in ``self.copies`` until every page has rendered)."""
 
     def __init__(self, system_dir: Path, root: Path = REPO_ROOT):
         self.root = root
         self.sys_dir = system_dir
         self.results = system_dir / "results"
         self.reports = system_dir / "reports"
+        self.skipped: dict[str, str] = {}          # path -> what is wrong (one line each)
+        self.copies: dict[Path, Path] = {}         # reports/figures/<stem>-<name>.png -> source
         self._cache: dict = {}
 
+    def _rel(self, p: Path) -> str:
+        try:
+            return str(p.relative_to(self.root))
+        except ValueError:
+            return str(p)
+
+    def _skip(self, p: Path, why: str) -> tuple[None, str]:
+        self.skipped.setdefault(self._rel(p), why)
+        return None, f"skipped: {why}"
+
     def summary(self, stem: str) -> dict | None:
+        """The summary of a finished, successful schema-2 run, or None (a bad one is noted in skipped)."""
         if stem not in self._cache:
-            s = load_summary(self.results / stem)
-            self._cache[stem] = s if s and s.get("status") == "ok" else None
+            self._cache[stem] = self._load(stem)
         return self._cache[stem]
 
-    def render(self, key: str) -> tuple[str | None, str]:
-        """(new body or None, reason when None)."""
+    def _load(self, stem: str) -> dict | None:
+        recover(self.results / stem)
+        p = self.results / stem / SUMMARY
+        if not p.is_file():
+            return None
+        try:
+            s = json.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            self._skip(p, "not text (undecodable bytes)")
+            return None
+        except ValueError as e:
+            self._skip(p, f"not valid JSON ({e})")
+            return None
+        except OSError as e:
+            self._skip(p, f"unreadable ({e.strerror or e})")
+            return None
+        why = summary_problem(s)
+        if why:
+            self._skip(p, why)
+            return None
+        return s
+
+    def render(self, key: str, old: str = "") -> tuple[str | None, str]:
+        """(new body or None, reason when None). ``old``: the block's current body."""
         if key == "index":
-            return self.index()
+            return self.index(old)
         if "/" not in key:
             return None, f"unknown block key {key!r}"
         stem, what = key.split("/", 1)
         s = self.summary(stem)
         if s is None:
-            return None, f"no finished run in {self.results.relative_to(self.root) / stem}"
+            why = self.skipped.get(self._rel(self.results / stem / SUMMARY))
+            return None, (f"skipped: {why}" if why else
+                          f"no finished run in {self._rel(self.results / stem)}")
+        body, why = self._body(stem, what, s)
+        return (None, why) if body is None else (run_line(s["provenance"]) + "\n" + body, "")
+
+    def _body(self, stem: str, what: str, s: dict) -> tuple[str | None, str]:
         if what == "story":
             return (f"```text\n{s['story'].rstrip()}\n```\n" if s.get("story") else None), "run has no story"
         if what == "provenance":
@@ -112,89 +291,180 @@ class Renderer:
             errs = s.get("point_errors") or []
             return (md_table(errs) + "\n") if errs else "_No sweep point failed in the last run._\n", ""
         if what.startswith("table:"):
-            name, cols = what.split(":", 1)[1], None
-            if name.endswith("]") and "[" in name:  # table:NAME[col1,col2,...] keeps those columns
-                name, cols = name[:-1].split("[", 1)
-                cols = [c for c in cols.split(",") if c]
-            p = self.results / stem / f"{name}.csv"
-            if not p.is_file():
-                return None, f"{p.name} missing"
-            import pandas as pd
-            try:
-                df = pd.read_csv(p)
-            except pd.errors.EmptyDataError:
-                return "_(the run wrote an empty table)_\n", ""
-            if cols:
-                missing = [c for c in cols if c not in df.columns]
-                if missing:
-                    return None, f"{p.name} has no column(s) {missing}"
-                df = df[cols]
-            return md_table(df.to_dict("records"), more=f" in `{p.relative_to(self.root)}`") + "\n", ""
+            return self._table(stem, what.split(":", 1)[1])
         if what.startswith("figure:"):
             name = what.split(":", 1)[1]
             p = self.results / stem / f"{name}.png"
             if not p.is_file():
                 return None, f"{p.name} missing"
-            dst = self.reports / "figures" / f"{stem}-{name}.png"
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if not dst.exists() or dst.read_bytes() != p.read_bytes():
-                shutil.copyfile(p, dst)
-            return f"![{stem} {name}](figures/{dst.name})\n", ""
+            self.copies[self.reports / "figures" / f"{stem}-{name}.png"] = p
+            return f"![{stem} {name}](figures/{stem}-{name}.png)\n", ""
         return None, f"unknown block kind {what!r}"
 
-    def index(self) -> tuple[str | None, str]:
+    def _table(self, stem: str, name: str) -> tuple[str | None, str]:
+        cols = None
+        if name.endswith("]") and "[" in name:  # table:NAME[col1,col2,...] keeps those columns
+            name, cols = name[:-1].split("[", 1)
+            cols = [c for c in cols.split(",") if c]
+        p = self.results / stem / f"{name}.csv"
+        if not p.is_file():
+            return None, f"{p.name} missing"
+        try:
+            t = read_table(p)
+        except Skip as e:
+            return self._skip(p, str(e))
+        if t is None:
+            return "_(the run wrote an empty table)_\n", ""
+        columns, rows = t
+        if cols:
+            missing = [c for c in cols if c not in columns]
+            if missing:
+                return None, f"{p.name} has no column(s) {missing}"
+            columns = cols
+        if not rows:
+            return "_(no rows)_\n", ""
+        return md_table(rows, columns, more=f" in `{self._rel(p)}`") + "\n", ""
+
+    def index(self, old: str = "") -> tuple[str | None, str]:
+        """Every numbered script with its last successful run; a script without a usable run here
+        keeps its committed row."""
+        cols = ["script", "last run", "status", "GPU", "headline"]
+        kept = {line.split(" | ", 1)[0]: line for line in old.splitlines() if line.startswith("| [`")}
         scripts = sorted(p for p in (self.sys_dir / "scripts").glob("[0-9][0-9]_*") if p.suffix in (".py", ".sh"))
-        rows, any_run = [], False
+        lines, any_run = [], False
         for sc in scripts:
-            d = self.results / sc.stem
-            s = load_summary(d)
-            failed = sorted(d.glob("failed-*")) if d.is_dir() else []
-            if s:
-                any_run = True
-            head = s.get("headline", {}) if s else {}
-            rows.append({
-                "script": f"[`{sc.name}`](../scripts/{sc.name})",
-                "last run": (s or {}).get("provenance", {}).get("date_utc", "-"),
-                "status": (s or {}).get("status", "not run") + (f" ({len(failed)} failed kept)" if failed else ""),
-                "GPU": (s or {}).get("provenance", {}).get("gpu", "-"),
+            cell = f"[`{sc.name}`](../scripts/{sc.name})"
+            s = self.summary(sc.stem)
+            if s is None and f"| {cell}" in kept:
+                lines.append(kept[f"| {cell}"])
+                continue
+            n_failed = self._n_failed(sc.stem)
+            any_run |= s is not None
+            s = s or {}
+            head = s.get("headline") or {}
+            lines.append(_md_row({
+                "script": cell,
+                "last run": s.get("provenance", {}).get("date_utc", "-"),
+                "status": s.get("status", "not run") + (f" ({n_failed} failed kept)" if n_failed else ""),
+                "GPU": s.get("provenance", {}).get("gpu", "-"),
                 "headline": "; ".join(f"{k}={fmt(_num(v))}" for k, v in list(head.items())[:3]) or "-",
-            })
+            }, cols))
         if not any_run:
             return None, "no results in this clone"
-        return md_table(rows, max_rows=100) + "\n", ""
+        head = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+        return "\n".join(head + lines) + "\n", ""
+
+    def _n_failed(self, stem: str) -> int:
+        d = failed_dir(self.results / stem)
+        return sum(1 for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else 0
+
+
+def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
+    """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
+    the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines."""
+    runs: dict[str, list[str]] = {}
+    unknown = 0
+    for key, body in blocks:
+        if key in ("runs", "index"):
+            continue
+        m = RUN_LINE.match(body)
+        if not m:
+            unknown += 1
+            continue
+        stems = runs.setdefault(m.group("run"), [])
+        if key.split("/", 1)[0] not in stems:
+            stems.append(key.split("/", 1)[0])
+    if not runs:
+        return None, None
+    rows = []
+    for run, stems in runs.items():
+        gpu, stack, commit, date = (run.split(" · ") + ["?"] * 4)[:4]
+        rows.append({"GPU": gpu, "stack": stack, "commit": commit.removeprefix("commit "), "date": date,
+                     "results of": ", ".join(stems)})
+    machines = list(dict.fromkeys(f"{r['GPU']} ({r['stack']})" for r in rows))
+    mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}"
+             if len(machines) > 1 else None)
+    out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
+    out.append("Runs behind this page (from the run line each block below carries):\n")
+    out.append(md_table(rows, max_rows=100))
+    if unknown:
+        out.append(f"\n_{unknown} block(s) carry no run line (written before runs were recorded)._")
+    return "\n".join(out) + "\n", mixed
+
+
+def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
+    """The page ``text`` with every block rendered (kept blocks unchanged); raises RenderError."""
+    matches = list(BLOCK.finditer(text))
+    bodies: list[str] = []
+    for m in matches:
+        key, old = m.group("key"), m.group("body")
+        if key == "runs":
+            bodies.append(old)
+            continue
+        try:
+            body, why = r.render(key, old)
+        except Exception as e:  # an unexpected error: the whole refresh stops, nothing written
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            raise RenderError(f"{label}: block {key}: {e.__class__.__name__}: {first}") from e
+        if body is None:
+            out.kept.append(f"{label}: {key} ({why})")
+            body = old
+        else:
+            out.refreshed.append(f"{label}: {key}")
+        bodies.append(body)
+    for i, m in enumerate(matches):
+        if m.group("key") == "runs":
+            body, mixed = runs_header([(mm.group("key"), b) for mm, b in zip(matches, bodies)])
+            if body is None:
+                out.kept.append(f"{label}: runs (no block on this page carries a run line)")
+            else:
+                bodies[i] = body
+                out.refreshed.append(f"{label}: runs")
+            if mixed:
+                out.mixed.append(f"{label}: {mixed}")
+    parts, pos = [], 0
+    for m, body in zip(matches, bodies):
+        parts += [text[pos:m.start()], m.group(1), body, m.group(4)]
+        pos = m.end()
+    return "".join(parts) + text[pos:]
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
+    """Render every page of ``systems``, then write the changed ones (all or nothing; RenderError)."""
     out = Outcome()
+    pages: list[tuple[Path, str]] = []
+    renderers = []
     for system in systems:
-        sd = root / system
-        rdir = sd / "reports"
+        rdir = root / system / "reports"
         if not rdir.is_dir():
             continue
-        r = Renderer(sd, root)
+        r = Renderer(root / system, root)
+        renderers.append(r)
         for md in sorted(rdir.glob("*.md")):
             text = md.read_text()
-            changed = False
-
-            def sub(m):
-                nonlocal changed
-                key = m.group("key")
-                body, why = r.render(key)
-                label = f"{system}/reports/{md.name}: {key}"
-                if body is None:
-                    out.kept.append(f"{label} ({why})")
-                    return m.group(0)
-                out.refreshed.append(label)
-                if body != m.group("body"):
-                    changed = True
-                return m.group(1) + body + m.group(4)
-
-            new = BLOCK.sub(sub, text)
-            if changed and new != text:
-                tmp = md.with_suffix(".md.tmp")
-                tmp.write_text(new)
-                tmp.replace(md)
-                out.files_written.append(str(md.relative_to(root)))
+            new = render_page(text, r, f"{system}/reports/{md.name}", out)
+            if new != text:
+                pages.append((md, new))
+        out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]
+    for r in renderers:                              # all rendered: now write, figures first
+        for dst, src in r.copies.items():
+            data = src.read_bytes()
+            if not dst.exists() or dst.read_bytes() != data:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                _replace(dst, data)
+    for md, new in pages:
+        _replace(md, new.encode())
+        out.files_written.append(str(md.relative_to(root)))
     return out
 
 
@@ -203,9 +473,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m common.report",
                                 description="Refresh the auto blocks of <system>/reports/*.md from results/.")
     p.add_argument("--system", choices=SYSTEMS, action="append", help="only this system (repeatable)")
-    p.add_argument("--quiet", action="store_true", help="print only the totals")
+    p.add_argument("--quiet", action="store_true", help="print only problems and the totals")
     a = p.parse_args(argv)
-    o = refresh(a.system or SYSTEMS)
+    try:
+        o = refresh(a.system or SYSTEMS)
+    except RenderError as e:
+        print(f"[failed] reports not refreshed, no file written: {e}")
+        return 1
+    for line in o.skipped + [f"{m}" for m in o.mixed]:
+        print(line)
     if not a.quiet:
         for f in o.files_written:
             print(f"updated {f}")
@@ -214,7 +490,7 @@ def main(argv=None) -> int:
             for k in o.kept:
                 print(f"  - {k}")
     print(f"\nreports: {len(o.refreshed)} block(s) refreshed from results, {len(o.kept)} kept, "
-          f"{len(o.files_written)} file(s) changed")
+          f"{len(o.skipped)} results file(s) skipped, {len(o.files_written)} file(s) changed")
     return 0
 
 

@@ -1,28 +1,40 @@
-"""One way to write results: ``<system>/results/<script-stem>/``, summary.json last and atomic.
+"""One way to write results: a run's folder replaces the previous one whole, or not at all.
 
     with Run(__file__, args) as run:          # args: the argparse Namespace (or a dict)
         run.log("decode sweep: 24 points")
         run.table("sweep", rows)              # -> sweep.csv   (list of dicts or a DataFrame)
         run.figure("roofline", fig)           # -> roofline.png
         run.headline(decode_tb_s=2.7)
-        run.observe(expected="decode is memory-bound", observed="DRAM 82%, tensor 3%",
-                    verdict="confirmed", evidence="ncu.csv row 3")
+        run.judge(DECODE_BW, [81.2, 80.4, 82.0], evidence="sweep.csv b32 kv4096")   # common.verdicts
         run.story(text)                        # the ASCII execution story -> story.txt
-    # leaving the block: files move into results/<stem>/, summary.json is written last
+    # leaving the block: summary.json is written, then the folder replaces results/<stem>/ in one rename
 
-While a run is going its files live in ``results/<stem>/.partial-<time>-<pid>/``; only a run
-that finishes moves them into place, so an interrupted or crashed run never leaves a
-half-written set beside the last good one. A failed run is kept as
-``results/<stem>/failed-<time>/`` with ``summary.json`` saying ``"status": "failed"``, the
-error and the traceback. Sweep points that fail are recorded with :meth:`Run.point_error`
-and the sweep goes on.
+Folder layout (``<system>/results/``; with ``out=DIR`` the same beside DIR, in DIR's parent)::
+
+    <stem>/                                the last successful run, whole ("status": "ok", "schema": 2)
+    .partial-<stem>-<stamp>-<pid>/         a run in progress (Run.dir); pruned once its pid is dead
+    .previous/<stem>/                      the run it replaced (one copy)
+    .failed/<stem>/<stamp>-<status>/       failed | interrupted | setup-error runs: summary.json with the
+                                           error and traceback, error.txt; the last 5 per stem are kept
+
+A finished run writes summary.json (atomically) inside its partial folder, then two renames swap it in:
+``<stem>`` -> ``.previous/<stem>`` and the partial folder -> ``<stem>``. A process that dies between the
+two leaves no ``<stem>``: the next Run (or :func:`load_summary`) puts ``.previous/<stem>`` back. Two runs
+of one script at once: the last to finish wins and each folder holds one run only. A failed or
+interrupted run never touches ``<stem>``. When the disk is full (or any OSError hits the results while
+writing or finishing), the partial folder is removed, earlier results stay as they were and
+:class:`ResultsError` says so in one line; a read-only results folder is a :class:`SetupError` at start.
+Sweep points that fail are recorded with :meth:`Run.point_error` and the sweep goes on.
 """
 from __future__ import annotations
 
+import csv
 import datetime as _dt
+import errno
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -30,9 +42,18 @@ import traceback
 from pathlib import Path
 
 from . import gpu
+from .checks import SetupError, in_run_main
+from .verdicts import VERDICTS, judge as _judge
 
-VERDICTS = ("confirmed", "refuted", "inconclusive", "not run")
+SCHEMA = 2              # summary.json layout version; common.report reads only this one
 SUMMARY = "summary.json"
+KEEP_FAILED = 5         # failed / interrupted runs kept per stem
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_STALE = re.compile(r"^\.(partial|trash)-.+-(\d+)$")   # our temporary folders end in -<pid>
+
+
+class ResultsError(SetupError):
+    """The results could not be written (disk full, read-only, quota); earlier results are intact."""
 
 
 def _jsonable(o):
@@ -62,15 +83,37 @@ def write_json_atomic(path: Path, data) -> None:
     """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(_clean(json.loads(json.dumps(data, default=_jsonable))), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_clean(json.loads(json.dumps(data, default=_jsonable))), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _stamp() -> str:
-    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+def _oserr(e: OSError) -> str:
+    return f"[Errno {e.errno}] {e.strerror}" if e.strerror else f"{e.__class__.__name__}: {e}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rmtree(p: Path) -> None:
+    shutil.rmtree(p, ignore_errors=True)
 
 
 def results_dir(script_file: str | Path) -> Path:
@@ -79,13 +122,100 @@ def results_dir(script_file: str | Path) -> Path:
     return script.parent.parent / "results" / script.stem
 
 
+def previous_dir(final: Path) -> Path:
+    """Where the run a newer one replaced is kept: ``<parent>/.previous/<name>``."""
+    return final.parent / ".previous" / final.name
+
+
+def failed_dir(final: Path) -> Path:
+    """Where failed and interrupted runs of ``final`` are kept: ``<parent>/.failed/<name>/``."""
+    return final.parent / ".failed" / final.name
+
+
+def recover(final: Path) -> bool:
+    """Put ``.previous/<name>`` back when a process died between the two renames of a finish."""
+    final = Path(final)
+    prev = previous_dir(final)
+    if final.exists() or not prev.is_dir():
+        return False
+    try:
+        os.rename(prev, final)
+        return True
+    except OSError:  # another process got there first, or the folder is read-only
+        return False
+
+
 def load_summary(dir_: str | Path) -> dict | None:
     """The summary.json of a results folder, or None when absent or unreadable."""
+    recover(Path(dir_))
     p = Path(dir_) / SUMMARY
     try:
-        return json.loads(p.read_text())
+        s = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+    return s if isinstance(s, dict) else None
+
+
+def _prune_stale(base: Path) -> None:
+    """Remove ``.partial-*`` / ``.trash-*`` folders whose owner process is gone."""
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = _STALE.match(p.name)
+        if m and int(m.group(2)) != os.getpid() and not _pid_alive(int(m.group(2))):
+            _rmtree(p)
+
+
+def _discard(p: Path) -> None:
+    """Remove a folder quickly: rename it out of the way (atomic), then delete it."""
+    trash = p.parent.parent / f".trash-{p.name}-{_stamp()}-{os.getpid()}"
+    try:
+        os.rename(p, trash)
+    except OSError:
+        return
+    _rmtree(trash)
+
+
+def _swap_in(src: Path, final: Path) -> None:
+    """Replace folder ``final`` by ``src``; the replaced folder becomes ``.previous/<name>``."""
+    prev = previous_dir(final)
+    prev.parent.mkdir(exist_ok=True)
+    for _ in range(20):  # a concurrent run may slip in between two renames: then go round again
+        _discard(prev)
+        try:
+            os.rename(final, prev)
+            moved = True
+        except FileNotFoundError:
+            moved = False
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                continue
+            raise
+        try:
+            os.rename(src, final)
+            return
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                continue
+            if moved:
+                recover(final)
+            raise
+    raise OSError(errno.EBUSY, f"{final} kept changing while this run was moved in")
+
+
+def _write_csv(p: Path, rows: list[dict]) -> None:
+    """A list of dicts as CSV without pandas (columns in order of first appearance)."""
+    cols: dict = {}
+    for r in rows:
+        cols.update(dict.fromkeys(r))
+    with open(p, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(cols))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+                        for k, v in r.items()})
 
 
 class Run:
@@ -97,24 +227,47 @@ class Run:
         self.stem = script.stem
         self.system = script.parent.parent.name
         self.final_dir = Path(out).resolve() if out else results_dir(script)
-        self.final_dir.mkdir(parents=True, exist_ok=True)
-        self.dir = self.final_dir / f".partial-{_stamp()}-{os.getpid()}"
-        self.dir.mkdir()
+        self.previous_dir = previous_dir(self.final_dir)
+        self.failed_root = failed_dir(self.final_dir)
+        self.kept_dir: Path | None = None      # where the run ended up (final_dir or a .failed folder)
         self.quiet = quiet
         self._t0 = time.time()
         self._done = False
+        base = self.final_dir.parent
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            recover(self.final_dir)
+            _prune_stale(base)
+            self.dir = self._new_partial(base)
+        except OSError as e:
+            raise SetupError(f"results folder {base} is not writable: {_oserr(e)} "
+                             f"(fix its permissions or pass --out DIR)") from None
         args_d = vars(args) if hasattr(args, "__dict__") else dict(args or {})
         self.summary: dict = {
-            "script": f"{self.system}/scripts/{script.name}", "stem": self.stem, "system": self.system,
-            "status": "running", "args": args_d, "provenance": gpu.snapshot(None if command is None else [command]),
+            "schema": SCHEMA, "script": f"{self.system}/scripts/{script.name}", "stem": self.stem,
+            "system": self.system, "status": "running", "args": args_d,
+            "provenance": gpu.snapshot(None if command is None else [command]),
             "headline": {}, "tables": [], "figures": [], "files": [], "story": "",
             "observations": [], "point_errors": [], "notes": [],
         }
-        self._log = open(self.dir / "log.txt", "a")
+
+    def _new_partial(self, base: Path) -> Path:
+        while True:
+            d = base / f".partial-{self.final_dir.name}-{_stamp()}-{os.getpid()}"
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            try:
+                self._log = open(d / "log.txt", "a")
+            except OSError:
+                _rmtree(d)
+                raise
+            return d
 
     # ------------------------------------------------------------------ writing
     def path(self, name: str) -> Path:
-        """A file inside this run (it moves into results/<stem>/ when the run finishes)."""
+        """A file inside this run (the folder replaces results/<stem>/ when the run finishes)."""
         p = self.dir / name
         p.parent.mkdir(parents=True, exist_ok=True)
         if name not in self.summary["files"]:
@@ -130,11 +283,17 @@ class Run:
         self._log.flush()
 
     def table(self, name: str, rows) -> Path:
-        """Write rows (a DataFrame or a list of dicts) as ``<name>.csv``."""
-        import pandas as pd
-        df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        """Write rows (a DataFrame or a list of dicts) as ``<name>.csv`` (lists of dicts need no pandas)."""
         p = self.path(f"{name}.csv")
-        df.to_csv(p, index=False)
+        try:
+            import pandas as pd
+        except ImportError:
+            pd = None
+        if pd is not None:
+            df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+            df.to_csv(p, index=False)
+        else:
+            _write_csv(p, list(rows))
         if name not in self.summary["tables"]:
             self.summary["tables"].append(name)
         return p
@@ -180,6 +339,13 @@ class Run:
         self.summary["observations"].append(
             {"expected": expected, "observed": observed, "verdict": verdict, "evidence": evidence})
 
+    def judge(self, h, values, evidence: str = "", premise=True, **kw) -> dict:
+        """Judge hypothesis ``h`` (common.verdicts.Hypothesis) on repeated measurements ``values``;
+        the record (verdict from the interval, see common.verdicts) joins the observations."""
+        rec = {**_judge(h, values, premise=premise, **kw), "evidence": evidence}
+        self.summary["observations"].append(rec)
+        return rec
+
     def point_error(self, point: dict, exc: BaseException) -> None:
         """Record a failed sweep point (shape rejected, OOM, JIT failure) and keep going."""
         msg = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"
@@ -193,38 +359,82 @@ class Run:
 
     # ------------------------------------------------------------------ ending
     def finish(self, status: str = "ok") -> Path:
-        """Move this run's files into results/<stem>/ and write summary.json last."""
+        """Write summary.json and swap this run's folder in as results/<stem>/ (status "ok"). Any other
+        status keeps the run under ``.failed/<stem>/`` like :meth:`fail` and leaves results/<stem>/ alone."""
         if self._done:
-            return self.final_dir
+            return self.kept_dir
+        if status != "ok":
+            return self._keep_failed(status)
         self.summary["status"] = status
         self.summary["duration_s"] = round(time.time() - self._t0, 1)
-        self._log.close()
-        for f in sorted(self.dir.rglob("*")):
-            if f.is_file():
-                dst = self.final_dir / f.relative_to(self.dir)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(f, dst)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        write_json_atomic(self.final_dir / SUMMARY, self.summary)
+        try:
+            self._log.close()
+            write_json_atomic(self.dir / SUMMARY, self.summary)
+            _swap_in(self.dir, self.final_dir)
+        except OSError as e:
+            _rmtree(self.dir)
+            kept = self._keep_failed("failed", error=f"results not saved: {_oserr(e)}")
+            raise ResultsError(f"results of {self.stem} not saved ({_oserr(e)} while finishing); "
+                               f"{self.final_dir} left as it was"
+                               + (f"; record in {kept}" if kept else "")) from None
         self._done = True
+        self.kept_dir = self.final_dir
         return self.final_dir
 
-    def fail(self, exc: BaseException, status: str = "failed") -> Path:
-        """Keep this run as results/<stem>/failed-<time>/ with the error; leave the last good run alone."""
+    def fail(self, exc: BaseException, status: str = "failed") -> Path | None:
+        """Keep this run as ``.failed/<stem>/<stamp>-<status>/`` with the error; results/<stem>/ stays."""
         if self._done:
-            return self.final_dir
-        self.summary["status"] = status
-        self.summary["duration_s"] = round(time.time() - self._t0, 1)
-        self.summary["error"] = f"{exc.__class__.__name__}: {exc}"[:2000]
-        self.summary["traceback"] = "".join(traceback.format_exception(exc))[-8000:]
-        self._log.write(self.summary["traceback"])
-        self._log.close()
-        write_json_atomic(self.dir / SUMMARY, self.summary)
-        dst = self.final_dir / f"{status}-{_stamp()}"
-        os.replace(self.dir, dst)
+            return self.kept_dir
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb)
+        for attr, value in (("kept_in", kept), ("error_file", kept and kept / "error.txt")):
+            try:  # checks.run_main names these in its one line
+                setattr(exc, attr, value)
+            except (AttributeError, TypeError):
+                pass
+        if kept and not in_run_main():
+            print(f"[{status}] {self.stem}: kept in {kept}", file=sys.stderr)
+        return kept
+
+    def _keep_failed(self, status: str, error: str | None = None, tb: str = "") -> Path | None:
+        """Move the partial folder to .failed/<stem>/<stamp>-<status>/ (or, when that cannot be
+        written, a small record there); prune to the last KEEP_FAILED. None when nothing could be kept."""
         self._done = True
-        print(f"[{status}] {self.stem}: kept in {dst}", file=sys.stderr)
+        self.summary.update(status=status, duration_s=round(time.time() - self._t0, 1))
+        if error:
+            self.summary.update(error=error[:2000], traceback=tb[-8000:])
+        text = f"{' '.join(sys.argv)}\n{tb or error or f'finished with status {status}'}\n"
+        dst = self.failed_root / f"{_stamp()}-{status}"
+        try:
+            self._log.write(tb)
+            self._log.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            write_json_atomic(self.dir / SUMMARY, self.summary)
+            (self.dir / "error.txt").write_text(text)
+            self.failed_root.mkdir(parents=True, exist_ok=True)
+            os.rename(self.dir, dst)
+        except OSError:  # disk full or read-only: free the space first, then try a small record
+            _rmtree(self.dir)
+            try:
+                dst.mkdir(parents=True)
+                write_json_atomic(dst / SUMMARY, self.summary)
+                (dst / "error.txt").write_text(text)
+            except OSError:
+                _rmtree(dst)
+                dst = None
+        self._prune_failed()
+        self.kept_dir = dst
         return dst
+
+    def _prune_failed(self) -> None:
+        try:
+            kept = sorted(p for p in self.failed_root.iterdir() if not p.name.startswith("."))
+        except OSError:
+            return
+        for p in kept[:-KEEP_FAILED]:
+            _rmtree(p)
 
     def __enter__(self) -> "Run":
         return self
@@ -234,7 +444,12 @@ class Run:
             self.finish()
         elif isinstance(exc, KeyboardInterrupt):
             self.fail(exc, status="interrupted")
+        elif isinstance(exc, SetupError):
+            self.fail(exc, status="setup-error")
         else:
-            from .checks import SetupError
-            self.fail(exc, status="setup-error" if isinstance(exc, SetupError) else "failed")
+            kept = self.fail(exc, status="failed")
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+                raise ResultsError(f"results of {self.stem} not saved ({_oserr(exc)}); "
+                                   f"{self.final_dir} left as it was"
+                                   + (f"; record in {kept}" if kept else "")) from exc
         return False  # re-raise: run_main turns it into one line and an exit code
