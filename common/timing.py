@@ -40,6 +40,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
+from .stats import quantile
+
 METHODS = ("events", "graph", "cupti")
 _SPIN_CYCLES = 200_000          # ~100 us at 2 GHz: longer than a typical Python launch path
 _MARK = "hands_on.bench.sample"
@@ -71,13 +73,8 @@ class Timing:
         return min(self.samples_ms)
 
     def quantile_ms(self, q: float) -> float:
-        s = sorted(self.samples_ms)
-        if len(s) == 1:
-            return s[0]
-        pos = q * (len(s) - 1)
-        lo = int(pos)
-        hi = min(lo + 1, len(s) - 1)
-        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+        """The ``q`` quantile of the samples (linear interpolation, as numpy: common.stats.quantile)."""
+        return quantile(sorted(self.samples_ms), q)
 
     @property
     def spread_pct(self) -> float:
@@ -249,11 +246,16 @@ def bench_cpu(fn, *, reps: int | None = None, rep_ms: float = 200.0, warmup: int
 
 def rates(ms: float, *, bytes: float | None = None, flops: float | None = None,
           peaks: dict | None = None) -> dict:
-    """Turn a time and the work done into TB/s, TFLOP/s and % of the device's peaks.
+    """Turn a time and the work done into TB/s, TFLOP/s and % of the device's ceilings.
 
-    ``peaks`` is a dict like ``gpu.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops``
-    (measured values are preferred there over datasheet ones). Arithmetic intensity
+    ``peaks`` is a dict like ``gpu.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops`` (this GPU's
+    measured ceilings; the datasheet only where nothing was measured). Arithmetic intensity
     (FLOP/byte) is given when both are known, for a roofline position.
+
+    A % above 100 is kept as measured (never clipped) and flagged: ``above_ceiling: True`` and a
+    ``note`` naming the ceiling and by how much it was beaten. It means the ceiling probe
+    under-measures this GPU and must be improved (``python -m common.gpu ceilings --refresh``
+    after a better probe), not that the kernel beat the hardware.
     """
     out: dict = {"ms": ms}
     s = ms / 1e3
@@ -266,8 +268,24 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None,
     if bytes and flops:
         out["flop_per_byte"] = flops / bytes
     if peaks:
-        if "tb_s" in out and peaks.get("dram_tb_s"):
-            out["pct_peak_dram"] = 100.0 * out["tb_s"] / peaks["dram_tb_s"]
-        if "tflop_s" in out and peaks.get("bf16_tflops"):
-            out["pct_peak_tflops"] = 100.0 * out["tflop_s"] / peaks["bf16_tflops"]
+        notes = []
+        for got, pct_key, peak_key, what, unit in (("tb_s", "pct_peak_dram", "dram_tb_s", "DRAM bandwidth", "TB/s"),
+                                                   ("tflop_s", "pct_peak_tflops", "bf16_tflops", "bf16 tensor", "TFLOP/s")):
+            if got in out and peaks.get(peak_key):
+                pct = 100.0 * out[got] / peaks[peak_key]
+                out[pct_key] = pct
+                if pct > 100.0:
+                    notes.append(_above_note(out[got], pct, peaks, peak_key, what, unit))
+        if notes:
+            out["above_ceiling"] = True
+            out["note"] = "; ".join(notes)
     return out
+
+
+def _above_note(value: float, pct: float, peaks: dict, key: str, what: str, unit: str) -> str:
+    """One sentence: which ceiling was beaten, by how much, and what that means."""
+    src = (peaks.get("sources") or {}).get(key) or peaks.get("source") or "?"
+    how = (peaks.get("method") or {}).get(key)
+    return (f"{value:.3g} {unit} is {pct:.1f}% of the {src} {what} ceiling {peaks[key]:.3g} {unit}"
+            f"{f' ({how})' if how else ''}: {pct - 100:.1f}% above it, so that ceiling under-measures "
+            f"this GPU (improve the probe; the value is not clipped)")

@@ -1,5 +1,6 @@
 """Model presets, the device table, provenance, the timing maths and the one-line errors."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,12 +83,221 @@ def test_timing_statistics_and_rates():
     assert t.median_ms == 3.0 and t.quantile_ms(0.5) == 3.0 and t.min_ms == 1.0
     assert t.quantile_ms(0.9) == pytest.approx(61.6)
     assert t.to_dict()["n"] == 5 and "samples_ms" not in t.to_dict()
+    assert timing.Timing(samples_ms=[2.5], method="events", cold_l2=False).quantile_ms(0.9) == 2.5
     r = timing.rates(0.2, bytes=800e6, flops=2e9, peaks={"dram_tb_s": 4.0, "bf16_tflops": 800})
     assert r["tb_s"] == pytest.approx(4.0) and r["pct_peak_dram"] == pytest.approx(100)
     assert r["tflop_s"] == pytest.approx(10) and r["flop_per_byte"] == pytest.approx(2.5)
     assert r["pct_peak_tflops"] == pytest.approx(1.25)
+    assert "above_ceiling" not in r and "note" not in r           # exactly 100% is not above
     with pytest.raises(ValueError):
         timing.bench(lambda: None, method="stopwatch")
+
+
+def test_timing_quantile_is_the_one_in_stats():
+    """Timing uses common.stats.quantile (one percentile function in the workbook)."""
+    from common import stats
+    samples = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0]
+    t = timing.Timing(samples_ms=samples, method="events", cold_l2=False)
+    for q in (0.0, 0.1, 0.5, 0.9, 1.0):
+        assert t.quantile_ms(q) == stats.quantile(sorted(samples), q)
+    assert t.quantile_ms(0.9) == stats.percentiles(samples, qs=(90,))["p90"]
+
+
+def test_rates_above_ceiling_is_flagged_not_clipped():
+    """4.34 TB/s against a 4.25 TB/s measured ceiling (mini-SGLang decode on an H200): 102%, kept and flagged."""
+    pk = {"dram_tb_s": 4.25, "bf16_tflops": 741.0, "source": "measured",
+          "sources": {"dram_tb_s": "measured", "bf16_tflops": "measured"},
+          "method": {"dram_tb_s": "best of 8 probes: torch copy_", "bf16_tflops": "best of 16 GEMM shapes: 8192x8192x8192 nt"}}
+    r = timing.rates(1.0, bytes=4.34e9, peaks=pk)
+    assert r["pct_peak_dram"] == pytest.approx(102.1, abs=0.05)          # never clipped
+    assert r["above_ceiling"] is True
+    assert "measured DRAM bandwidth ceiling 4.25 TB/s" in r["note"] and "2.1% above" in r["note"]
+    assert "torch copy_" in r["note"] and "under-measures" in r["note"]
+    r = timing.rates(1.0, flops=784e9, peaks=pk)                          # SGLang eager prefill GEMM vs 741
+    assert r["above_ceiling"] is True and "bf16 tensor ceiling 741 TFLOP/s" in r["note"]
+    assert r["pct_peak_tflops"] == pytest.approx(105.8, abs=0.05)
+    r = timing.rates(1.0, bytes=5.0e9, flops=800e9, peaks=pk)             # both above: both named
+    assert r["note"].count("above it") == 2
+    r = timing.rates(1.0, bytes=4.0e9, peaks=pk)
+    assert "above_ceiling" not in r and r["pct_peak_dram"] < 100
+    r = timing.rates(1.0, bytes=5.0e9, peaks={"dram_tb_s": 4.8, "source": "datasheet"})
+    assert r["above_ceiling"] and "datasheet DRAM bandwidth ceiling" in r["note"]
+
+
+# ------------------------------------------------------------------ measured ceilings (no GPU needed)
+
+H200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a2b3c4d-0000-1111-2222-333344445555",
+        "memory_gb": 150.0, "driver": "580.159.04"}
+H200_B = {**H200, "index": 1, "uuid": "GPU-99999999-0000-1111-2222-333344445555"}
+
+
+def _fake_set(uuid=H200["uuid"], dram=(4.31, 4.05, 4.12), gemm=(781.2, 757.5), nvlink=None, mode="quick"):
+    """A ceilings set as measure_ceilings writes it (numbers of the shape an H200 gives)."""
+    probes = [{"name": n, "kind": k, "bytes": b, "buffer_bytes": 1 << 30, "tb_s": v, "ms": b / v / 1e9,
+               "method": f"{n}: bytes = ..."} for (n, k, b), v in
+              zip([("triton write BLOCK=16384 warps=8", "write", 1 << 30), ("torch x.sum()", "read", 1 << 30),
+                   ("torch copy_", "copy", 2 << 30)], dram)]
+    shapes = [{"m": m, "n": m, "k": m, "layout": "nt", "tflops": v, "ms": 2 * m ** 3 / v / 1e9}
+              for m, v in zip((8192, 4096), gemm)]
+    c = {"version": gpu.CEILINGS_VERSION, "gpu": "NVIDIA H200", "uuid": uuid, "mode": mode,
+         "date_utc": "2026-11-24T10:00:00Z", "datasheet": gpu.device_spec("NVIDIA H200"),
+         "dram": {"tb_s": max(dram), "best": probes[0]["name"], "method": "best of probes", "probes": probes,
+                  "notes": []},
+         "bf16": {"tflops": max(gemm), "best": {"m": 8192, "n": 8192, "k": 8192, "layout": "nt"},
+                  "method": "best GEMM shape", "shapes": shapes, "notes": []},
+         "nvlink": nvlink or {"note": "one GPU visible: no all-reduce sweep"}}
+    return c
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    """One visible H200 (from 'NVML'), an empty cache, and torch made unimportable: whatever reads the
+    cache must not need torch (nor CUDA)."""
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [dict(H200)])
+    monkeypatch.setitem(sys.modules, "torch", None)      # `import torch` now raises ImportError
+    return tmp_path
+
+
+def _two_gpus(monkeypatch):
+    monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [dict(H200), dict(H200_B)])
+
+
+def test_ceilings_cache_round_trip_keyed_by_uuid(fake_gpus, monkeypatch):
+    _two_gpus(monkeypatch)
+    c = _fake_set()
+    path = gpu.save_ceilings(c)
+    assert path == fake_gpus / "ceilings" / f"{H200['uuid']}.json"
+    assert gpu.load_ceilings(0) == c
+    assert gpu.load_ceilings(1) is None                               # the other GPU has its own file
+    gpu.save_ceilings(_fake_set(uuid=H200_B["uuid"], dram=(4.2, 4.0, 4.1)))
+    assert gpu.load_ceilings(1)["dram"]["tb_s"] == 4.2 and gpu.load_ceilings(0)["dram"]["tb_s"] == 4.31
+    # CUDA_VISIBLE_DEVICES renumbers: device 0 is then the second GPU, by index or by UUID
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+    try:
+        assert gpu.load_ceilings(0)["uuid"] == H200_B["uuid"]
+        os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-99999999"
+        assert gpu.load_ceilings(0)["uuid"] == H200_B["uuid"]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        assert gpu.load_ceilings(0) is None                           # no GPU visible
+    finally:
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+    # another probe version: the set is measured again, never used
+    old = _fake_set()
+    old["version"] = gpu.CEILINGS_VERSION - 1
+    gpu.save_ceilings(old)
+    assert gpu.load_ceilings(0) is None
+
+
+def test_peaks_reads_the_cache_without_torch(fake_gpus):
+    gpu.save_ceilings(_fake_set())
+    p = gpu.peaks(0)                                                  # measure=True, but the cache has it
+    assert p["source"] == "measured" and p["gpu"] == "NVIDIA H200" and p["uuid"] == H200["uuid"]
+    assert p["dram_tb_s"] == 4.31 and p["bf16_tflops"] == 781.2       # the best probe / shape, not one copy
+    assert p["datasheet"]["dram_tb_s"] == 4.8 and p["datasheet"]["bf16_tflops"] == 989
+    assert p["measured"]["dram_tb_s"] == 4.31 and p["measured"]["date_utc"] == "2026-11-24T10:00:00Z"
+    assert p["method"]["dram_tb_s"] == "best of 3 probes: triton write BLOCK=16384 warps=8"
+    assert "8192x8192x8192 nt" in p["method"]["bf16_tflops"]
+    # one GPU's set has no all-reduce sweep: the NVLink figure is the datasheet's per direction, and says so
+    assert p["nvlink_busbw_gb_s"] == 450 and p["sources"]["nvlink_busbw_gb_s"] == "datasheet"
+    assert gpu.cached_peaks(0)["dram_tb_s"] == 4.31 and gpu.cached_peaks(1) is None   # no GPU 1 visible
+
+
+def test_peaks_with_two_gpus_measures_the_missing_nvlink(fake_gpus, monkeypatch):
+    """Two GPUs visible, no all-reduce entry yet: peaks() asks the child process to add it."""
+    _two_gpus(monkeypatch)
+    gpu.save_ceilings(_fake_set())
+    nv = {"busbw_gb_s": 361.5, "gpus": 2, "best_bytes": 1 << 30, "sizes": [{"bytes": 1 << 30, "busbw_gb_s": 361.5}],
+          "method": "all-reduce"}
+    asked = []
+
+    def child(device, quick=True, echo=print):
+        asked.append((device, quick))
+        c = _fake_set(nvlink=nv)
+        gpu.save_ceilings(c)
+        return c
+    monkeypatch.setattr(gpu, "_measure_in_child", child)
+    p = gpu.peaks(0)
+    assert asked == [(0, True)]
+    assert p["nvlink_busbw_gb_s"] == 361.5 and p["sources"]["nvlink_busbw_gb_s"] == "measured"
+    assert "on 2 GPUs" in p["method"]["nvlink_busbw_gb_s"]
+    gpu.peaks(0)
+    assert len(asked) == 1                                            # cached now: not asked again
+
+
+def test_peaks_datasheet_fallback(fake_gpus, monkeypatch):
+    monkeypatch.setattr(gpu, "_measure_in_child", lambda *a, **k: pytest.fail("measure=False must not measure"))
+    p = gpu.peaks(0, measure=False)
+    assert p["source"] == "datasheet" and p["gpu"] == "NVIDIA H200"
+    assert (p["dram_tb_s"], p["bf16_tflops"], p["nvlink_busbw_gb_s"]) == (4.8, 989, 450)
+    assert "measured" not in p and p["ceilings"] is None
+    assert gpu.cached_peaks(0) is None
+    monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [])
+    monkeypatch.setattr(gpu, "_gpus_smi", lambda: [])
+    p = gpu.peaks(0, measure=False)                                   # no driver, no cache
+    assert p["source"] == "unknown" and p["dram_tb_s"] is None
+
+
+def test_ceilings_table_rows(fake_gpus):
+    nv = {"busbw_gb_s": 361.5, "gpus": 2, "best_bytes": 1 << 30, "links": ["NV18"],
+          "sizes": [{"bytes": 1 << 30, "busbw_gb_s": 361.5}], "method": "all-reduce sweep"}
+    c = _fake_set(nvlink=nv)
+    rows = gpu.ceilings_table(c)
+    assert [r["ceiling"] for r in rows] == ["DRAM bandwidth"] * 3 + ["bf16 tensor throughput"] * 2 + ["NVLink all-reduce busbw"]
+    assert set(rows[0]) == {"ceiling", "probe", "measured", "unit", "datasheet", "pct_of_datasheet", "is_ceiling", "method"}
+    dram = rows[:3]
+    assert [r["measured"] for r in dram] == [4.31, 4.12, 4.05]        # fastest first, and it is the ceiling
+    assert [r["is_ceiling"] for r in dram] == ["yes", "", ""]
+    assert dram[0]["probe"] == "triton write BLOCK=16384 warps=8 (1 GiB)" and dram[0]["unit"] == "TB/s"
+    assert dram[0]["datasheet"] == 4.8 and dram[0]["pct_of_datasheet"] == pytest.approx(89.79, abs=0.01)
+    assert rows[3]["probe"] == "GEMM 8192x8192x8192 nt" and rows[3]["is_ceiling"] == "yes"
+    assert rows[3]["pct_of_datasheet"] == pytest.approx(100 * 781.2 / 989)
+    assert rows[5]["measured"] == 361.5 and rows[5]["datasheet"] == 450 and "NV18" in rows[5]["probe"]
+    # a peaks() dict gives the same rows; one GPU: the NVLink row says why there is no number
+    gpu.save_ceilings(_fake_set())
+    rows1 = gpu.ceilings_table(gpu.peaks(0, measure=False))
+    assert rows1[-1]["measured"] is None and "one GPU" in rows1[-1]["method"]
+    assert len(gpu.ceilings_table(c, top_gemm=1)) == 5
+    # no measurement at all: the datasheet rows, each saying so
+    ds = gpu.ceilings_table(gpu.as_peaks(None, name="NVIDIA H100 80GB HBM3"))
+    assert [r["datasheet"] for r in ds] == [3.35, 989, 450] and all(r["measured"] is None for r in ds)
+    assert all("datasheet only" in r["method"] for r in ds)
+
+
+def test_nvlink_busbw_arithmetic():
+    """nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n."""
+    gib = 1 << 30
+    assert gpu.busbw_gb_s(gib, 0.01, 8) == pytest.approx(gib / 0.01 / 1e9 * 14 / 8)
+    assert gpu.busbw_gb_s(gib, 0.01, 2) == pytest.approx(gib / 0.01 / 1e9)          # n=2: busbw == algbw
+    assert gpu.busbw_gb_s(gib, 0.01, 1) == 0.0                                         # one rank moves nothing
+    assert gpu.busbw_gb_s(gib, 0.0, 4) != gpu.busbw_gb_s(gib, 0.0, 4)                 # NaN, not a division error
+    sizes = gpu.nvlink_sizes(quick=False)
+    assert sizes[0] == 1 << 20 and sizes[-1] == gib and len(sizes) == 11
+    assert gpu.nvlink_sizes(quick=True)[-1] == gib and len(gpu.nvlink_sizes(quick=True)) == 4
+    assert gpu._calls_for(1 << 20) == 200 and gpu._calls_for(gib) == 2
+
+
+def test_gemm_sweep_shapes():
+    quick, full = gpu.gemm_shapes(True), gpu.gemm_shapes(False)
+    assert 12 <= len(quick) <= 16 and 60 <= len(full) <= 100
+    assert len(set(full)) == len(full) and set(quick) <= set(full)
+    assert (8192, 8192, 8192, "nn") in quick and (8192, 8192, 8192, "nt") in quick
+    assert all(2048 <= min(s[:3]) and max(s[:3]) <= 28672 for s in full)
+
+
+def test_ceilings_cli_show_needs_no_torch(tmp_path):
+    """`python -m common.gpu show` and `python3 common/gpu.py --help` run without torch or a GPU."""
+    env = {**os.environ, "HANDS_ON_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    (tmp_path / "ceilings").mkdir()
+    (tmp_path / "ceilings" / f"{H200['uuid']}.json").write_text(json.dumps(_fake_set()))
+    out = subprocess.run([sys.executable, "-m", "common.gpu", "show"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "NVIDIA H200" in out.stdout and "triton write" in out.stdout and "781" in out.stdout
+    h = subprocess.run([sys.executable, str(ROOT / "common" / "gpu.py"), "--help"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert h.returncode == 0 and "ceilings" in h.stdout, h.stderr
 
 
 def test_cpu_timer():
@@ -126,3 +336,79 @@ def test_ncu_permission_error_is_a_setup_error(tmp_path, monkeypatch):
     monkeypatch.setenv("NCU", str(tmp_path / "missing-ncu"))
     with pytest.raises(checks.SetupError, match="not on PATH"):
         ncu.profile(["python", "-c", "pass"], tmp_path / "out")
+
+
+def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch, capsys):
+    """The orchestration of measure_ceilings with the probes stubbed and a fake torch module: measured
+    once and cached; a full request replaces a quick set; ≥ 2 GPUs add the all-reduce sweep once."""
+    import contextlib
+    import types
+    fake = types.ModuleType("torch")
+    fake.__version__ = "2.11.0+cu130"
+    fake.version = types.SimpleNamespace(cuda="13.0")
+    n_gpus = {"n": 1}
+    fake.cuda = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: n_gpus["n"], device=lambda d: contextlib.nullcontext(),
+        get_device_properties=lambda d: types.SimpleNamespace(name="NVIDIA H200", uuid="1a2b3c4d-0000-1111-2222-333344445555",
+                                                              multi_processor_count=132, L2_cache_size=60 << 20))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    ran = []
+    monkeypatch.setattr(gpu, "_measure_dram", lambda t, d, q, log: ran.append(("dram", q)) or
+                        _fake_set()["dram"])
+    monkeypatch.setattr(gpu, "_measure_gemm", lambda t, d, q, log: ran.append(("gemm", q)) or
+                        _fake_set()["bf16"])
+    monkeypatch.setattr(gpu, "_measure_nvlink", lambda n, q, log: ran.append(("nvlink", n)) or
+                        {"busbw_gb_s": 361.5, "gpus": n, "best_bytes": 1 << 30, "sizes": [], "method": "m"})
+    c = gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    assert ran == [("dram", True), ("gemm", True)] and c["mode"] == "quick" and c["uuid"] == H200["uuid"]
+    assert c["version"] == gpu.CEILINGS_VERSION and c["datasheet"]["model"] == "H200 SXM"
+    assert gpu.load_ceilings(0) == c
+    assert gpu.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
+    full = gpu.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
+    assert ran[2:] == [("dram", False), ("gemm", False)] and full["mode"] == "full"
+    assert gpu.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
+    n_gpus["n"] = 2
+    _two_gpus(monkeypatch)
+    with_nv = gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    assert ran[4:] == [("nvlink", 2)] and with_nv["nvlink"]["busbw_gb_s"] == 361.5 and with_nv["mode"] == "full"
+    gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    assert len(ran) == 5                                                                        # cached now
+    gpu.measure_ceilings(0, quick=True, refresh=True, nvlink=False, log=lambda *a: None)
+    assert ran[5:] == [("dram", True), ("gemm", True)]
+    # the CLI: measure (from the cache here) and print the table; --json-out gets the same set
+    out = fake_gpus / "out.json"
+    assert gpu.main(["ceilings", "--quick", "--no-nvlink", "--json-out", str(out)]) == 0
+    assert json.loads(out.read_text())["uuid"] == H200["uuid"]
+    printed = capsys.readouterr().out
+    assert "DRAM bandwidth" in printed and "methods:" in printed and "TB/s" in printed
+
+
+def test_peaks_full_request_replaces_a_quick_set(fake_gpus, monkeypatch):
+    gpu.save_ceilings(_fake_set(mode="quick"))
+    asked = []
+    monkeypatch.setattr(gpu, "_measure_in_child", lambda device, quick=True, echo=print:
+                        asked.append(quick) or gpu.save_ceilings(_fake_set(mode="full")) and gpu.load_ceilings(device))
+    assert gpu.peaks(0)["measured"]["mode"] == "quick" and asked == []          # a quick set serves quick asks
+    assert gpu.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
+    assert gpu.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
+
+
+def test_measuring_child_runs_without_a_profilers_injection():
+    """Under ncu/nsys the child that measures the ceilings must not be profiled (nor slowed down)."""
+    env, notes = gpu.measure_env({"CUDA_INJECTION64_PATH": "/opt/nsight/libToolsInjection64.so", "PATH": "/usr/bin",
+                                  "LD_PRELOAD": "/opt/nsight-compute/libTreeLauncherPlaceholder.so /usr/lib/libjemalloc.so",
+                                  "PYTHONPATH": "/x"})
+    assert "CUDA_INJECTION64_PATH" not in env and env["LD_PRELOAD"] == "/usr/lib/libjemalloc.so"
+    assert env["PATH"] == "/usr/bin" and env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/x"]
+    assert len(notes) == 2
+    env, notes = gpu.measure_env({"LD_PRELOAD": "/opt/nsys/libToolsInjectionProxy64.so"})
+    assert "LD_PRELOAD" not in env and notes
+
+
+def test_peaks_measures_in_a_child_process_that_reports_failure(fake_gpus, monkeypatch):
+    """No cache and no GPU for the child (CUDA_VISIBLE_DEVICES=""; on a CPU box torch is missing too): the
+    child stops with a one-line setup error (exit 2), raised here with the end of its log."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError, match=r"measuring the ceilings failed \(exit 2\).*\[setup\]"):
+        gpu.peaks(0)
+    assert list((fake_gpus / "ceilings").glob("measure-*.log"))
