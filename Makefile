@@ -47,13 +47,20 @@ check: ## --help of every numbered script and shell wrapper works on this (CPU-o
 	  if bash -n $$s && bash $$s --help >/dev/null 2>&1; then echo "ok   $$s --help"; \
 	  else echo "FAIL $$s --help"; fail=1; fi; done; exit $$fail
 
-quick: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's 06_full_pipeline.sh --quick, then reports
-	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh --quick || fail=1; done; \
-	  $(MAKE) --no-print-directory reports PYTHON=$(PYTHON); exit $$fail
+# every system's pipeline in mode $(1); `make reports` only when all three ended ok; Ctrl-C stops the loop
+define pipelines
+	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh $(1); rc=$$?; \
+	  if [ $$rc -eq 130 ]; then echo "make: $$s pipeline interrupted; reports not refreshed"; exit 130; fi; \
+	  if [ $$rc -ne 0 ]; then fail=1; fi; done; \
+	if [ $$fail -ne 0 ]; then echo "make: a pipeline did not end ok; reports not refreshed"; exit 1; fi; \
+	$(MAKE) --no-print-directory reports PYTHON=$(PYTHON)
+endef
 
-all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all), then reports (hours)
-	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh --all || fail=1; done; \
-	  $(MAKE) --no-print-directory reports PYTHON=$(PYTHON); exit $$fail
+quick: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's 06_full_pipeline.sh --quick, then reports (if all ok)
+	$(call pipelines,--quick)
+
+all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all), then reports (if all ok; hours)
+	$(call pipelines,--all)
 
 reports: ## refresh the auto blocks of */reports/*.md from */results/ (keeps blocks that have no results)
 	@$(PYTHON) -m common.report

@@ -1,0 +1,467 @@
+"""The one pipeline runner (common/pipeline.py) and the JIT warm-up (common/jit.py), on a CPU machine.
+
+The runner is exercised on a fake system written into tmp_path (``--root``): a scripts/_steps.py and tiny
+step scripts that exit 0, print [skip], exit 2, exit 1 or sleep; a report stand-in whose bytes must not
+change unless every step ended ok. The real systems are checked through their 06_full_pipeline.sh
+(--help, --dry-run) and their step declarations. Every subprocess has a timeout; the interrupt tests
+check by pid that the step's whole process tree is gone.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import jit, pipeline, procs
+from common.checks import SetupError
+
+REPO = Path(__file__).resolve().parents[1]
+SYS = "fakesys"
+
+SCRIPTS = {
+    # a real results.Run, so that a report block would change if the reports were refreshed
+    "ok.py": ("import sys\nfrom common.results import Run\nprint('ran', ' '.join(sys.argv[1:]), flush=True)\n"
+              "with Run(__file__, {}, quiet=True) as run:\n    run.headline(answer=42)\n"),
+    "skip.py": "print('[skip] this needs 2 GPUs; 1 visible')\n",
+    "setup.py": "import sys\nprint('[setup] no NVIDIA GPU here', file=sys.stderr)\nsys.exit(2)\n",
+    "fail.py": "import sys\nprint('boom')\nsys.exit(1)\n",
+    "flaky.py": ("import pathlib, sys\n"
+                 "sys.exit(0 if pathlib.Path(__file__).with_name('flaky.ok').exists() else 1)\n"),
+    # a step with a child in the same group and a grandchild that left it (own session): both must go
+    "sleep.py": ("import os, pathlib, subprocess, sys, time\n"
+                 "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                 "far = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+                 "p = pathlib.Path(__file__).with_name('pids.txt')\n"
+                 "p.with_suffix('.tmp').write_text(f'{os.getpid()} {kid.pid} {far.pid}')\n"
+                 "p.with_suffix('.tmp').replace(p)\n"
+                 "print('sleeping', flush=True)\ntime.sleep(120)\n"),
+    "marker.py": "import pathlib\npathlib.Path(__file__).with_name('marker.txt').write_text('ran')\n",
+}
+REPORT = "# fake report\n\n<!-- auto:ok/headline -->\ncommitted text\n<!-- /auto -->\n\nhand-written prose\n"
+
+
+def make_system(tmp_path: Path, steps: list[str]) -> Path:
+    """A fake repository root with <root>/fakesys/{scripts,reports}; ``steps`` are Step(...) sources."""
+    sd = tmp_path / SYS
+    (sd / "scripts").mkdir(parents=True)
+    (sd / "reports").mkdir()
+    (sd / "reports" / "r.md").write_text(REPORT)
+    for name, src in SCRIPTS.items():
+        (sd / "scripts" / name).write_text(src)
+    (sd / "scripts" / "_steps.py").write_text("from common.pipeline import ONLY, Step\n\nSTEPS = [\n"
+                                              + "".join(f"    {s},\n" for s in steps) + "]\n")
+    return tmp_path
+
+
+def run_pipeline(root: Path, *args, timeout: float = 120, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def last_table(root: Path) -> list[dict]:
+    rows, _ = pipeline.previous_table(root, SYS)
+    return rows
+
+
+def report_bytes(root: Path) -> bytes:
+    return (root / SYS / "reports" / "r.md").read_bytes()
+
+
+# ------------------------------------------------------------------ progress, statuses, exit codes, reports
+
+def test_progress_lines_with_an_eta_from_the_previous_steps_csv(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py")', 'Step("b", "ok.py")', 'Step("c", "ok.py")'])
+    prev = root / SYS / "results" / "06_full_pipeline"
+    prev.mkdir(parents=True)
+    with open(prev / "steps.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "status", "seconds", "kind", "command", "started_utc"])
+        w.writerow(["a", "ok", "30", "measure", f"python {SYS}/scripts/ok.py --quick", "2026-01-01T00:00:00Z"])
+        w.writerow(["b", "ok (skipped)", "90", "measure", "", "2026-01-01T00:00:30Z"])      # no command: used
+        w.writerow(["c", "ok", "50", "measure", f"python {SYS}/scripts/ok.py", "2026-01-01T00:02:00Z"])  # other mode
+    out = run_pipeline(root, "--quick")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "fakesys pipeline --quick: 3 steps, ETA 2m00s + 1 step never timed" in lines
+    assert re.search(r"^\[1/3\] a  started  \(elapsed \d+s, ETA 2m00s \+ 1 step never timed\)$", out.stdout, re.M)
+    assert re.search(r"^\[2/3\] b  started  \(elapsed \d+s, ETA 1m30s \+ 1 step never timed\)$", out.stdout, re.M)
+    assert re.search(r"^\[3/3\] c  started  \(elapsed \d+s, ETA unknown: no earlier timing of these steps\)$",
+                     out.stdout, re.M)
+    for i, n in enumerate("abc", 1):
+        assert re.search(rf"^\[{i}/3\] {n}  ok  in \d+s$", out.stdout, re.M)
+    assert "ran --quick" in out.stdout                        # the step's own output is on the console too
+
+
+def test_statuses_partial_run_exit_1_and_reports_untouched(tmp_path):
+    root = make_system(tmp_path, ['Step("ok", "ok.py")', 'Step("skipped", "skip.py")',
+                                  'Step("no_gpu", "setup.py")', 'Step("broken", "fail.py")',
+                                  'Step("renamed", "not_there.py")', 'Step("after", "ok.py")'])
+    before = report_bytes(root)
+    out = run_pipeline(root)
+    assert out.returncode == 1, out.stdout + out.stderr
+    status = {r["step"]: r["status"] for r in last_table(root)}
+    assert status == {"ok": "ok", "skipped": "ok (skipped)", "no_gpu": "setup-error", "broken": "failed",
+                      "renamed": "missing", "after": "ok"}
+    assert re.search(r"^\[3/6\] no_gpu\s+setup-error \(exit 2\)  in \d+s$", out.stdout, re.M)
+    assert re.search(r"^\[4/6\] broken\s+failed \(exit 1\)  in \d+s$", out.stdout, re.M)
+    assert re.search(rf"^\[5/6\] renamed\s+missing: {SYS}/scripts/not_there.py does not exist$", out.stdout, re.M)
+    assert "partial — 3/6 steps ok" in out.stdout
+    assert "reports not refreshed: the pipeline ended partial" in out.stdout
+    assert report_bytes(root) == before                        # ok.py's results exist, yet nothing was refreshed
+    assert (root / SYS / "results" / "ok" / "summary.json").exists()
+    summaries = list((root / SYS / "results").rglob("06_full_pipeline/*/summary.json"))
+    s = json.loads(summaries[0].read_text())
+    assert s["status"] == "partial" and s["headline"]["steps_ok"] == 3 and s["headline"]["steps"] == 6
+    assert not (root / SYS / "results" / "06_full_pipeline" / "summary.json").exists()   # never over a good run
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_no_step_ok_is_failed(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "setup.py")', 'Step("b", "fail.py")'])
+    before = report_bytes(root)
+    out = run_pipeline(root)
+    assert out.returncode == 1 and "failed — 0/2 steps ok" in out.stdout, out.stdout
+    assert report_bytes(root) == before
+
+
+def test_ok_run_writes_the_record_and_refreshes_the_reports(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py")', 'Step("b", "skip.py")'])
+    before = report_bytes(root)
+    out = run_pipeline(root, env={"PIPELINE_COMMAND": "./fakesys/scripts/06_full_pipeline.sh --quick"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    d = root / SYS / "results" / "06_full_pipeline"
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "ok"
+    assert s["provenance"]["command"] == "./fakesys/scripts/06_full_pipeline.sh --quick"
+    assert s["args"] == {"mode": "quick", "ncu": False, "nsys": False, "only": None, "warmup": True}
+    assert {"steps_ok", "steps", "total_s", "warmup_s", "measure_s"} <= set(s["headline"])
+    assert s["headline"]["steps_ok"] == 2 and "a" in s["story"]
+    with open(d / "steps.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:6] == ["step", "status", "seconds", "kind", "command", "started_utc"]
+    assert [(r["step"], r["status"], r["kind"]) for r in rows] == [("a", "ok", "measure"), ("b", "ok (skipped)", "measure")]
+    assert (d / "logs" / "a.log").read_text().count("ran --quick") == 1
+    assert report_bytes(root) != before and "answer" in report_bytes(root).decode()
+    assert "hand-written prose" in report_bytes(root).decode()
+    assert re.search(r"^reports: \d+ block\(s\) refreshed, 1 file\(s\) changed", out.stdout, re.M)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_stops_the_step_group_and_runs_nothing_after(tmp_path, sig):
+    root = make_system(tmp_path, ['Step("first", "ok.py")', 'Step("long", "sleep.py")', 'Step("never", "marker.py")'])
+    before = report_bytes(root)
+    pids_file = root / SYS / "scripts" / "pids.txt"
+    p = subprocess.Popen([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids: list[int] = []
+    try:
+        t0 = time.time()
+        while not pids_file.exists() and time.time() - t0 < 60 and p.poll() is None:
+            time.sleep(0.1)
+        assert pids_file.exists(), "the sleeping step never started"
+        pids = [int(x) for x in pids_file.read_text().split()]
+        p.send_signal(sig)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 130, out
+        assert re.search(r"^\[2/3\] long\s+interrupted  in \d+s$", out, re.M), out
+        assert "[3/3]" not in out and not (root / SYS / "scripts" / "marker.txt").exists()
+        assert "reports not refreshed" in out and report_bytes(root) == before
+        assert procs.wait_gone(pids, 15), f"left behind: {[q for q in pids if procs.alive(q)]}"
+        assert {r["step"]: r["status"] for r in last_table(root)} == {"first": "ok", "long": "interrupted"}
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        for q in pids:
+            if procs.alive(q):
+                os.kill(q, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ --only, --dry-run, flags
+
+def test_only_rejects_an_unknown_step_in_one_line(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py")', 'Step("b", "ok.py")'])
+    out = run_pipeline(root, "--only", "a,zz")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "python -m common.pipeline: --only: unknown step 'zz'; the steps of fakesys: a, b"]
+    assert not (root / SYS / "results").exists()
+
+
+def test_only_carries_the_other_rows_over_from_the_last_run(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py")', 'Step("b", "flaky.py")', 'Step("c", "ok.py")'])
+    first = run_pipeline(root)
+    assert first.returncode == 1                                      # b failed: partial
+    old = {r["step"]: r for r in last_table(root)}
+    (root / SYS / "scripts" / "flaky.ok").write_text("")
+    time.sleep(1.1)                                                   # a new started_utc for b
+    second = run_pipeline(root, "--only", "b")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "1/1 steps ok" in second.stdout and "[2/" not in second.stdout
+    d = root / SYS / "results" / "06_full_pipeline"
+    with open(d / "steps.csv", newline="") as f:
+        rows = {r["step"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["a", "b", "c"]                              # declaration order
+    assert rows["a"]["started_utc"] == old["a"]["started_utc"] and rows["a"]["status"] == "ok"
+    assert rows["b"]["status"] == "ok" and rows["b"]["started_utc"] != old["b"]["started_utc"]
+    assert (d / "logs" / "a.log").exists() and (d / "logs" / "b.log").exists()
+    s = json.loads((d / "summary.json").read_text())
+    assert s["args"]["only"] == ["b"] and s["headline"]["carried"] == 2 and "(carried over)" in s["story"]
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    root = make_system(tmp_path, ['Step("m", "marker.py")', 'Step("gone", "missing.py")'])
+    out = run_pipeline(root, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert f"python {SYS}/scripts/marker.py --quick" in out.stdout
+    assert "(missing: the script does not exist)" in out.stdout and "dry run: nothing was run." in out.stdout
+    assert not (root / SYS / "scripts" / "marker.txt").exists() and not (root / SYS / "results").exists()
+
+
+def test_ncu_nsys_all_and_gpu_count_choose_the_steps(tmp_path):
+    root = make_system(tmp_path, [
+        'Step("base", "ok.py", ncu=("--ncu",), nsys=("--nsys",), full=("--full",))',
+        'Step("ncu_pass", "ok.py", ncu=ONLY, quick=("--q", "{python}", "{scripts}/x.py"))',
+        'Step("timeline", "ok.py", nsys=ONLY)',
+        'Step("multi", "ok.py", only_all=True, min_gpus=64)',
+        'Step("long", "ok.py", only_all=True)'])
+    plain = run_pipeline(root, "--dry-run").stdout
+    assert "base" in plain and all(n not in plain for n in ("ncu_pass", "timeline", "multi", " long "))
+    ncu = run_pipeline(root, "--dry-run", "--ncu").stdout
+    assert f"python {SYS}/scripts/ok.py --quick --ncu" in ncu
+    assert f"python {SYS}/scripts/ok.py --q python {SYS}/scripts/x.py" in ncu and "timeline" not in ncu
+    nsys = run_pipeline(root, "--dry-run", "--nsys", "--all").stdout
+    assert f"python {SYS}/scripts/ok.py --full --nsys" in nsys and "timeline" in nsys and "ncu_pass" not in nsys
+    assert "note: multi left out: it needs 64 GPUs" in nsys and "long" in nsys
+    only = run_pipeline(root, "--dry-run", "--only", "multi,ncu_pass").stdout   # named steps run whatever the flags
+    assert "multi" in only and "ncu_pass" in only and "base" not in only
+
+
+def test_unknown_option_and_conflicting_modes_are_one_line(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py")'])
+    for args in (["--bogus"], ["--quick", "--all"]):
+        out = run_pipeline(root, *args)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_runs_without_pandas(tmp_path):
+    """The runner needs only the standard library and common/: pandas blocked, the record is still written."""
+    root = make_system(tmp_path, ['Step("a", "skip.py")'])
+    block = tmp_path / "block"
+    (block / "pandas").mkdir(parents=True)
+    (block / "pandas" / "__init__.py").write_text("raise ImportError('pandas is blocked for this test')\n")
+    out = run_pipeline(root, env={"PYTHONPATH": os.pathsep.join([str(block), str(REPO)])})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (root / SYS / "results" / "06_full_pipeline" / "steps.csv").read_text().startswith("step,status")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed: the warm-up would build")
+def test_a_warmup_setup_error_does_not_stop_the_steps(tmp_path):
+    root = make_system(tmp_path, ['Step("a", "ok.py", jit=("fi:norm",))', 'Step("b", "ok.py", jit=("msgl:radix",))'])
+    out = run_pipeline(root)
+    assert out.returncode == 0, out.stdout + out.stderr                # the warm-up does not count
+    assert "python -m common.jit --system fakesys --modules fi:norm,msgl:radix" in out.stdout
+    assert re.search(r"^\[1/3\] jit_warmup\s+setup-error \(exit 2\)", out.stdout, re.M)
+    rows = last_table(root)
+    assert [(r["step"], r["kind"], r["status"]) for r in rows] == [
+        ("jit_warmup", "warmup", "setup-error"), ("a", "measure", "ok"), ("b", "measure", "ok")]
+    d = root / SYS / "results" / "06_full_pipeline"
+    with open(d / "warmup.csv", newline="") as f:
+        assert [(r["module"], r["status"]) for r in csv.DictReader(f)] == [("fi:norm", "setup"), ("msgl:radix", "setup")]
+    nowarm = run_pipeline(root, "--no-warmup", "--dry-run").stdout
+    assert "jit_warmup" not in nowarm
+
+
+# ------------------------------------------------------------------ the real systems
+
+@pytest.mark.parametrize("system", ["flashinfer", "mini-sglang", "sglang"])
+def test_real_wrappers_help_and_dry_run(system):
+    sh = REPO / system / "scripts" / "06_full_pipeline.sh"
+    assert len(sh.read_text().splitlines()) <= 40 and 'PIPELINE_COMMAND="$0 $*"' in sh.read_text()
+    h = subprocess.run(["bash", str(sh), "--help"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "PYTHON": "/nonexistent/python"})      # --help needs no Python
+    assert h.returncode == 0 and "Usage" in h.stdout and "set -euo" not in h.stdout
+    for flag in ("--quick", "--all", "--ncu", "--nsys", "--only", "--no-warmup", "--dry-run"):
+        assert flag in h.stdout
+    d = subprocess.run(["bash", str(sh), "--dry-run", "--quick"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHON": sys.executable})
+    assert d.returncode == 0, d.stderr
+    assert d.stdout.startswith(f"{system} pipeline --quick: ") and "dry run: nothing was run." in d.stdout
+    assert "jit_warmup" in d.stdout and f"python {system}/scripts/00_check_env.py --quick" in d.stdout
+    bad = subprocess.run(["bash", str(sh), "--no-such-flag"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": sys.executable})
+    assert bad.returncode == 2 and "unknown option" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _steps(system):
+    steps, notes = pipeline.load_steps(REPO, system)
+    return {s.name: s for s in steps}, notes
+
+
+def test_real_step_lists():
+    fi, _ = _steps("flashinfer")
+    assert list(fi)[:7] == ["00_check_env", "01_test_kernels", "02_profile_prefill", "03_profile_decode",
+                            "04_profile_rmsnorm", "05_profile_rope", "07_jit_analysis"]
+    chosen, _ = pipeline.choose(fi.values(), "quick", True, False, None, 1)
+    names = [s.name for s, _ in chosen]
+    assert {"ncu_decode", "ncu_prefill", "ncu_norm", "ncu_rope"} <= set(names) and "nsys_decode" not in names
+    args = dict((s.name, a) for s, a in chosen)
+    assert args["02_profile_prefill"] == ["--quick", "--ncu"] and "--count" in args["ncu_decode"]
+    full = dict((s.name, a) for s, a in pipeline.choose(fi.values(), "all", True, False, None, 1)[0])
+    assert "--set" in full["ncu_norm"] and full["00_check_env"] == []
+
+    ms, _ = _steps("mini-sglang")
+    assert "05_profile_comm" in ms and "08_forward_timeline" in ms and "06_forward_timeline" not in ms
+    assert pipeline.choose(ms.values(), "quick", False, True, None, 1)[0][-1][1][-1] == "--nsys"
+
+    sg, notes = _steps("sglang")
+    assert sg["04_nsys_profile"].script == "04_nsys_profile.py" and sg["05_ncu_attention"].script == "05_ncu_attention.py"
+    for mode, gpus, has07 in (("quick", 8, False), ("all", 1, False), ("all", 2, True)):
+        chosen, left = pipeline.choose(sg.values(), mode, False, False, None, gpus)
+        assert ("07_tp_scaling" in [s.name for s, _ in chosen]) == has07
+        assert bool(left) == (mode == "all" and not has07)
+        assert "04_nsys_profile" not in [s.name for s, _ in chosen] and "05_ncu_attention" not in [s.name for s, _ in chosen]
+    # the same meaning as elsewhere: --nsys adds the timeline step, --ncu the ncu passes (and 08's counters)
+    chosen = dict((s.name, a) for s, a in pipeline.choose(sg.values(), "quick", True, True, None, 1)[0])
+    assert {"04_nsys_profile", "05_ncu_attention"} <= set(chosen) and chosen["08_execution_story"] == ["--quick", "--ncu"]
+
+
+def test_real_steps_name_the_jit_modules_they_load():
+    for system in ("flashinfer", "mini-sglang", "sglang"):
+        steps, _ = _steps(system)
+        for s in steps.values():
+            assert set(s.jit) | set(s.jit_all) <= set(jit.MODULES), s.name
+    fi, _ = _steps("flashinfer")
+    assert set(fi["03_profile_decode"].jit) == {"fi:decode", "fi:prefill_fa2"}      # tensor-core decode = fa2 prefill
+    assert fi["00_check_env"].jit == ()
+    sg, _ = _steps("sglang")
+    assert set(sg["01_baseline_perf"].jit) == {"fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm"}
+    needs = jit.system_modules("mini-sglang")
+    assert "08_forward_timeline" in needs["msgl:index_8192_s4"] and needs["msgl:pynccl"] == ["05_profile_comm"]
+    chosen, _ = pipeline.choose(_steps("mini-sglang")[0].values(), "quick", False, False, ["02_profile_index"], 1)
+    assert pipeline.warmup_modules(chosen, "quick") == ["msgl:index_8192_s4"]
+    assert "msgl:index_8192_s16" in pipeline.warmup_modules(chosen, "all")
+
+
+# ------------------------------------------------------------------ common.jit without torch
+
+def test_jit_catalogue_names_the_uris_the_wrappers_load():
+    m = jit.MODULES
+    assert m["fi:decode"].uri == ("batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_"
+                                  "head_dim_qk_128_head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_False")
+    assert m["fi:prefill_fa3"].uri == m["fi:prefill_fa2"].uri + "_sm90"
+    assert m["fi:prefill_fa2"].uri.endswith("_f16qk_False") and "dtype_idx_i32" in m["fi:prefill_fa2"].uri
+    assert m["msgl:index_8192_s4"].uri == "minisgl__index_8192_4_128_1_false"   # what 00_check_env looks for
+    assert m["msgl:store_2048"].uri == "minisgl__store_2048_128_1_false"
+
+
+def _fake_mods(*names):
+    return [jit.Module(f"fake:{n}", "fake", f"fake_{n}", "a test module") for n in names]
+
+
+def test_a_failing_module_does_not_stop_the_others():
+    lines = []
+
+    def fn(m):
+        if m.name == "fake:bad":
+            raise RuntimeError("Ninja build failed.\nFAILED: x.cuda.o\nx.cu(3): error: identifier \"y\" is undefined")
+        if m.name == "fake:old":
+            return "cached"
+        if m.name == "fake:fa3":
+            return ("skipped", "not an sm90a GPU")
+        time.sleep(0.05)
+        return "built"
+    mods = _fake_mods("a", "bad", "old", "fa3", "b")
+    res = jit.warm(mods, builders={"fake": lambda ms, done: jit.build_each(ms, done, fn, jobs=3)}, echo=lines.append)
+    assert [(r.name, r.status) for r in res] == [("fake:a", "built"), ("fake:bad", "failed"), ("fake:old", "cached"),
+                                                ("fake:fa3", "skipped"), ("fake:b", "built")]
+    bad = next(r for r in res if r.status == "failed")
+    assert bad.detail == 'x.cu(3): error: identifier "y" is undefined'
+    assert sorted(lines) == sorted(jit.format_line(r, 8) for r in res) and len(lines) == 5
+    assert any(re.fullmatch(r"  fake:a   built \d+\.\d s", line) for line in lines)
+    assert "  fake:old cached" in lines and "  fake:fa3 skipped: not an sm90a GPU" in lines
+    assert jit.exit_code(res) == 1
+
+
+def test_a_builder_that_raises_fails_only_its_own_modules():
+    def good(ms, done):
+        for m in ms:
+            done(m.name, "built", 1.25)
+
+    def broken(ms, done):
+        done(ms[0].name, "built", 0.5)
+        raise RuntimeError("nvcc not found")
+
+    def no_pkg(ms, done):
+        raise SetupError("Python package 'flashinfer' is not importable")
+    mods = _fake_mods("g1", "g2") + [jit.Module("x:1", "broken", "x1", "t"), jit.Module("x:2", "broken", "x2", "t"),
+                                     jit.Module("y:1", "nopkg", "y1", "t"), jit.Module("z:1", "nobuilder", "z1", "t")]
+    res = {r.name: r for r in jit.warm(mods, {"fake": good, "broken": broken, "nopkg": no_pkg}, echo=lambda _: None)}
+    assert res["fake:g1"].status == res["fake:g2"].status == "built" and res["x:1"].status == "built"
+    assert (res["x:2"].status, res["x:2"].detail) == ("failed", "nvcc not found")
+    assert res["y:1"].status == "setup" and res["z:1"].status == "failed"
+    assert jit.exit_code(list(res.values())) == 2
+    total = jit.format_total(list(res.values()), 12.34, 16)
+    assert total.startswith("warm-up: 6 module(s) — 3 built, 2 failed, 1 not built (setup) — 12.3 s wall on 16")
+
+
+def test_jit_csv(tmp_path):
+    res = [jit.Result("fi:norm", "flashinfer", "built", 12.345, "", "norm"),
+           jit.Result("fi:rope", "flashinfer", "failed", None, "error: x", "rope")]
+    jit.write_csv(tmp_path / "w.csv", res)
+    with open(tmp_path / "w.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0] == {"module": "fi:norm", "kind": "flashinfer", "status": "built", "seconds": "12.3", "uri": "norm",
+                       "detail": ""}
+    assert rows[1]["status"] == "failed" and rows[1]["seconds"] == ""
+
+
+def test_jit_cli_on_a_machine_without_a_gpu(tmp_path):
+    def jit_cli(*args):
+        return subprocess.run([sys.executable, "-m", "common.jit", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+    h = jit_cli("--help")
+    assert h.returncode == 0 and "--list" in h.stdout and "build_jit_specs" in h.stdout
+    ls = jit_cli("--list", "--system", "sglang")
+    assert ls.returncode == 0 and "fi:cascade" in ls.stdout and "msgl:" not in ls.stdout
+    assert "steps: 01_baseline_perf" in ls.stdout
+    bad = jit_cli("--modules", "fi:nope")
+    assert bad.returncode == 2 and "unknown module 'fi:nope'" in bad.stderr
+    if importlib.util.find_spec("torch") is None:
+        out = jit_cli("--system", "flashinfer", "--csv", str(tmp_path / "w.csv"))
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert [l for l in out.stderr.splitlines() if l.startswith("[setup]")] == out.stderr.strip().splitlines()
+        assert len(out.stderr.strip().splitlines()) == 1
+        with open(tmp_path / "w.csv", newline="") as f:
+            assert {r["status"] for r in csv.DictReader(f)} == {"setup"}
+
+
+def test_eta_text_and_durations():
+    P = pipeline.Planned
+    assert pipeline.fmt_s(41) == "41s" and pipeline.fmt_s(72) == "1m12s" and pipeline.fmt_s(3725) == "1h02m"
+    assert pipeline.eta_text([P("a", "measure", [], "", None, 30), P("b", "measure", [], "", None, 240)]) == "ETA 4m30s"
+    assert pipeline.eta_text([P("a", "measure", [], "", None, None)]) == "ETA unknown: no earlier timing of these steps"
+    assert pipeline.overall(["ok", "ok (skipped)"]) == "ok" and pipeline.overall(["ok", "failed"]) == "partial"
+    assert pipeline.overall(["setup-error", "missing"]) == "failed" and pipeline.overall(["ok", "interrupted"]) == "interrupted"
+
+
+@pytest.mark.skipif(__import__("common.nsys", fromlist=["find"]).find() is not None, reason="nsys is usable here")
+def test_an_nsys_step_without_nsys_is_ok_skipped(tmp_path):
+    root = make_system(tmp_path, ['Step("timeline", "marker.py", nsys=ONLY, under="nsys")'])
+    plan = run_pipeline(root, "--nsys", "--dry-run").stdout
+    assert f"python -m common.pipeline nsys --out {SYS}/results/nsys_timeline/timeline -- python {SYS}/" in plan
+    out = run_pipeline(root, "--nsys")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[skip] Nsight Systems is not usable here" in out.stdout
+    assert {r["step"]: r["status"] for r in last_table(root)} == {"timeline": "ok (skipped)"}
+    assert not (root / SYS / "scripts" / "marker.txt").exists()
