@@ -55,6 +55,6 @@ def test_ranges_appear_in_torch_profiler_trace(tmp_path):
         torch.cuda.synchronize()
     prof.export_chrome_trace(str(tmp_path / "t.json"))
     ev = trace.read_chrome_trace(tmp_path / "t.json")
-    steps = trace.annotate(ev, r"matmul step=")
-    assert list(steps["name"]) == [f"matmul step={i} n=4096" for i in range(3)]
+    steps = trace.range_summary(trace.kernels_in_ranges(ev, r"^matmul step="))
+    assert list(steps["range"]) == [f"matmul step={i} n=4096" for i in range(3)]
     assert (steps["kernels"] >= 1).all() and (steps["kernel_us"] > 0).all()
