@@ -346,6 +346,13 @@ class Run:
         self.summary["observations"].append(rec)
         return rec
 
+    def fact(self, h, holds, observed: str, evidence: str = "", premise=True) -> str:
+        """A hypothesis about a fact (see common.verdicts.judge_fact); returns the verdict."""
+        from .verdicts import judge_fact
+        rec = judge_fact(h, holds, observed, premise=premise)
+        self.summary["observations"].append({**rec, "evidence": evidence})
+        return rec["verdict"]
+
     def point_error(self, point: dict, exc: BaseException) -> None:
         """Record a failed sweep point (shape rejected, OOM, JIT failure) and keep going."""
         msg = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"

@@ -104,3 +104,13 @@ def scale(iv: Interval, k: float) -> Interval:
     """The same interval multiplied by a positive constant (e.g. a time turned into a rate)."""
     lo, hi = sorted((iv.lo * k, iv.hi * k))
     return Interval(iv.point * k, lo, hi, iv.n, iv.method)
+
+
+def over(values, what: str = "shapes") -> Interval:
+    """The interval of a claim made for every item (every swept shape, every traced call): min..max of the
+    per-item values with the median as its point — all inside a range confirms, all outside refutes,
+    across a bound is inconclusive (common.verdicts)."""
+    v = _clean(values)
+    if not v:
+        return Interval(math.nan, math.nan, math.nan, 0, "none")
+    return Interval(statistics.median(v), min(v), max(v), len(v), f"range over {len(v)} {what}")

@@ -83,3 +83,26 @@ def judge(h: Hypothesis, values, *, premise: bool | str = True, stat: str = "med
     observed = f"{h.quantity}: {iv.fmt(digits, h.unit)}" + (f"; {detail}" if detail else "") + why
     return {"hypothesis": h.id, "expected": h.expected(), "observed": observed, "verdict": v,
             "interval": iv.to_dict(), "range": [h.low, h.high], "source": h.source}
+
+
+def judge_fact(h: Hypothesis, holds, observed: str, *, premise: bool | str = True) -> dict:
+    """The observation record for a hypothesis about a FACT (a kernel name, a planner decision, a
+    bound() reading) rather than a number. ``holds``: one bool for a deterministic fact (the same code
+    path on every run), or one bool per repetition / traced call: all True -> confirmed, all False ->
+    refuted, mixed -> inconclusive; None (not observed) -> inconclusive. A failed ``premise`` (a string
+    saying which) makes it inconclusive whatever was seen. Numbers are judged with :func:`judge`."""
+    vals = list(holds) if isinstance(holds, (list, tuple)) else [holds]
+    if premise is not True:
+        verdict = "inconclusive"
+        observed = f"{observed}; premise failed: {premise if isinstance(premise, str) else 'see evidence'}"
+    elif not vals or any(v is None for v in vals):
+        verdict = "inconclusive"
+    elif all(vals):
+        verdict = "confirmed"
+    elif not any(vals):
+        verdict = "refuted"
+    else:
+        verdict, observed = "inconclusive", f"{observed}; holds in {sum(map(bool, vals))} of {len(vals)}"
+    src = f"; source: {h.source}" if h.source else ""
+    return {"hypothesis": h.id, "expected": f"{h.claim} — {h.quantity}{src}", "observed": observed,
+            "verdict": verdict, "source": h.source}

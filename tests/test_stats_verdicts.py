@@ -63,3 +63,19 @@ def test_the_guard_fails_when_the_rule_is_broken(monkeypatch):
     assert verdicts.judge(H, [88, 91, 89])["verdict"] == "confirmed"          # what a point-only rule says
     monkeypatch.undo()
     assert verdicts.judge(H, [88, 91, 89])["verdict"] == "inconclusive"
+
+
+def test_facts_are_judged_over_every_observation():
+    h = Hypothesis("split", "the planner splits the KV at small batch", "split_kv of the traced calls", source="H-05")
+    assert verdicts.judge_fact(h, True, "split")["verdict"] == "confirmed"
+    assert verdicts.judge_fact(h, [True, False, True], "split")["verdict"] == "inconclusive"
+    assert verdicts.judge_fact(h, [False, False], "no split")["verdict"] == "refuted"
+    assert verdicts.judge_fact(h, None, "not traced")["verdict"] == "inconclusive"
+    rec = verdicts.judge_fact(h, True, "split", premise="one launch seen, two expected")
+    assert rec["verdict"] == "inconclusive" and "premise failed: one launch seen" in rec["observed"]
+
+
+def test_over_is_the_full_range_of_the_items():
+    iv = stats.over([0.61, 0.64, 0.62, float("nan"), None], "shapes")
+    assert (iv.lo, iv.hi, iv.n) == (0.61, 0.64, 3) and "3 shapes" in iv.method
+    assert stats.over([1.0] * 20 + [1.3]).hi == 1.3        # many items stay a range, never a bootstrap
