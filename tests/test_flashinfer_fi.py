@@ -1,4 +1,6 @@
-"""FlashInfer track helpers (flashinfer/scripts/_fi.py) and script plumbing, on real fixtures.
+"""FlashInfer track helpers (flashinfer/scripts/_fi.py), on real fixtures. The scripts themselves (CLI, main()
+length, verdicts on recorded values) are in tests/test_flashinfer_scripts.py; the FLOP/byte formulas in
+tests/test_flops.py (common.flops).
 
 Fixtures added for these tests (tests/fixtures/):
   torch_trace_sglang_extend_step_h200_cut.json
@@ -6,17 +8,14 @@ Fixtures added for these tests (tests/fixtures/):
       (SGLang server, Llama-3.1-8B shape, flashinfer backend, one EXTEND step of 11 tokens): the
       range `step[EXTEND bs=1 toks=11]`, the CUDA runtime/driver calls from 3 ms before to 3.4 ms
       after its start, and the kernels and memcpys those calls launched; python/cpu_op events dropped.
-  flashinfer_probe_results_h200.jsonl
-      the output lines of ../shared/device/probes/fi_probe.py (+ msgl_probe.py) on the H200, as recorded.
   ninja_log_v5_two_objects_rebuilt.txt
       the .ninja_log ninja 1.11.1 wrote for a 2-object shared library built, then rebuilt after
       touching one source (same v5 format FlashInfer's JIT folders hold).
-Also used: ncu_raw_fullset_flashinfer_5kernels_h200.csv (see tests/fixtures/README.md).
+  fi_cross_check_decode_h200*.csv: see the cross-check tests below.
+Also used: ncu_raw_fullset_flashinfer_5kernels_h200.csv, sglang_nsys_cuda_gpu_trace_cut_h200.csv
+(tests/fixtures/README.md, tests/test_sglang_scripts.py).
 """
-import importlib.util
-import json
-import re
-import subprocess
+import math
 import sys
 from pathlib import Path
 
@@ -26,17 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import _fi  # noqa: E402
-from common import ncu, trace  # noqa: E402
+from common import flops, ncu, stats, trace, verdicts  # noqa: E402
+from common.results import Run  # noqa: E402
 
 NCU_FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
 TRACE = "torch_trace_sglang_extend_step_h200_cut.json"
-
-
-def load_script(stem):
-    spec = importlib.util.spec_from_file_location(f"fi_{stem}", SCRIPTS / f"{stem}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+NSYS_TRACE = "sglang_nsys_cuda_gpu_trace_cut_h200.csv"
 
 
 @pytest.fixture
@@ -45,56 +39,25 @@ def ncu_rows(fixture_path):
     return {k: r for k, r in zip(s["kernel"], s.to_dict("records"))}
 
 
-# ------------------------------------------------------------------ arithmetic
-
-def test_causal_pairs_bottom_right():
-    assert _fi.causal_pairs(4, 4) == 1 + 2 + 3 + 4
-    # 2 new tokens on 5 keys: they see 4 and 5 keys (mask aligned bottom-right)
-    assert _fi.causal_pairs(2, 5) == 4 + 5
-    brute = sum(1 for i in range(7) for j in range(19) if j <= 19 - 7 + i)
-    assert _fi.causal_pairs(7, 19) == brute
-    assert _fi.causal_pairs(0, 9) == 0
+@pytest.fixture
+def run(tmp_path):
+    """A real results.Run (run.judge / run.observe as the scripts call them), in a temporary folder."""
+    r = Run(SCRIPTS / "03_profile_decode.py", {}, out=tmp_path / "run", quiet=True)
+    yield r
+    r.finish()
 
 
-def test_causal_prefill_needs_kv_at_least_qo():
-    with pytest.raises(ValueError, match="qo_len <= kv_len"):
-        _fi.causal_pairs(10, 9)
-    with pytest.raises(ValueError, match="one entry per request"):
-        _fi.prefill_flops([1, 2], [3], 32, 128)
+# ------------------------------------------------------------------ RoPE bytes (FlashInfer's API facts + common.flops)
 
-
-def test_prefill_flops_reproduce_the_h200_probe(fixture_path):
-    # fi_probe.py timed FA2 prefill: 8 requests x 512 new tokens on 4096 KV, 32 q heads, head_dim 128
-    rec = next(json.loads(l) for l in fixture_path("flashinfer_probe_results_h200.jsonl").read_text().splitlines()
-               if '"batch_prefill_paged_fa2"' in l)
-    flops = _fi.prefill_flops([512] * 8, [4096] * 8, 32, 128)
-    assert flops / (rec["ms"] * 1e-3) / 1e12 == pytest.approx(rec["TFLOP_s"], rel=2e-3)
-    # non-causal attends every pair: more work than causal on the same shape
-    assert _fi.prefill_flops([512] * 8, [4096] * 8, 32, 128, causal=False) > flops
-
-
-def test_decode_bytes_reproduce_the_h200_probe(fixture_path):
-    rec = next(json.loads(l) for l in fixture_path("flashinfer_probe_results_h200.jsonl").read_text().splitlines()
-               if '"batch_decode_paged"' in l)
-    kv = [4096] * 32
-    qo_bytes = 2 * 32 * 32 * 128 * 2                      # q read + o written, 32 q heads
-    kv_bytes = _fi.decode_bytes(kv, 32, 8, 128) - qo_bytes
-    assert kv_bytes == 32 * 4096 * 2 * 8 * 128 * 2        # the probe's count: K and V, 8 kv heads, bf16
-    assert kv_bytes / (rec["ms"] * 1e-3) / 1e9 == pytest.approx(rec["GB_s"], rel=2e-3)
-    assert _fi.decode_flops(kv, 32, 128) == 4 * 32 * 128 * sum(kv)
-    assert _fi.intensity(_fi.decode_flops(kv, 32, 128), kv_bytes) == pytest.approx(32 / 8)   # = GQA group
-
-
-def test_formulas_match_dram_bytes_ncu_read(ncu_rows):
-    """The bytes each kernel must read (formula) against what ncu saw it read from DRAM (same probe shapes)."""
-    dec = ncu_rows["BatchDecodeWithPagedKVCacheKernel"]
-    read = _fi.decode_bytes([4096] * 32, 32, 8, 128) - 32 * 32 * 128 * 2       # all but the output
-    assert dec["dram_read_mb"] * 1e6 == pytest.approx(read, rel=0.01)
-    pre = ncu_rows["BatchPrefillWithPagedKVCacheKernel"]
-    read = _fi.prefill_bytes([512] * 8, [4096] * 8, 32, 8, 128) - 8 * 512 * 32 * 128 * 2
-    assert pre["dram_read_mb"] * 1e6 == pytest.approx(read, rel=0.03)
+def test_rope_bytes_per_api_against_what_ncu_read(ncu_rows):
+    """The cos/sin-cache API reads q, k, an int64 position and an fp32 cos/sin row per token; ncu saw those reads
+    (the probe: 8192 tokens, 32 q / 8 k heads, head_dim 128)."""
+    extra = _fi.rope_extra_bytes("apply_rope_with_cos_sin_cache_inplace", 128)
+    assert extra == 8 + 4 * 128 and _fi.rope_extra_bytes("apply_rope", 128) == 0
+    assert _fi.rope_extra_bytes("apply_llama31_rope_pos_ids", 64) == 8
+    total = flops.rope_bytes(8192, 32, 8, 128, per_token_extra=extra)
+    read = (total - 8192 * extra) / 2 + 8192 * extra                 # q, k read once (half), the extras read
     rope = ncu_rows["BatchQKApplyRotaryPosIdsCosSinCacheHeadParallelismKernel"]
-    read = _fi.rope_bytes(8192, 32, 8, 128, per_token_extra=8 + 4 * 128) / 2 + 8192 * (8 + 4 * 128) / 2
     assert rope["dram_read_mb"] * 1e6 == pytest.approx(read, rel=0.03)
 
 
@@ -137,37 +100,103 @@ def test_page_table():
         _fi.page_table([0], 16)
 
 
-# ------------------------------------------------------------------ kernels per call from a real trace
+# ------------------------------------------------------------------ what one call launched, from the common join
 
-def test_kernels_in_ranges_on_a_real_sglang_step(fixture_path):
-    ev = trace.read_chrome_trace(fixture_path(TRACE))
-    rows = _fi.kernels_in_ranges(ev, r"^step\[")
-    assert set(rows["label"]) == {"step[EXTEND bs=1 toks=11]"} and (rows["call"] == 0).all()
+def test_calls_and_per_call_on_a_real_sglang_step(fixture_path):
+    """The common join (common.trace.kernels_in_ranges) read the FlashInfer way: merge kernels, fill kernel, copies."""
+    rows = trace.kernels_in_ranges(trace.read_chrome_trace(fixture_path(TRACE)), r"^step\[")
     kern = rows[rows["gpu_kind"] == "kernel"]
-    counts = kern["kernel"].value_counts()
-    # kernels launched before the step range began are not counted in it
-    assert len(kern) == len(trace.kernels(ev)) - 3
-    copies = rows[rows["gpu_kind"] == "memcpy"]
-    assert len(copies) == 12 and copies["kernel"].str.startswith("Memcpy ").all()   # the step's own copies
-    assert "compute_position_kernel" not in counts and "write_req_to_token_pool_triton" not in counts
-    # each paged prefill that split its KV is followed by its merge kernel
-    assert counts["BatchPrefillWithPagedKVCacheKernel"] == counts["PersistentVariableLengthMergeStatesKernel"] == 2
     s = _fi.calls_summary(rows).iloc[0]
     assert s["calls"] == 1 and s["kernels_per_call"] == len(kern) and s["copies_per_call"] == 12
     assert s["merge_kernel"] and s["fill_kernel"] and 0 < s["merge_share_pct"] < 100
     assert s["kernels"].split(" + ")[0] == kern.sort_values("ts_us")["kernel"].iloc[0]
     assert "Memcpy HtoD (Pinned -> Device)" in s["copies"] and "Memcpy" not in s["kernels"]
+    c = _fi.per_call(rows).iloc[0]
+    assert c["kernels"] == len(kern) and c["copies"] == 12 and c["fill_kernel"]
+    merges = kern[kern["kernel"].str.contains(_fi.MERGE_RX)]["dur_us"].sum()
+    assert c["merge_us"] == pytest.approx(merges) and c["merge_share_pct"] == pytest.approx(s["merge_share_pct"])
 
 
-def test_no_matching_range_fails_loudly(fixture_path):
-    ev = trace.read_chrome_trace(fixture_path(TRACE))
-    with pytest.raises(trace.TraceError, match="no user range"):
-        _fi.kernels_in_ranges(ev, r"^decode ")
+def test_pick():
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame([{"a": 1, "b": 2}, {"a": 1, "b": 3}])
+    assert _fi.pick(df, a=1) == {"a": 1, "b": 2} and _fi.pick(df, a=1, b=3)["b"] == 3 and _fi.pick(df, a=2) is None
 
 
-def test_split_label():
-    assert _fi.split_label("decode cuda b=32 kv=4096 #2") == ("decode cuda b=32 kv=4096", 2)
-    assert _fi.split_label("step[EXTEND bs=1 toks=11]") == ("step[EXTEND bs=1 toks=11]", 0)
+# ------------------------------------------------------------------ sweeps: repetitions, the child's arguments, verdict helpers
+
+def test_with_repeats_puts_each_reference_point_three_times_after_the_sweep():
+    pts = _fi.with_repeats([{"b": 1}, {"b": 2}], [{"b": 32}])
+    assert [p["kind"] for p in pts] == ["sweep"] * 2 + ["reference"] * _fi.REPEATS
+    assert [p["rep"] for p in pts[2:]] == list(range(_fi.REPEATS)) and _fi.REPEATS >= stats.MIN_REPEATS
+
+
+def test_child_argv_drops_what_would_recurse_or_move_the_results():
+    argv = ["--quick", "--ncu", "--nsys", "--out", "/tmp/x", "--batches", "32", "--out=/y", "--variants", "cuda"]
+    assert _fi.child_argv(argv) == ["--quick", "--batches", "32", "--variants", "cuda"]
+    assert _fi.child_argv([]) == []
+
+
+def test_fact_needs_every_repetition_and_its_premise(run):
+    h = verdicts.Hypothesis("x", "a merge kernel runs when plan_info says split_kv", "per traced call", source="H-05")
+    assert run.fact(h, [True, True, True], "3/3") == "confirmed"
+    assert run.fact(h, [False, False, False], "0/3") == "refuted"
+    assert run.fact(h, [True, False, True], "2/3") == "inconclusive"
+    assert run.fact(h, None, "not observed") == "inconclusive"
+    assert run.fact(h, True, "split", premise="the shape was not traced") == "inconclusive"
+    obs = run.summary["observations"]
+    assert "holds in 2 of 3" in obs[2]["observed"] and "premise failed: the shape was not traced" in obs[4]["observed"]
+    assert "source: H-05" in obs[0]["expected"]
+
+
+def test_over_shapes_is_the_full_range():
+    iv = stats.over([0.61, 0.64, 0.62, float("nan"), None])
+    assert (iv.lo, iv.hi, iv.n) == (0.61, 0.64, 3) and iv.point == pytest.approx(0.62) and "3 shapes" in iv.method
+    assert stats.over([]).n == 0
+    # ten or more shapes stay a range (every shape inside the bound), never a bootstrap of the median
+    assert stats.over([1.0] * 9 + [1.2]).hi == 1.2
+
+
+def test_ceiling_names_the_denominator():
+    pk = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source": "measured",
+          "sources": {"dram_tb_s": "measured"}, "method": {"dram_tb_s": "best of 4 probes: triton read"}}
+    assert _fi.ceiling(pk) == "the measured DRAM ceiling 4.28 TB/s (best of 4 probes: triton read) of NVIDIA H200"
+    assert _fi.ceiling(pk, "bf16_tflops").startswith("the measured bf16 tensor ceiling 712 TFLOP/s")
+    assert _fi.ceiling({"gpu": None}) == "no DRAM ceiling of this GPU"
+
+
+# ------------------------------------------------------------------ timeline
+
+def test_point_kernels_split_a_real_nsys_trace_at_a_marker(fixture_path):
+    """The marker splitting of --nsys, on SGLang's real cuda_gpu_trace: fused_rope_kernel (once per layer) stands in
+    for the scripts' marker kernel, so each 'point' is one layer and keeps its attention + merge kernels."""
+    ev = trace.read_nsys_csv(fixture_path(NSYS_TRACE))
+    n = int(ev["name"].str.contains("fused_rope_kernel").sum())
+    points = [{"kind": "sweep", "layer": i} for i in range(n)]
+    tl = _fi.point_kernels(ev, points, "BatchPrefillWithPagedKVCacheKernel|" + _fi.MERGE_RX,
+                           lambda p: f"layer {p['layer']}", marker="fused_rope_kernel")
+    assert n == 52 and (tl.groupby("point").size() == 2).all() and tl["label"].nunique() == n
+    assert list(tl[tl["point"] == 0]["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "MergeStateKernel"]
+    third = tl[tl["point"] == 2]
+    assert list(third["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "PersistentVariableLengthMergeStatesKernel"]
+    assert third["start_us"].iloc[0] == 0 and 0 < third["gap_us"].iloc[1] < 5 and (tl["dur_us"] > 0).all()
+    ref = _fi.point_kernels(ev, [{"kind": "reference"}] * n, "BatchPrefill", str, marker="fused_rope_kernel")
+    assert ref.empty                                    # reference repetitions are not drawn
+
+
+def test_call_kernels_and_the_story_timeline(fixture_path, tmp_path):
+    """The torch-profiler fallback of --nsys: the first call of each label, its attention kernels on a timeline."""
+    rows = trace.kernels_in_ranges(trace.read_chrome_trace(fixture_path(TRACE)), r"^step\[")
+    tl = _fi.call_kernels(rows, "BatchPrefillWithPagedKVCacheKernel|MergeStates")
+    assert list(tl["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "PersistentVariableLengthMergeStatesKernel"] * 2
+    assert (tl["start_us"].diff().dropna() > 0).all()
+    line = _fi.timeline_lines(tl)[0]
+    assert line.startswith("step[EXTEND bs=1 toks=11]: BatchPrefillWithPagedKVCacheKernel") and "GPU span" in line
+    art = _fi.timeline_ascii(tl, ["step[EXTEND bs=1 toks=11]", "not there"])
+    assert "M" in art and art.count("\n") >= 2 and "not there" not in art
+    fig = _fi.timeline_figure(tl, "test")
+    assert len(fig.axes[0].patches) == len(tl)
+    fig.savefig(tmp_path / "t.png")
 
 
 # ------------------------------------------------------------------ JIT cache
@@ -211,62 +240,12 @@ def test_short_module_names():
     assert _fi.short_module("norm") == "norm"
 
 
-# ------------------------------------------------------------------ the scripts: kernel regexes, sweep sizes, --help
-
-def test_kernel_regexes_match_real_ncu_names(fixture_path):
-    names = list(ncu.read_raw(fixture_path(NCU_FULL))["Kernel Name"])
-    m02, m03 = load_script("02_profile_prefill"), load_script("03_profile_decode")
-    assert [n for n in names if re.search(m03.KERNELS, n)] == names[:1] + names[1:2]  # decode (+ tc = prefill kernel)
-    assert [n for n in names if re.search(m02.KERNELS, n)] == names[1:2]
-    rope = ncu.short_name(names[4])
-    assert re.search(_fi.ROPE_APIS["apply_rope_with_cos_sin_cache_inplace"][2], rope)
-    assert not re.search(_fi.ROPE_APIS["apply_llama31_rope_pos_ids"][2], rope)
-
-
-def test_quick_sweeps_stay_small():
-    m02, m03, m05 = load_script("02_profile_prefill"), load_script("03_profile_decode"), load_script("05_profile_rope")
-    p3 = m03.plan_points(m03.parse_args(["--quick"]))
-    assert len(p3) == 18 and {p["model"] for p in p3} == {"llama-3.1-8b"}
-    assert len(m03.plan_points(m03.parse_args([]))) == 2 * 2 * 6 * 7
-    assert len(m02.plan_points(m02.parse_args(["--quick"]), ["fa2", "fa3"])) == 12
-    one = m03.plan_points(m03.parse_args(["--variants", "cuda", "--batches", "32", "--kv-lens", "4096", "--quick"]))
-    assert one == [{"model": "llama-3.1-8b", "variant": "cuda", "batch": 32, "kv_len": 4096}]
-    assert len(m05.plan_points(m05.parse_args(["--quick"]))) == 4 * len(m05.VARIANTS)
-    with pytest.raises(SystemExit):
-        m03.plan_points(m03.parse_args(["--variants", "cuda,gpu"]))
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("[0-9][0-9]_*.py")))
-def test_help_runs_without_gpu_packages(script):
-    out = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "Run" in out.stdout and "--quick" in out.stdout
-
-
-@pytest.mark.parametrize("script", ["06_full_pipeline.sh", "ncu_profile.sh"])
-def test_shell_wrappers_help(script):
-    out = subprocess.run(["bash", str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and "Usage" in out.stdout
-    bad = subprocess.run(["bash", str(SCRIPTS / script), "--no-such-flag"], capture_output=True, text=True, timeout=30)
-    assert bad.returncode == 2 and "unknown option" in bad.stderr
-
-
-class _Recorder:
-    """Stands in for a results.Run: keeps what observe()/headline() were given."""
-
-    def __init__(self):
-        self.obs, self.head = [], {}
-
-    def observe(self, *a):
-        self.obs.append(a)
-
-    def headline(self, **k):
-        self.head.update(k)
-
+# ------------------------------------------------------------------ the bench_gpu_time cross-check
 
 def _fake_bgt(calls):
     """A stand-in for bench_gpu_time: CUPTI mode 0.110 ms, spaced graph 0.100 (n per replay) / 0.118
-    (1 per replay), back-to-back graph 0.105, events 0.120 (made-up numbers; the logic is tested)."""
+    (1 per replay), back-to-back graph 0.105, events 0.120 (made-up numbers: the control flow is tested;
+    the verdicts are tested on the real H200 rows below)."""
     def bgt(fn, input_args=(), **kw):
         calls.append(kw)
         fn(*input_args)
@@ -288,18 +267,19 @@ def _wb(default_ms, write_ms):
     return lambda fn, **kw: (fn(), _T(write_ms if kw.get("flush") == "write" else default_ms))[1]
 
 
-def test_cross_check_compares_cupti_with_cupti_at_the_same_flush(monkeypatch):
-    """With cupti-python the reference is bench_gpu_time's CUPTI mode in a CUDA graph, compared with the
-    workbook's number at FlashInfer's write-only flush; the default-vs-default ratio and the spaced modes'
-    launch overhead are kept beside it."""
+def test_cross_check_compares_cupti_with_cupti_at_the_same_flush_three_times(monkeypatch):
+    """With cupti-python the reference is bench_gpu_time's CUPTI mode in a CUDA graph, compared with the workbook's
+    number at FlashInfer's write-only flush, REPEATS times (ratio_reps); the defaults and launch costs beside it."""
     monkeypatch.setattr(_fi, "cupti_python", lambda: None)
     calls, seen = [], []
     out = _fi.cross_check(_fake_bgt(calls), lambda a, b: seen.append((a, b)), (1, 2), _wb(0.102, 0.1122))
     assert out["reference"] == "cupti_graph" and out["reference_ms"] == 0.110
     assert out["workbook_compared"] == "workbook_write_flush_ms"
     assert abs(out["ratio"] - 1.02) < 1e-9 and abs(out["ratio_default"] - 0.102 / 0.110) < 1e-9
-    assert calls[-2:] == [dict(enable_cupti=True, use_cuda_graph=True)] * 2       # the first session is kept aside
+    cupti = [c for c in calls if c.get("enable_cupti")]
+    assert cupti == [dict(enable_cupti=True, use_cuda_graph=True)] * (1 + _fi.REPEATS)   # first session kept aside
     assert out["bgt_cupti_graph_first_ms"] == 0.110
+    assert _fi.cross_check_ratios([out]) == pytest.approx([1.02] * _fi.REPEATS)      # every repetition is judged
     assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.102 ms -> 10 per replay
     assert calls[1]["num_iters_within_graph"] == 1 and calls[1]["sleep_after_run"]           # + one call per replay
     # per replay: spaced_1 = k + L, spaced_10 = k + L/10  ->  L = (0.118 - 0.100) * 10 / 9 ms = 20 us
@@ -309,83 +289,85 @@ def test_cross_check_compares_cupti_with_cupti_at_the_same_flush(monkeypatch):
     long = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(3.0, 3.0))     # 3 ms: 1 per replay
     assert "bgt_graph_spaced_1_ms" not in long and "spaced_replay_overhead_us" not in long
     assert calls[0]["num_iters_within_graph"] == 1
-
-    r = _Recorder()
-    _fi.observe_cross_check(r, [dict(out, label="x")], lambda x: x["label"])
-    expected, observed, verdict, _ = r.obs[0]
-    assert verdict == "confirmed" and abs(r.head["bench_gpu_time_max_deviation_pct"] - 2.0) < 1e-6
-    assert "x: 1.020" in observed and "x: 0.927" in observed and "20 us per replay of 10" in observed
-    _fi.observe_cross_check(r, [dict(out, ratio=0.95, label="y")], lambda x: x["label"])
-    assert r.obs[1][2] == "refuted"
     line = _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
     assert "x 1.020" in line and "clean-L2 default: x 0.927" in line
 
 
 def test_cross_check_without_cupti_python_falls_back_to_the_spaced_graph(monkeypatch):
-    """Without cupti-python bench_gpu_time would silently time with events: the reference is then its
-    spaced graph mode, compared with the workbook's default number, and the row says so."""
+    """Without cupti-python bench_gpu_time would silently time with events: the reference is then its spaced graph
+    mode, compared with the workbook's default number, no repetitions, and the row says so."""
     monkeypatch.setattr(_fi, "cupti_python", lambda: "cupti-python unavailable")
     calls = []
     out = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(0.102, 0.1122))
     assert not any(c.get("enable_cupti") for c in calls) and "bgt_cupti_graph_ms" not in out
-    assert out["reference"] == "graph_spaced" and out["workbook_compared"] == "workbook_ms"
+    assert out["reference"] == "graph_spaced" and out["workbook_compared"] == "workbook_ms" and "ratio_reps" not in out
     assert abs(out["ratio"] - 1.02) < 1e-9
-    r = _Recorder()
-    _fi.observe_cross_check(r, [dict(out, label="x")], lambda x: x["label"])
-    assert "graph_spaced" in r.obs[0][1] and r.obs[0][2] == "confirmed"
-    assert "graph_spaced mode" in _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
+    assert "not like for like" in _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
+
+
+def _rows(fixture_path, name):
+    pd = pytest.importorskip("pandas")
+    return pd.read_csv(fixture_path(name)).to_dict("records")
+
+
+def label(x):
+    return f"{x['variant']} b{x['batch']} kv{x['kv_len']}"
 
 
 # fi_cross_check_decode_h200.csv: cross_check.csv of the real `03_profile_decode.py --quick --ncu` run on
-# one H200 at commit 63d8e4f (FlashInfer 0.6.15.post1, cupti-python 13.0.1 present for the CUPTI column).
-def test_cross_check_verdict_on_the_real_h200_rows(fixture_path):
-    pd = pytest.importorskip("pandas")
-    rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200.csv")).to_dict("records")
+# one H200 at commit 63d8e4f (FlashInfer 0.6.15.post1; cupti-python absent: graph_spaced reference).
+def test_cross_check_without_cupti_is_inconclusive_on_the_real_h200_rows(fixture_path, run):
+    rows = _rows(fixture_path, "fi_cross_check_decode_h200.csv")
     assert {r["reference"] for r in rows} == {"graph_spaced"} and len(rows) == 3
+    rec = _fi.judge_cross_check(run, rows, label)
+    assert rec["verdict"] == "inconclusive" and "premise failed: cupti-python (>= 13) is missing" in rec["observed"]
+    assert run.summary["headline"]["bench_gpu_time_max_deviation_pct"] < 3
+    assert "cuda b256 kv32768" in rec["observed"] and "MHz" in rec["observed"]   # the back-to-back mode and its clock
 
-    r = _Recorder()
-    _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
-    expected, observed, verdict, evidence = r.obs[0]
-    assert verdict == "confirmed" and r.head["bench_gpu_time_max_deviation_pct"] < 3
-    assert "cuda b256 kv32768" in observed and "MHz" in observed      # the back-to-back mode and its clock are shown
-    worst_default = max(abs(x["workbook_ms"] / x["bgt_graph_ms"] - 1) for x in rows)
-    assert worst_default > 0.03     # the sustained default mode is the one that disagreed; the record keeps it
+
+def test_the_premise_guard_fails_when_broken(fixture_path, run, monkeypatch):
+    """Proof that it is the premise that keeps a non-like-for-like comparison from a verdict: with the guard removed
+    the same recorded rows (all within 3%) would be 'confirmed'."""
+    rows = _rows(fixture_path, "fi_cross_check_decode_h200.csv")
+    real = verdicts.verdict_for
+    monkeypatch.setattr(verdicts, "verdict_for", lambda h, iv, premise=True: real(h, iv, premise=True))
+    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "confirmed"
+    monkeypatch.undo()
+    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"
 
 
 # fi_cross_check_decode_h200_b2e5.csv: cross_check.csv of the real `06_full_pipeline.sh --quick --ncu --nsys`
 # run at commit c631eb8 on another H200 (UUID GPU-b2e50433...), where tensor-core decode b32 x kv 4096 read
 # 0.965 of the spaced reference (0.966 and 0.968 in two more runs that day on the same GPU).
-def test_cross_check_verdict_refutes_on_the_h200_where_one_point_missed(fixture_path):
-    pd = pytest.importorskip("pandas")
-    rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200_b2e5.csv")).to_dict("records")
-
-    r = _Recorder()
-    _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
-    expected, observed, verdict, evidence = r.obs[0]
-    assert verdict == "refuted" and 3 < r.head["bench_gpu_time_max_deviation_pct"] < 4
-    assert "tc b32 kv4096: 0.965" in observed
-    within = [abs(x["ratio"] - 1) <= 0.03 for x in rows]
-    assert within.count(True) == 2 and not within[1]          # only the tensor-core point misses
-    tc = rows[1]
-    assert abs(tc["workbook_ms"] / tc["bgt_graph_ms"] - 1) < 0.01   # ... and agrees with the back-to-back mode
+def test_a_straddling_interval_is_inconclusive_not_refuted(fixture_path, run):
+    """The run the old single-threshold rule called 'refuted' (one shape at 0.965): its ratios [0.965, 1.027]
+    straddle the 0.97 bound, so even judged like for like the interval says inconclusive."""
+    rows = _rows(fixture_path, "fi_cross_check_decode_h200_b2e5.csv")
+    ratios = _fi.cross_check_ratios(rows)
+    assert min(ratios) == pytest.approx(0.9652, abs=1e-4) and max(ratios) > 1.02
+    rec = verdicts.judge(_fi.H_XCHECK, ratios)
+    assert rec["verdict"] == "inconclusive" and "straddles [0.97, 1.03]" in rec["observed"]
+    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"   # and its premise failed too
 
 
 # fi_cross_check_decode_h200_b7d6.csv: cross_check.csv of the real `06_full_pipeline.sh --quick --ncu --nsys` run
 # at commit b7d68da on one H200 (GPU-5028283b...), the like-for-like reference (bench_gpu_time CUPTI in a CUDA graph,
 # its second session) with cupti-python 13.0.1.
-def test_cross_check_like_for_like_on_the_real_h200_rows(fixture_path):
-    pd = pytest.importorskip("pandas")
-    rows = pd.read_csv(fixture_path("fi_cross_check_decode_h200_b7d6.csv")).to_dict("records")
+def test_cross_check_like_for_like_on_the_real_h200_rows(fixture_path, run):
+    rows = _rows(fixture_path, "fi_cross_check_decode_h200_b7d6.csv")
     assert {r["reference"] for r in rows} == {"cupti_graph"}
     assert {r["workbook_compared"] for r in rows} == {"workbook_write_flush_ms"}
-
-    r = _Recorder()
-    _fi.observe_cross_check(r, rows, lambda x: f"{x['variant']} b{x['batch']} kv{x['kv_len']}")
-    expected, observed, verdict, evidence = r.obs[0]
-    assert verdict == "confirmed" and r.head["bench_gpu_time_max_deviation_pct"] < 3
+    rec = _fi.judge_cross_check(run, rows, label)
+    assert rec["verdict"] == "confirmed" and run.summary["headline"]["bench_gpu_time_max_deviation_pct"] < 3
+    assert rec["interval"]["n"] == 3 and 0.99 < rec["interval"]["lo"] and rec["interval"]["hi"] < 1.01
     # each tool's default disagrees on the tensor-core point (the dirty L2 lines FlashInfer's flush leaves)
     tc = next(x for x in rows if x["variant"] == "tc")
-    assert tc["ratio_default"] < 0.97 and "tc b32 kv4096: 0.934" in observed
-    assert "us per replay of 10" in observed     # the spaced mode's launch from idle is shown
+    assert tc["ratio_default"] < 0.97 and "tc b32 kv4096: 0.934" in rec["observed"]
+    assert "us per replay of 10" in rec["observed"]     # the spaced mode's launch from idle is shown
     # the first CUPTI session's reading is kept, and it exceeds bench_gpu_time's own event bracket
     assert all(x["bgt_cupti_graph_first_ms"] > x["bgt_events_ms"] for x in rows)
+
+
+def test_no_cross_check_rows_is_inconclusive(run):
+    assert _fi.judge_cross_check(run, [], label) == "inconclusive"
+    assert math.isnan(stats.over([]).point)

@@ -9,20 +9,21 @@ What it measures
     whether it may read the GPU counters — one tiny kernel is profiled to find out; nsys, else the
     torch-profiler fallback), FlashInfer's JIT cache (where it lives, which modules are compiled),
     which paths FlashInfer takes on this GPU (prefill backend "auto", FA3, the norm path), and the
-    measured peaks every other script divides by: device-to-device copy TB/s and bf16 GEMM TFLOP/s
-    (common.gpu.peaks, cached per GPU), shown next to the datasheet.
+    measured ceilings every other script divides by: DRAM TB/s (the best of several streaming probes far
+    above L2) and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.gpu.peaks, cached per GPU,
+    every probe shown next to the datasheet (peaks.csv, from common.gpu.ceilings_table).
 
-What the plan expected (hypotheses)
+What the plan expected (hypotheses: H_* below, facts with their sources)
     * the plan's figures were written for A100 80GB (~2 TB/s HBM, 312 TFLOP/s bf16); this run
       records what the GPU here is, and what it really reaches, so later scripts judge by % of
-      the measured peak;
+      the measured ceiling (and name it: it differs between an H100 and an H200);
     * the profilers needed for the hardware story work here (ncu counters readable);
     * from the source (analysis.md H-11, H-14): on sm90, FlashInfer's prefill "auto" backend is
       FA3; without nvidia-cutlass-dsl, RMSNorm uses the CUDA JIT `norm` module.
 
 Run
-    python flashinfer/scripts/00_check_env.py --quick            # ~20-40 s (peaks cached after the first run)
-    python flashinfer/scripts/00_check_env.py --refresh-peaks    # re-measure the copy / GEMM peaks
+    python flashinfer/scripts/00_check_env.py --quick            # ~20-40 s (ceilings cached after the first run)
+    python flashinfer/scripts/00_check_env.py --refresh-peaks    # re-measure the DRAM / GEMM ceilings
 Writes flashinfer/results/00_check_env/: peaks.csv, packages.csv, tools.csv, jit_cache.csv,
 environment.json, story.txt, summary.json.
 """
@@ -35,6 +36,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,6 +44,7 @@ import _fi  # noqa: E402
 from common import gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
 PACKAGES = (  # (distribution, why this track needs it)
     ("torch", "tensors, CUDA events, torch.profiler"),
@@ -63,11 +66,21 @@ PACKAGES = (  # (distribution, why this track needs it)
 )
 
 
+H_NCU = Hypothesis("ncu-counters", "ncu can read the GPU performance counters (every hardware column needs them)",
+                   "one tiny kernel profiled (common.checks.profilers)", source="PLAN.md session 3: hardware to read")
+H_TIMELINE = Hypothesis("timeline-profiler", "a timeline profiler is available (nsys; else torch.profiler)",
+                        "common.nsys.find() / torch.profiler import", source="PLAN.md session 3: process to capture")
+H_AUTO = Hypothesis("auto-is-fa3", 'on sm90 FlashInfer\'s prefill backend "auto" is FA3',
+                    "flashinfer.utils.determine_attention_backend for bf16, head_dim 128", source="analysis.md H-11")
+H_NORM_PATH = Hypothesis("norm-path", "without nvidia-cutlass-dsl RMSNorm uses the CUDA JIT `norm` module",
+                         "flashinfer.norm._USE_CUDA_NORM against the package's presence", source="analysis.md H-14")
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="same checks (they are quick); peaks come from the cache")
-    p.add_argument("--refresh-peaks", action="store_true", help="re-measure copy bandwidth and bf16 GEMM peak")
+    p.add_argument("--refresh-peaks", action="store_true", help="re-measure the DRAM and bf16 GEMM ceilings")
     p.add_argument("--out", default=None, help="results folder (default flashinfer/results/00_check_env)")
     return p.parse_args(argv)
 
@@ -83,132 +96,151 @@ def version_of(cmd: list[str]) -> str | None:
     return lines[-1][:80] if lines else "?"
 
 
+def measure_peaks(run, refresh: bool):
+    """The measured ceilings every % column of this track divides by (common.gpu: cached per GPU), every probe
+    beside the datasheet (common.gpu.ceilings_table), and the ridge point: peaks.csv."""
+    import pandas as pd
+    if refresh:
+        gpu.measure_peaks(0, refresh=True)
+    pk = gpu.peaks()
+    rows = gpu.ceilings_table(pk)
+    ds = pk.get("datasheet") or {}
+    ridge = pk["bf16_tflops"] / pk["dram_tb_s"] if pk.get("dram_tb_s") and pk.get("bf16_tflops") else None
+    rows.append({"ceiling": "ridge point (bf16 / DRAM)", "probe": "-", "measured": ridge, "unit": "FLOP/byte",
+                 "datasheet": ds["bf16_tflops"] / ds["dram_tb_s"] if ds.get("dram_tb_s") else None,
+                 "pct_of_datasheet": None, "is_ceiling": "", "method": "bf16 ceiling / DRAM ceiling"})
+    run.table("peaks", pd.DataFrame(rows))
+    run.log(f"ceilings: {_fi.ceiling(pk)}; {_fi.ceiling(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
+            f"{ds.get('bf16_tflops')} TFLOP/s")
+    return pk, ridge
+
+
+def packages(run) -> list[dict]:
+    import pandas as pd
+    pkgs = []
+    for name, why in PACKAGES:
+        try:
+            v = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            v = "missing"
+        pkgs.append({"package": name, "version": v, "needed_for": why})
+    run.table("packages", pd.DataFrame(pkgs))
+    return pkgs
+
+
+def tools(run, torch) -> tuple[list[dict], dict]:
+    """nvcc (FlashInfer's JIT), ninja, ncu (and whether it may read the counters), nsys, torch.profiler."""
+    import pandas as pd
+    from flashinfer.jit.cpp_ext import get_cuda_path
+    prof = profilers(probe=True)
+    nvcc = os.path.join(get_cuda_path(), "bin", "nvcc")
+    rows = [{"tool": "nvcc (FlashInfer JIT)", "path": nvcc, "version": version_of([nvcc, "--version"]), "status": ""},
+            {"tool": "ninja", "path": shutil.which("ninja"), "version": version_of(["ninja", "--version"]), "status": ""},
+            {"tool": "ncu", "path": prof["ncu"].get("path"), "version": prof["ncu"].get("version"),
+             "status": f"counters: {prof['ncu'].get('counters', 'not probed')}"},
+            {"tool": "nsys", "path": prof["nsys"].get("path"), "version": prof["nsys"].get("version"),
+             "status": "usable" if prof["nsys"].get("path") else f"fallback: {prof['nsys'].get('fallback')}"},
+            {"tool": "torch.profiler", "path": "", "version": torch.__version__,
+             "status": "available" if prof["torch_profiler"]["available"] else "missing"}]
+    run.table("tools", pd.DataFrame(rows))
+    for t in rows:
+        run.log(f"tool {t['tool']}: {t['version'] or 'not found'} {t['status']}")
+    return rows, prof
+
+
+def flashinfer_paths(run, torch, fi, topo, prof) -> dict:
+    """Which paths FlashInfer takes on this GPU (prefill "auto", FA3, the norm path) and its JIT cache."""
+    import pandas as pd
+    import flashinfer.norm as fnorm
+    from flashinfer.jit import env as jit_env
+    from flashinfer.jit.cpp_ext import get_cuda_path
+    from flashinfer.utils import determine_attention_backend, is_sm90a_supported
+    dev, props = torch.device("cuda"), torch.cuda.get_device_properties(0)
+    mods = _fi.jit_modules(jit_env.FLASHINFER_JIT_DIR)
+    run.table("jit_cache", pd.DataFrame(mods, columns=["module", "compiled", "so_mb", "objects", "nvcc_sum_s",
+                                                       "nvcc_max_s", "build_span_s", "so_mtime"]))
+    info = {"flashinfer": fi.__version__, "jit_cache_dir": str(jit_env.FLASHINFER_CACHE_DIR),
+            "jit_workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR), "jit_modules_dir": str(jit_env.FLASHINFER_JIT_DIR),
+            "fa3_supported": bool(is_sm90a_supported(dev)),
+            "prefill_auto_backend": determine_attention_backend(dev, 0, False, False, torch.bfloat16, torch.bfloat16,
+                                                                head_dim_qk=128, head_dim_vo=128),
+            "cuda_norm_path": bool(getattr(fnorm, "_USE_CUDA_NORM", True)), "cuda_home": get_cuda_path(),
+            "flashinfer_env": {k: v for k, v in os.environ.items() if k.startswith("FLASHINFER_")}, "topology": topo,
+            "profilers": prof, "sm_count": props.multi_processor_count, "l2_mb": props.L2_cache_size / 2**20,
+            "modules": mods}
+    run.json("environment", {k: v for k, v in info.items() if k != "modules"})
+    return info
+
+
+def judge(run, x):
+    cnt, props = x.prof["ncu"].get("counters"), x.props
+    run.fact(H_NCU, cnt == "ok" if cnt else None, f"ncu {x.prof['ncu'].get('version') or 'not found'}: counters "
+             f"{cnt or 'not probed'}", "tools.csv")
+    run.fact(H_TIMELINE, bool(x.prof["nsys"].get("path") or x.prof["torch_profiler"]["available"]),
+             f"nsys: {x.prof['nsys'].get('path') or 'not usable'}; torch.profiler: {x.prof['torch_profiler']['available']}",
+             "tools.csv")
+    run.fact(H_AUTO, x.info["prefill_auto_backend"] == "fa3", f'compute capability {props.major}.{props.minor}: '
+             f'"auto" -> {x.info["prefill_auto_backend"]}', "environment.json",
+             premise=True if props.major == 9 else f"compute capability {props.major}.{props.minor} is not sm90")
+    cute = next(p["version"] for p in x.pkgs if p["package"] == "nvidia-cutlass-dsl") != "missing"
+    run.fact(H_NORM_PATH, x.info["cuda_norm_path"] != cute, f"nvidia-cutlass-dsl "
+             f"{'installed' if cute else 'missing'}; _USE_CUDA_NORM = {x.info['cuda_norm_path']}", "environment.json")
+
+
+def tell(x) -> str:
+    pk, info, prov, props = x.pk, x.info, x.prov, x.props
+    ds = pk.get("datasheet") or {}
+    compiled = [m for m in info["modules"] if m["compiled"]]
+    missing = [p["package"] for p in x.pkgs if p["version"] == "missing"]
+    links = x.topo.get("links") or {}
+    items = [
+        (f"ceilings: {_fi.ceiling(pk)}; {_fi.ceiling(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
+         f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
+        (f"FlashInfer {info['flashinfer']}: prefill auto -> {info['prefill_auto_backend']}; FA3 usable: "
+         f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
+             (f"JIT cache {info['jit_modules_dir']}: {len(compiled)} compiled module(s), "
+              f"{sum(m['so_mb'] or 0 for m in compiled):.1f} MB", [
+                  (f"{_fi.short_module(m['module'])}: {m['so_mb']} MB, {m['objects']} objects", []) for m in compiled[:12]]),
+             (f"FLASHINFER_* env: {', '.join(f'{k}={v}' for k, v in info['flashinfer_env'].items()) or 'none set'}", [])]),
+        ("tools and profilers", [(f"{t['tool']}: {t['version'] or 'not found'} {t['status']}", []) for t in x.tools]),
+        (f"packages: {len(x.pkgs) - len(missing)}/{len(x.pkgs)} present" + (f"; missing: {', '.join(missing)}"
+                                                                          if missing else ""), []),
+        (f"topology: {len(x.topo.get('gpus', []))} GPU(s)" + (
+            f"; links {', '.join(f'{k} {v}' for k, v in list(links.items())[:6])}" if links else ""), []),
+    ]
+    return story.tree(f"ENVIRONMENT — {x.n_gpu}x {x.gpu_name} ({props.multi_processor_count} SMs, "
+                      f"{props.total_memory / 1e9:.0f} GB, L2 {props.L2_cache_size / 2**20:.0f} MB) · driver "
+                      f"{prov.get('driver')} · CUDA {x.torch.version.cuda} · nvcc {prov.get('nvcc', '?')}", items)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
-    import pandas as pd
-    from flashinfer.jit import env as jit_env
     with Run(__file__, args, out=args.out) as run:
+        # ---- check: the machine
         prov = run.summary["provenance"]
-        gpu_name = prov.get("gpu") or torch.cuda.get_device_name(0)
-        n_gpu = prov.get("gpu_count") or torch.cuda.device_count()
-        props = torch.cuda.get_device_properties(0)
-        run.log(f"{n_gpu}x {gpu_name} · {props.multi_processor_count} SMs · cc {props.major}.{props.minor} "
+        x = SimpleNamespace(torch=torch, prov=prov, props=torch.cuda.get_device_properties(0),
+                            gpu_name=prov.get("gpu") or torch.cuda.get_device_name(0),
+                            n_gpu=prov.get("gpu_count") or torch.cuda.device_count(), topo=gpu.topology())
+        run.log(f"{x.n_gpu}x {x.gpu_name} · {x.props.multi_processor_count} SMs · cc {x.props.major}.{x.props.minor} "
                 f"· driver {prov.get('driver')} · CUDA runtime {torch.version.cuda} · nvcc {prov.get('nvcc', 'not found')}")
-        topo = gpu.topology()
-
-        # ---- measured peaks (what every % column divides by)
-        if args.refresh_peaks:
-            gpu.measure_peaks(0, refresh=True)
-        pk = gpu.peaks()
-        ds = pk.get("datasheet") or {}
-        prow = []
-        for key, what, unit in (("dram_tb_s", "copy bandwidth (device-to-device, read + write)", "TB/s"),
-                                ("bf16_tflops", "bf16 dense GEMM (8192^3, torch.matmul)", "TFLOP/s")):
-            m, d = pk.get(key), ds.get(key)
-            prow.append({"quantity": what, "measured": m, "datasheet": d, "unit": unit,
-                         "measured_pct_of_datasheet": 100 * m / d if m and d else None, "source": pk.get("source")})
-        ridge = pk["bf16_tflops"] / pk["dram_tb_s"] if pk.get("dram_tb_s") else None
-        prow.append({"quantity": "ridge point (bf16 / copy)", "measured": ridge,
-                     "datasheet": ds["bf16_tflops"] / ds["dram_tb_s"] if ds else None, "unit": "FLOP/byte",
-                     "measured_pct_of_datasheet": None, "source": pk.get("source")})
-        run.table("peaks", pd.DataFrame(prow))
-        run.log(f"peaks: copy {pk['dram_tb_s']:.2f} TB/s, bf16 {pk['bf16_tflops']:.0f} TFLOP/s ({pk['source']}); "
-                f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s")
-
-        # ---- packages and tools
-        pkgs = []
-        for name, why in PACKAGES:
-            try:
-                v = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                v = "missing"
-            pkgs.append({"package": name, "version": v, "needed_for": why})
-        run.table("packages", pd.DataFrame(pkgs))
-        prof = profilers(probe=True)
-        from flashinfer.jit.cpp_ext import get_cuda_path
-        cuda_home = get_cuda_path()
-        tools = [{"tool": "nvcc (FlashInfer JIT)", "path": os.path.join(cuda_home, "bin", "nvcc"),
-                  "version": version_of([os.path.join(cuda_home, "bin", "nvcc"), "--version"]), "status": ""},
-                 {"tool": "ninja", "path": shutil.which("ninja"), "version": version_of(["ninja", "--version"]), "status": ""},
-                 {"tool": "ncu", "path": prof["ncu"].get("path"), "version": prof["ncu"].get("version"),
-                  "status": f"counters: {prof['ncu'].get('counters', 'not probed')}"},
-                 {"tool": "nsys", "path": prof["nsys"].get("path"), "version": prof["nsys"].get("version"),
-                  "status": "usable" if prof["nsys"].get("path") else f"fallback: {prof['nsys'].get('fallback')}"},
-                 {"tool": "torch.profiler", "path": "", "version": torch.__version__,
-                  "status": "available" if prof["torch_profiler"]["available"] else "missing"}]
-        run.table("tools", pd.DataFrame(tools))
-        for t in tools:
-            run.log(f"tool {t['tool']}: {t['version'] or 'not found'} {t['status']}")
-
-        # ---- FlashInfer: paths on this GPU, JIT cache
-        from flashinfer.utils import determine_attention_backend, is_sm90a_supported
-        import flashinfer.norm as fnorm
-        dev = torch.device("cuda")
-        auto = determine_attention_backend(dev, 0, False, False, torch.bfloat16, torch.bfloat16,
-                                           head_dim_qk=128, head_dim_vo=128)
-        cuda_norm = bool(getattr(fnorm, "_USE_CUDA_NORM", True))
-        mods = _fi.jit_modules(jit_env.FLASHINFER_JIT_DIR)
-        run.table("jit_cache", pd.DataFrame(mods, columns=["module", "compiled", "so_mb", "objects", "nvcc_sum_s",
-                                                           "nvcc_max_s", "build_span_s", "so_mtime"]))
-        fi_env = {k: v for k, v in os.environ.items() if k.startswith("FLASHINFER_")}
-        info = {"flashinfer": fi.__version__, "jit_cache_dir": str(jit_env.FLASHINFER_CACHE_DIR),
-                "jit_workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR), "jit_modules_dir": str(jit_env.FLASHINFER_JIT_DIR),
-                "fa3_supported": bool(is_sm90a_supported(dev)), "prefill_auto_backend": auto, "cuda_norm_path": cuda_norm,
-                "cuda_home": cuda_home, "flashinfer_env": fi_env, "topology": topo, "profilers": prof,
-                "sm_count": props.multi_processor_count, "l2_mb": props.L2_cache_size / 2**20}
-        run.json("environment", info)
-        compiled = [m for m in mods if m["compiled"]]
-        size = sum(m["so_mb"] or 0 for m in compiled)
-        run.headline(copy_tb_s=pk["dram_tb_s"], bf16_tflops=pk["bf16_tflops"], ridge_flop_per_byte=ridge,
-                     jit_modules_compiled=len(compiled), sm_count=props.multi_processor_count)
-
+        # ---- measure: the ceilings, packages, tools, FlashInfer's paths and JIT cache
+        x.pk, x.ridge = measure_peaks(run, args.refresh_peaks)
+        x.pkgs = packages(run)
+        x.tools, x.prof = tools(run, torch)
+        x.info = flashinfer_paths(run, torch, fi, x.topo, x.prof)
+        # ---- analyse
+        compiled = [m for m in x.info["modules"] if m["compiled"]]
+        run.headline(dram_ceiling_tb_s=x.pk["dram_tb_s"], bf16_ceiling_tflops=x.pk["bf16_tflops"],
+                     ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled),
+                     sm_count=x.props.multi_processor_count)
+        run.note(f"every % column of this track divides by {_fi.ceiling(x.pk)} or {_fi.ceiling(x.pk, 'bf16_tflops')}")
         # ---- verdicts
-        run.note("measured vs datasheet: " + "; ".join(
-            f"{r['quantity'].split(' (')[0]} {r['measured']:.2f} {r['unit']} = "
-            + (f"{r['measured_pct_of_datasheet']:.0f}% of {r['datasheet']}" if r["measured_pct_of_datasheet"] else
-               "no datasheet row") for r in prow[:2]) + " — every % column of this track divides by the measured value")
-        cnt = prof["ncu"].get("counters")
-        run.observe("ncu can read the GPU performance counters (every hardware column needs them)",
-                    f"ncu {prof['ncu'].get('version') or 'not found'}: counters {cnt or 'not probed'}",
-                    "confirmed" if cnt == "ok" else ("refuted" if cnt else "inconclusive"), "tools.csv")
-        run.observe("a timeline profiler is available (nsys; else torch.profiler)",
-                    f"nsys: {prof['nsys'].get('path') or 'not usable'}; torch.profiler: "
-                    f"{prof['torch_profiler']['available']}",
-                    "confirmed" if prof["nsys"].get("path") or prof["torch_profiler"]["available"] else "refuted",
-                    "tools.csv")
-        run.observe('on sm90 FlashInfer\'s prefill backend "auto" is FA3 (analysis H-11)',
-                    f'compute capability {props.major}.{props.minor}: "auto" -> {auto}',
-                    ("confirmed" if auto == "fa3" else "refuted") if props.major == 9 else "inconclusive",
-                    "environment.json")
-        cute = next(p["version"] for p in pkgs if p["package"] == "nvidia-cutlass-dsl") != "missing"
-        run.observe("without nvidia-cutlass-dsl RMSNorm uses the CUDA JIT `norm` module (analysis H-14)",
-                    f"nvidia-cutlass-dsl {'installed' if cute else 'missing'}; _USE_CUDA_NORM = {cuda_norm}",
-                    "confirmed" if cuda_norm != cute else "refuted", "environment.json")
-
+        judge(run, x)
         # ---- the story
-        missing = [p["package"] for p in pkgs if p["version"] == "missing"]
-        links = topo.get("links") or {}
-        items = [
-            (f"peaks (measured, {pk.get('source')}): copy {pk['dram_tb_s']:.2f} TB/s, bf16 {pk['bf16_tflops']:.0f} "
-             f"TFLOP/s, ridge {ridge:.0f} FLOP/byte — datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
-            (f"FlashInfer {fi.__version__}: prefill auto -> {auto}; FA3 usable: {info['fa3_supported']}; RMSNorm path: "
-             f"{'CUDA JIT norm' if cuda_norm else 'CuTe-DSL'}", [
-                 (f"JIT cache {jit_env.FLASHINFER_JIT_DIR}: {len(compiled)} compiled module(s), {size:.1f} MB", [
-                     (f"{_fi.short_module(m['module'])}: {m['so_mb']} MB, {m['objects']} objects", [])
-                     for m in compiled[:12]]),
-                 (f"FLASHINFER_* env: {', '.join(f'{k}={v}' for k, v in fi_env.items()) or 'none set'}", [])]),
-            ("tools and profilers", [(f"{t['tool']}: {t['version'] or 'not found'} {t['status']}", []) for t in tools]),
-            (f"packages: {len(pkgs) - len(missing)}/{len(pkgs)} present" + (f"; missing: {', '.join(missing)}"
-                                                                              if missing else ""), []),
-            (f"topology: {len(topo.get('gpus', []))} GPU(s)" + (f"; links {', '.join(f'{k} {v}' for k, v in list(links.items())[:6])}"
-                                                               if links else ""), []),
-        ]
-        run.story(story.tree(f"ENVIRONMENT — {n_gpu}x {gpu_name} ({props.multi_processor_count} SMs, "
-                             f"{props.total_memory / 1e9:.0f} GB, L2 {props.L2_cache_size / 2**20:.0f} MB) · driver "
-                             f"{prov.get('driver')} · CUDA {torch.version.cuda} · nvcc {prov.get('nvcc', '?')}", items))
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
 

@@ -28,9 +28,11 @@ Exit code 1 when any kernel disagrees with its reference (the table is kept in a
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,9 +40,23 @@ import _fi  # noqa: E402
 from common import story, trace  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
 PAGE = 16
-TOL = {"attention": 2e-2, "norm": 1e-2, "rope": 1e-2}
+TOL = {"attention": 2e-2, "norm": 1e-2, "rope": 1e-2}     # relative L2 error against float32 torch
+
+H_CORRECT = Hypothesis("correctness", "every studied FlashInfer API matches a plain torch reference",
+                       "relative L2 error of each check against its tolerance (fixed seeds: deterministic)",
+                       source="PLAN.md session 3, 01: 'a correctness baseline'")
+H_KERNELS = Hypothesis("api-kernels", "each API ends in the kernel the source reading names",
+                       "the kernels of each check's traced call (common.trace join)", source="analysis.md H-01")
+H_AUTO = Hypothesis("auto-is-fa3", 'backend="auto" runs FA3 on sm90', "the backend the auto wrapper's plan() chose",
+                    source="analysis.md H-11")
+H_NORM_PATH = Hypothesis("norm-path", "without nvidia-cutlass-dsl RMSNorm runs the CUDA JIT `norm` module; with it, "
+                         "CuTe-DSL", "flashinfer.norm._USE_CUDA_NORM against importing cutlass.cute",
+                         source="analysis.md H-14")
+H_REJECT = Hypothesis("rejected-shape", "a shape FlashInfer does not support is rejected with a clear error, not a "
+                      "wrong result", "decode CUDA cores with GQA group 5 (40 q / 8 kv heads)", source="analysis.md §5")
 
 
 def parse_args(argv=None):
@@ -150,108 +166,130 @@ def rejected_shape(torch, fi, ws):
     return False, "accepted (no error raised)"
 
 
+def build_checks(run, x) -> list:
+    """Every check (attention, norm, rope); a group whose set-up fails (e.g. a JIT compile) is recorded and left out."""
+    checks = []
+
+    def on_error(name, e):
+        run.point_error({"check": name}, e)
+        x.failures.append(name)
+    for group, build in (("attention", lambda: attention_checks(x.torch, x.fi, x.ws, x.args.quick, on_error)),
+                         ("norm", lambda: norm_checks(x.torch, x.fi)[0]), ("rope", lambda: rope_checks(x.torch, x.fi))):
+        try:
+            checks += build()
+        except Exception as e:  # noqa: BLE001 - the other groups still run
+            on_error(group, e)
+    return checks
+
+
+def run_checks(run, x) -> list[dict]:
+    """Each check's relative error against its tolerance, and the JIT module it loaded (compiled or not)."""
+    rows = []
+    for name, kind, expect, uri, _fn, err, extra in x.checks:
+        try:
+            e = err()
+        except Exception as ex:  # noqa: BLE001
+            run.point_error({"check": name}, ex)
+            e = float("nan")
+        ok = e < TOL[kind]   # NaN compares False
+        if not ok:
+            x.failures.append(name)
+        so = x.jit_env.FLASHINFER_JIT_DIR / uri / f"{uri}.so"
+        rows.append({"check": name, "kind": kind, "rel_err": e, "tolerance": TOL[kind], "ok": ok, "module": uri,
+                     "module_compiled": so.is_file(), "expected_kernel": expect,
+                     **{f"plan_{k}": v for k, v in (extra.get("plan") or {}).items()}})
+        run.log(f"{'✅' if ok else '❌'} {name}: rel.err {e:.1e} (tol {TOL[kind]:.0e}); module {_fi.short_module(uri)}")
+    return rows
+
+
+def trace_kernels(run, x):
+    """One traced call per check (common.trace.capture_calls); the kernels it launched (common.trace join)."""
+    import pandas as pd
+    ev = trace.read_chrome_trace(trace.capture_calls(
+        x.torch, [(f"check {r['check']}", c[4]) for r, c in zip(x.rows, x.checks)], run.path("trace.json"), reps=1))
+    cs = _fi.calls_summary(trace.kernels_in_ranges(ev, r"^check "))
+    seen = dict(zip(cs["label"].str.replace("check ", "", regex=False), cs["kernels"]))
+    for r in x.rows:
+        r["kernels"] = seen.get(r["check"], "")
+        r["kernel_as_predicted"] = bool(re.search(r["expected_kernel"], r["kernels"]))
+    df = pd.DataFrame(x.rows)
+    run.table("checks", df)
+    return df
+
+
+def judge(run, x):
+    df = x.df
+    bad = df[~df["ok"].astype(bool)]
+    run.fact(H_CORRECT, bool(df["ok"].all()) and not x.failures,
+             f"{int(df['ok'].sum())}/{len(df)} checks within tolerance (attention 2e-2, norm/RoPE 1e-2 relative L2 "
+             "error)" + (f"; failed: {', '.join(dict.fromkeys(list(bad['check']) + x.failures))}" if x.failures else ""),
+             "checks.csv")
+    off = df[~df["kernel_as_predicted"]]
+    run.fact(H_KERNELS, off.empty, f"{len(df) - len(off)}/{len(df)} as predicted" + ("; not: " + "; ".join(
+        f"{r.check} ran {r.kernels or 'nothing'}" for r in off.itertuples()) if len(off) else ""), "checks.csv")
+    auto = df[df["check"].str.contains("backend=auto")]
+    major = x.torch.cuda.get_device_capability()[0]
+    ran = str(auto.iloc[0]["check"]).split("ran ")[-1].rstrip(")") if len(auto) else None
+    run.fact(H_AUTO, ran == "fa3" if ran else None, f"auto ran {ran} on sm{major}x", "checks.csv",
+             premise=True if major == 9 else f"sm{major}x is not sm90")
+    try:  # what flashinfer.norm itself tries (nvidia-cutlass-dsl)
+        importlib.import_module("cutlass.cute")
+        cute = True
+    except Exception:  # noqa: BLE001
+        cute = False
+    run.fact(H_NORM_PATH, x.cuda_norm != cute, f"nvidia-cutlass-dsl importable: {cute}; "
+             f"flashinfer.norm._USE_CUDA_NORM = {x.cuda_norm}", "checks.csv")
+    run.fact(H_REJECT, x.rejected, f"decode CUDA cores, GQA group 5: {x.reject_msg}", "log.txt")
+
+
+def tell(x) -> str:
+    df, items = x.df, []
+    for kind in ("attention", "norm", "rope"):
+        d = df[df["kind"] == kind]
+        items.append((f"{kind}: {int(d['ok'].sum())}/{len(d)} correct", [
+            (f"{'✅' if r.ok else '❌'} {r.check}: err {r.rel_err:.1e} -> module {_fi.short_module(r.module)}"
+             f"{'' if r.module_compiled else ' (not in cache)'} -> {r.kernels or '?'}", []) for r in d.itertuples()]))
+    items.append((f"{'✅' if x.rejected else '❌'} rejected shape (GQA group 5, CUDA cores): {x.reject_msg}", []))
+    items.append((f"JIT modules registered in this process: {len(x.mods)} "
+                  f"({', '.join(sorted({_fi.short_module(m['module']) for m in x.mods}))})", []))
+    return story.tree(f"FLASHINFER KERNELS vs TORCH — {x.torch.cuda.get_device_name()}, flashinfer {x.fi.__version__}",
+                      items)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
-    from flashinfer.jit import env as jit_env, jit_spec_registry
     import pandas as pd
+    import flashinfer.norm as fnorm
+    from flashinfer.jit import env as jit_env, jit_spec_registry
     with Run(__file__, args, out=args.out) as run:
+        # ---- check: build every check (JIT compiles happen here, recorded when they fail)
         run.log(f"flashinfer {fi.__version__} on {torch.cuda.get_device_name()}; JIT cache {jit_env.FLASHINFER_JIT_DIR}")
-        ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-        checks, failures = [], []
-
-        def on_error(name, e):
-            run.point_error({"check": name}, e)
-            failures.append(name)
-        builders = [("attention", lambda: attention_checks(torch, fi, ws, args.quick, on_error)),
-                    ("norm", lambda: norm_checks(torch, fi)[0]), ("rope", lambda: rope_checks(torch, fi))]
-        for group, build in builders:
-            try:
-                checks += build()
-            except Exception as e:  # e.g. a failed JIT compile: recorded, the other groups still run
-                run.point_error({"group": group}, e)
-                failures.append(group)
-        import flashinfer.norm as fnorm
-        cuda_norm = bool(getattr(fnorm, "_USE_CUDA_NORM", True))
-
-        rows = []
-        for name, kind, expect, uri, fn, err, extra in checks:
-            try:
-                e = err()
-                ok = e == e and e < TOL[kind]
-            except Exception as ex:
-                run.point_error({"check": name}, ex)
-                e, ok = float("nan"), False
-            if not ok:
-                failures.append(name)
-            so = jit_env.FLASHINFER_JIT_DIR / uri / f"{uri}.so"
-            rows.append({"check": name, "kind": kind, "rel_err": e, "tolerance": TOL[kind], "ok": ok,
-                         "module": uri, "module_compiled": so.is_file(), "expected_kernel": expect,
-                         **{f"plan_{k}": v for k, v in (extra.get("plan") or {}).items()}})
-            run.log(f"{'✅' if ok else '❌'} {name}: rel.err {e:.1e} (tol {TOL[kind]:.0e}); module {_fi.short_module(uri)}")
-        rejected, msg = rejected_shape(torch, fi, ws)
-        run.log(f"{'✅' if rejected else '❌'} decode CUDA cores, GQA group 5: {'rejected: ' + msg if rejected else msg}")
-        run.log("All results match." if not failures else f"MISMATCH in: {', '.join(failures)}")
-
-        # ---- which kernels did each call launch? one traced call per check
-        tr = _fi.capture_calls(torch, [(f"check {r['check']}", c[4]) for r, c in zip(rows, checks)],
-                               run.path("trace.json"), reps=1)
-        cs = _fi.calls_summary(_fi.kernels_in_ranges(trace.read_chrome_trace(tr), r"^check "))
-        seen = dict(zip(cs["label"].str.replace("check ", "", regex=False), cs["kernels"]))
-        for r in rows:
-            r["kernels"] = seen.get(r["check"], "")
-            r["kernel_as_predicted"] = bool(re.search(r["expected_kernel"], r["kernels"]))
-        df = pd.DataFrame(rows)
-        run.table("checks", df)
-        mods = [{"module": s.name, "compiled": s.is_compiled, "sources": len(s.sources),
-                 "library": str(s.library_path or "")} for s in jit_spec_registry.get_all_statuses()]
-        run.table("modules", pd.DataFrame(mods, columns=["module", "compiled", "sources", "library"]))
-
+        x = SimpleNamespace(torch=torch, fi=fi, args=args, jit_env=jit_env, failures=[],
+                            ws=torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"),
+                            cuda_norm=bool(getattr(fnorm, "_USE_CUDA_NORM", True)))
+        x.checks = build_checks(run, x)
+        # ---- measure: correctness of each, a shape FlashInfer must reject, the kernels each call launched
+        x.rows = run_checks(run, x)
+        x.rejected, x.reject_msg = rejected_shape(torch, fi, x.ws)
+        run.log(f"{'✅' if x.rejected else '❌'} decode CUDA cores, GQA group 5: "
+                f"{'rejected: ' if x.rejected else ''}{x.reject_msg}")
+        run.log("All results match." if not x.failures else f"MISMATCH in: {', '.join(x.failures)}")
+        x.df = trace_kernels(run, x)
+        x.mods = [{"module": s.name, "compiled": s.is_compiled, "sources": len(s.sources),
+                   "library": str(s.library_path or "")} for s in jit_spec_registry.get_all_statuses()]
+        run.table("modules", pd.DataFrame(x.mods, columns=["module", "compiled", "sources", "library"]))
+        # ---- analyse
+        run.headline(checks=len(x.df), passed=int(x.df["ok"].sum()), modules_registered=len(x.mods))
         # ---- verdicts
-        run.headline(checks=len(rows), passed=int(df["ok"].sum()), modules_registered=len(mods))
-        run.observe("every studied FlashInfer API matches a plain torch reference (correctness baseline)",
-                    f"{int(df['ok'].sum())}/{len(df)} checks within tolerance (attention 2e-2, norm/RoPE 1e-2 "
-                    "relative L2 error)", "confirmed" if df["ok"].all() and not failures else "refuted", "checks.csv")
-        off = df[~df["kernel_as_predicted"]]
-        run.observe("each API ends in the kernel the source reading names (analysis H-01)",
-                    f"{len(df) - len(off)}/{len(df)} as predicted" + ("; not: " + "; ".join(
-                        f"{r.check} ran {r.kernels or 'nothing'}" for r in off.itertuples()) if len(off) else ""),
-                    "confirmed" if off.empty else "refuted", "checks.csv")
-        auto = df[df["check"].str.contains("backend=auto")]
-        if len(auto):
-            ran = str(auto.iloc[0]["check"]).split("ran ")[-1].rstrip(")")
-            major = torch.cuda.get_device_capability()[0]
-            run.observe('backend="auto" runs FA3 on sm90 (analysis H-11)', f"auto ran {ran} on sm{major}x",
-                        ("confirmed" if ran == "fa3" else "refuted") if major == 9 else "inconclusive", "checks.csv")
-        try:  # what flashinfer.norm itself tries (nvidia-cutlass-dsl)
-            import importlib
-            importlib.import_module("cutlass.cute")
-            cute = True
-        except Exception:
-            cute = False
-        run.observe("without nvidia-cutlass-dsl RMSNorm runs the CUDA JIT `norm` module; with it, CuTe-DSL (H-14)",
-                    f"nvidia-cutlass-dsl importable: {cute}; flashinfer.norm._USE_CUDA_NORM = {cuda_norm}",
-                    "confirmed" if cuda_norm != cute else "refuted", "checks.csv")
-        run.observe("a shape FlashInfer does not support is rejected with a clear error, not a wrong result",
-                    f"decode CUDA cores, GQA group 5: {msg}", "confirmed" if rejected else "refuted", "log.txt")
-
+        judge(run, x)
         # ---- the story
-        items = []
-        for kind in ("attention", "norm", "rope"):
-            d = df[df["kind"] == kind]
-            items.append((f"{kind}: {int(d['ok'].sum())}/{len(d)} correct", [
-                (f"{'✅' if r.ok else '❌'} {r.check}: err {r.rel_err:.1e} -> module {_fi.short_module(r.module)}"
-                 f"{'' if r.module_compiled else ' (not in cache)'} -> {r.kernels or '?'}", []) for r in d.itertuples()]))
-        items.append((f"{'✅' if rejected else '❌'} rejected shape (GQA group 5, CUDA cores): {msg}", []))
-        items.append((f"JIT modules registered in this process: {len(mods)} "
-                      f"({', '.join(sorted({_fi.short_module(m['module']) for m in mods}))})", []))
-        run.story(story.tree(f"FLASHINFER KERNELS vs TORCH — {torch.cuda.get_device_name()}, flashinfer "
-                             f"{fi.__version__}", items))
+        run.story(tell(x))
         print(run.summary["story"])
-        if failures:
-            raise RuntimeError(f"{len(failures)} check(s) failed: {', '.join(failures)}")
+        if x.failures:
+            raise RuntimeError(f"{len(x.failures)} check(s) failed: {', '.join(x.failures)}")
     return 0
 
 

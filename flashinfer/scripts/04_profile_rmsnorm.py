@@ -1,27 +1,39 @@
 #!/usr/bin/env python3
-"""04 · RMSNorm and fused add+RMSNorm: how close to DRAM peak, and what the fusion saves.
+"""04 · RMSNorm and fused add+RMSNorm: how close to the DRAM ceiling, and what the fusion saves in bytes and time.
 
 What it measures
-    flashinfer.rmsnorm and flashinfer.fused_add_rmsnorm against the same maths in plain torch
-    (unfused: several elementwise/reduction kernels), for hidden 4096 (Llama-3.1-8B) and 8192
-    (Llama-3.1-70B), tokens 1 -> 16k, bf16. For each point: median kernel time (common.timing,
-    cold L2), achieved TB/s from the bytes the op must move, and % of this GPU's measured copy
-    bandwidth. With --ncu, Nsight Compute measures the DRAM bytes each variant really moved, so
-    the saving of the fusion is a measurement, not arithmetic.
+    flashinfer.rmsnorm and flashinfer.fused_add_rmsnorm against the same maths in plain torch (unfused:
+    several elementwise/reduction kernels) and against the unfused pair (torch add, then flashinfer.rmsnorm),
+    for hidden 4096 (Llama-3.1-8B) and 8192 (Llama-3.1-70B), tokens 1 -> 16k, bf16. Per point: median kernel
+    time (common.timing.bench: CUPTI, cold L2), achieved TB/s from the bytes the op must move (common.flops:
+    rmsnorm_bytes, fused_add_rmsnorm_bytes, add_then_rmsnorm_bytes) and % of this GPU's measured DRAM ceiling.
 
-What the plan expected (hypotheses, written for an A100)
-    * RMSNorm is memory-bound: high DRAM %, low SM %, "85% of peak bandwidth".
-    * The fused residual-add variant "saves 40% memory traffic" (the byte count says 20%:
-      add then norm moves 5 tensors of T x H, the fused kernel 4).
-    * Small token counts cannot fill the GPU: bandwidth falls far below peak (launch/latency bound).
+    The fusion saving is measured where writes are counted. ncu's per-kernel dram__bytes_write misses the dirty
+    lines still in L2 when a kernel ends (at <= 1,024 tokens the writes read about 0; at 8k x 4096 RMSNormKernel
+    "wrote" 46.5 of its 67.1 MB), so a small working set under-counts exactly the traffic the fusion saves. Here
+    the fusion point is sized from this GPU's L2: tokens x 4096 x 2 bytes >= 8 x L2 (65,536 tokens on a 50-60 MB
+    L2), where at most one L2 of dirty lines (<= 1/8 of one tensor) can escape the count. At that point fused and
+    add-then-norm are timed 3 times each (interleaved) and compared in time (time saving, and effective TB/s =
+    common.flops bytes / time) and, with --ncu, in measured DRAM bytes (reads + writes of every kernel of the
+    variant, 3 launches each; measured writes / formula writes shows how much was counted).
+
+What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals)
+    * RMSNorm is memory-bound: high DRAM %, low SM %, "85% of peak bandwidth" (judged: 75-95% of the measured
+      DRAM ceiling at the fusion point, 3 repetitions; the ceiling is named in the verdict);
+    * the fused residual-add variant "saves 40% memory traffic" (the byte count says 20%: add then norm
+      moves 5 tensors of T x H, the fused kernel 4; analysis.md §10) — both judged, in bytes and in time;
+    * a handful of tokens cannot fill the GPU: bandwidth far below the ceiling (launch/latency bound).
+    Reading ncu: a kernel whose SM % exceeds its DRAM % is not compute-bound when its top stall is a memory
+    stall (long_scoreboard): common.ncu.bound() calls that memory-latency-bound, and the verdict says why.
 
 Run
     python flashinfer/scripts/04_profile_rmsnorm.py --quick          # ~1 min (warm JIT)
     python flashinfer/scripts/04_profile_rmsnorm.py                  # full sweep
-    python flashinfer/scripts/04_profile_rmsnorm.py --quick --ncu    # + DRAM bytes, occupancy, stalls
+    python flashinfer/scripts/04_profile_rmsnorm.py --quick --ncu    # + DRAM bytes (fusion), bound(), stalls
+    python flashinfer/scripts/04_profile_rmsnorm.py --hidden 4096 --tokens 1,8192
     ./flashinfer/scripts/ncu_profile.sh --kernel RMSNorm --set full -- \\
         python flashinfer/scripts/04_profile_rmsnorm.py --ncu-target --quick
-Writes flashinfer/results/04_profile_rmsnorm/: sweep.csv, ncu_kernels.csv (with --ncu),
+Writes flashinfer/results/04_profile_rmsnorm/: sweep.csv, reference.csv, fusion.csv, ncu_kernels.csv (--ncu),
 bandwidth.png, story.txt, summary.json.
 """
 from __future__ import annotations
@@ -29,31 +41,91 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import gpu, ncu, plots, story  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _fi  # noqa: E402
+from _fi import REPEATS  # noqa: E402
+from common import cli, flops, gpu, ncu, plots, story  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
+# ------------------------------------------------------------------ the sweep, as data
 HIDDEN = (4096, 8192)
 TOKENS_FULL = (1, 16, 64, 256, 1024, 4096, 8192, 16384)
 TOKENS_QUICK = (1, 64, 1024, 8192)
-VARIANTS = ("flashinfer.rmsnorm", "torch rmsnorm (unfused)", "flashinfer.fused_add_rmsnorm",
-            "torch add + flashinfer.rmsnorm")
+RMSNORM, TORCH, FUSED, ADD_NORM = VARIANTS = (
+    "flashinfer.rmsnorm", "torch rmsnorm (unfused)", "flashinfer.fused_add_rmsnorm", "torch add + flashinfer.rmsnorm")
+BYTES = {RMSNORM: flops.rmsnorm_bytes, TORCH: flops.rmsnorm_bytes, FUSED: flops.fused_add_rmsnorm_bytes,
+         ADD_NORM: flops.add_then_rmsnorm_bytes}     # minimum DRAM bytes of each variant (common.flops)
+L2_FACTOR = 8              # the fusion point: one tokens x hidden bf16 tensor >= L2_FACTOR x the L2 size
+FUSION_HIDDEN = 4096       # Llama-3.1-8B
+SMALL_TOKENS = 1           # "a handful of tokens"
 KERNELS = "RMSNorm|vectorized_elementwise|unrolled_elementwise|reduce_kernel"  # + torch baseline kernels (not randn)
+
+# ------------------------------------------------------------------ the hypotheses, as data
+PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §04 (A100)"
+H_BW = Hypothesis("rmsnorm-bw", "RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts",
+                  f"flashinfer.rmsnorm TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at "
+                  f"the fusion point (>= {L2_FACTOR}x L2), {REPEATS} repetitions", low=75, high=95, unit="%",
+                  source=f"{PLAN}: '85% of peak bandwidth', read as 75-95%")
+H_SMALL = Hypothesis("rmsnorm-small", "a handful of tokens cannot fill the GPU (far below the ceiling)",
+                     f"% of the DRAM ceiling at {SMALL_TOKENS} token, {REPEATS} repetitions", high=20, unit="%",
+                     source=f"{PLAN}; flashinfer/reports/plan.md §04: 'launch/latency bound'; 20% read as far below")
+H_BOUND = Hypothesis("rmsnorm-memory-bound", "RMSNorm is memory-bound (it waits on DRAM, not on math)",
+                     f"common.ncu.bound() of RMSNormKernel at the fusion point, {REPEATS} launches: memory-bound or "
+                     "memory-latency-bound (SM % above DRAM % with a memory top stall)", source=f"{PLAN}; analysis.md H-13")
+H_FUSE_PLAN = Hypothesis("fusion-40", "fusing the residual add saves ~40% of memory traffic",
+                         "traffic saved by fused_add_rmsnorm vs torch add + flashinfer.rmsnorm at the fusion point "
+                         "(ncu DRAM bytes with --ncu, else time at equal bandwidth)", low=30, high=50, unit="%",
+                         source=f"{PLAN}: '40% less memory traffic', read as 30-50%")
+H_FUSE_BYTES = Hypothesis("fusion-20-bytes", "fusing the residual add saves ~20% of the DRAM bytes (10H -> 8H per row)",
+                          f"measured DRAM bytes (ncu, reads + writes) saved at the fusion point, {REPEATS} launches each",
+                          low=15, high=25, unit="%", source="flashinfer/reports/plan.md §04 (H100/H200), analysis.md §10")
+H_FUSE_TIME = Hypothesis("fusion-20-time", "fusing the residual add saves ~20% of the time (memory-bound: time ~ bytes)",
+                         f"kernel time saved at the fusion point, {REPEATS} interleaved repetitions", low=15, high=25,
+                         unit="%", source="flashinfer/reports/plan.md §04 (H100/H200): the 20% byte count")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="4 token counts instead of 8 (~1 min)")
-    p.add_argument("--ncu", action="store_true", help="also profile every point once under ncu")
+    p.add_argument("--ncu", action="store_true", help="also profile every point once (the fusion point 3x) under ncu")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu
     p.add_argument("--out", default=None, help="results folder (default flashinfer/results/04_profile_rmsnorm)")
-    p.add_argument("--eps", type=float, default=1e-5)
+    p.add_argument("--hidden", type=cli.positive_ints, default=list(HIDDEN), help="hidden sizes (default 4096,8192)")
+    p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
+    p.add_argument("--eps", type=cli.positive_float, default=1e-5)
     return p.parse_args(argv)
+
+
+def plan_points(args) -> list[dict]:
+    toks = args.tokens or (TOKENS_QUICK if args.quick else TOKENS_FULL)
+    return [{"variant": v, "hidden": h, "tokens": t} for h in args.hidden for t in toks for v in VARIANTS]
+
+
+def fusion_tokens(hidden: int, l2_bytes: int, factor: int = L2_FACTOR) -> int:
+    """The smallest power of two of tokens whose tokens x hidden bf16 tensor is >= factor x the L2 size."""
+    t = 1
+    while t * hidden * 2 < factor * l2_bytes:
+        t *= 2
+    return t
+
+
+def reference_points(l2_bytes: int) -> list[dict]:
+    """The judged points: the three fusion variants at the fusion point, plain rmsnorm at SMALL_TOKENS."""
+    big = fusion_tokens(FUSION_HIDDEN, l2_bytes)
+    return [{"variant": v, "hidden": FUSION_HIDDEN, "tokens": big} for v in (RMSNORM, FUSED, ADD_NORM)] + \
+        [{"variant": RMSNORM, "hidden": FUSION_HIDDEN, "tokens": SMALL_TOKENS}]
+
+
+def label(p) -> str:
+    return f"{p['variant']} tokens={p['tokens']} hidden={p['hidden']}"
 
 
 def torch_rmsnorm(torch, x, w, eps):
@@ -62,60 +134,171 @@ def torch_rmsnorm(torch, x, w, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
-def make_calls(torch, fi, tokens, hidden, eps):
-    """One callable per variant, with the bytes it must move (each input read once, output written once)."""
-    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
-    r = torch.randn_like(x)
-    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(x)
-    e = 2  # bytes per bf16 element
-    th = tokens * hidden
-    return {
-        VARIANTS[0]: (lambda: fi.rmsnorm(x, w, eps=eps, out=out), 2 * th * e + hidden * e),
-        VARIANTS[1]: (lambda: torch_rmsnorm(torch, x, w, eps), 2 * th * e + hidden * e),
-        VARIANTS[2]: (lambda: fi.fused_add_rmsnorm(x, r, w, eps=eps), 4 * th * e + hidden * e),
-        VARIANTS[3]: (lambda: (r.add_(x), fi.rmsnorm(r, w, eps=eps, out=out)), 5 * th * e + hidden * e),
-    }, (x, r, w)
+def make_call(x, p):
+    """(fn, keep) for one variant at one point (in-place variants update x / residual on every call)."""
+    torch, fi, eps = x.torch, x.fi, x.args.eps
+    a = torch.randn(p["tokens"], p["hidden"], device="cuda", dtype=torch.bfloat16)
+    r, w, out = torch.randn_like(a), torch.randn(p["hidden"], device="cuda", dtype=torch.bfloat16), torch.empty_like(a)
+    fn = {RMSNORM: lambda: fi.rmsnorm(a, w, eps=eps, out=out), TORCH: lambda: torch_rmsnorm(torch, a, w, eps),
+          FUSED: lambda: fi.fused_add_rmsnorm(a, r, w, eps=eps),
+          ADD_NORM: lambda: (r.add_(a), fi.rmsnorm(r, w, eps=eps, out=out))}[p["variant"]]
+    return fn, (a, r, w, out)
 
 
-def check_correctness(torch, fi, eps, run):
+def timed(x, p, fn) -> dict:
+    with nvtx_range(label(p)):
+        t = bench(fn)
+    nbytes = BYTES[p["variant"]](p["tokens"], p["hidden"])
+    r = rates(t.median_ms, bytes=nbytes, peaks=x.pk)
+    return {**p, "time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": nbytes, "tb_s": r["tb_s"],
+            "pct_peak_dram": r.get("pct_peak_dram")}
+
+
+def check_correctness(run, x):
     """Correct before fast: both FlashInfer ops against float32 torch on fresh random data."""
-    ok = True
-    for hidden in HIDDEN:
-        x = torch.randn(333, hidden, device="cuda", dtype=torch.bfloat16)
-        r = torch.randn_like(x)
-        w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-        ref = torch_rmsnorm(torch, x, w, eps).float()
-        got = fi.rmsnorm(x, w, eps=eps).float()
-        e1 = ((got - ref).norm() / ref.norm()).item()
-        ref_r = (x.float() + r.float())
-        ref2 = torch_rmsnorm(torch, ref_r.to(torch.bfloat16), w, eps).float()
-        x2, r2 = x.clone(), r.clone()
-        fi.fused_add_rmsnorm(x2, r2, w, eps=eps)
-        e2 = ((x2.float() - ref2).norm() / ref2.norm()).item()
-        e3 = ((r2.float() - ref_r).norm() / ref_r.norm()).item()
-        good = max(e1, e2, e3) < 1e-2 and all(map(lambda v: v == v, (e1, e2, e3)))
-        ok &= good
-        run.log(f"correctness hidden={hidden}: rmsnorm rel.err {e1:.1e}, fused out {e2:.1e}, "
-                f"residual {e3:.1e} {'✅' if good else '❌'}")
-    if not ok:
-        raise RuntimeError("FlashInfer RMSNorm disagrees with the torch reference (rel. error >= 1e-2)")
+    torch, fi, eps = x.torch, x.fi, x.args.eps
+    for hidden in x.args.hidden:
+        a = torch.randn(333, hidden, device="cuda", dtype=torch.bfloat16)
+        r, w = torch.randn_like(a), torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+        e1 = _fi.rel_err(fi.rmsnorm(a, w, eps=eps), torch_rmsnorm(torch, a, w, eps))
+        resid = a.float() + r.float()
+        a2, r2 = a.clone(), r.clone()
+        fi.fused_add_rmsnorm(a2, r2, w, eps=eps)
+        e2, e3 = _fi.rel_err(a2, torch_rmsnorm(torch, resid.to(torch.bfloat16), w, eps)), _fi.rel_err(r2, resid)
+        good = all(e < 1e-2 for e in (e1, e2, e3))   # NaN compares False
+        run.log(f"correctness hidden={hidden}: rmsnorm rel.err {e1:.1e}, fused out {e2:.1e}, residual {e3:.1e} "
+                f"{'✅' if good else '❌'}")
+        if not good:
+            raise RuntimeError("FlashInfer RMSNorm disagrees with the torch reference (rel. error >= 1e-2)")
     run.log("All results match. Starting benchmarks.")
 
 
-def ncu_target(args) -> int:
-    """Under ncu: every point once, a marker kernel before each (see common.ncu.split_points)."""
-    import torch
-    import flashinfer as fi
-    for hidden in HIDDEN:
-        for tokens in (TOKENS_QUICK if args.quick else TOKENS_FULL):
-            calls, _ = make_calls(torch, fi, tokens, hidden, args.eps)
-            for name, (fn, _b) in calls.items():
-                ncu.mark()
-                with nvtx_range(f"{name} tokens={tokens} hidden={hidden}"):
-                    fn()
-    torch.cuda.synchronize()
-    return 0
+def ncu_target(x) -> int:
+    """Under ncu: every sweep point once, then each reference point REPEATS times, a marker kernel before each."""
+    l2 = x.torch.cuda.get_device_properties(0).L2_cache_size
+    return _fi.run_once_each(x.torch, _fi.with_repeats(plan_points(x.args), reference_points(l2)),
+                             lambda p: make_call(x, p), label)
+
+
+def sweep(run, x):
+    def measure(p):
+        fn, _keep = make_call(x, p)
+        return timed(x, p, fn)
+    return _fi.sweep(run, x.torch, x.points, measure,
+                     lambda p: f"hidden={p['hidden']} tokens={p['tokens']}" if p["variant"] == VARIANTS[0] else None)
+
+
+def reference(run, x):
+    """Each reference point REPEATS times, the variants interleaved per repetition (a drift hits all alike)."""
+    import pandas as pd
+    refs = reference_points(x.l2)
+    run.log(f"fusion point: {refs[0]['tokens']} tokens x {FUSION_HIDDEN} x 2 B = {refs[0]['tokens'] * FUSION_HIDDEN * 2 / 1e6:.0f}"
+            f" MB per tensor = {refs[0]['tokens'] * FUSION_HIDDEN * 2 / x.l2:.1f}x the {x.l2 / 1e6:.0f} MB L2")
+    calls = [(p, *make_call(x, p)) for p in refs]
+    rows = [{**timed(x, p, fn), "rep": i} for i in range(REPEATS) for p, fn, _keep in calls]
+    del calls
+    df = pd.DataFrame(rows)
+    run.table("reference", df)
+    return df
+
+
+def writes_counted(write_mb: float, tokens: int, hidden: int, tensors: int) -> float:
+    """ncu's dram__bytes_write over the bytes the kernel must write (``tensors`` outputs of tokens x hidden bf16):
+    below 1 when dirty lines were still in L2 as the kernel ended (uncounted)."""
+    return write_mb * 1e6 / (tensors * tokens * hidden * 2)
+
+
+def memory_bound(row) -> bool:
+    """common.ncu.bound() says it waits on memory: memory-bound, or memory-latency-bound (SM % above DRAM % with a
+    memory top stall such as long_scoreboard: the load/store issue counts in SM %, the math pipes are idle)."""
+    return ncu.bound(row).startswith("memory")
+
+
+def fusion(x):
+    """Fused vs add-then-norm at the fusion point, per repetition: time, formula bytes, effective TB/s and (with
+    ncu) measured DRAM bytes of all the variant's kernels, writes measured over writes in the formula."""
+    import pandas as pd
+    ref, big = x.ref, reference_points(x.l2)[0]["tokens"]
+    rows = []
+    for i in range(REPEATS):
+        f = _fi.pick(ref, variant=FUSED, tokens=big, rep=i)
+        u = _fi.pick(ref, variant=ADD_NORM, tokens=big, rep=i)
+        row = {"rep": i, "tokens": big, "hidden": FUSION_HIDDEN, "fused_us": f["time_us"], "add_norm_us": u["time_us"],
+               "fused_tb_s": f["tb_s"], "add_norm_tb_s": u["tb_s"], "fused_bytes": f["bytes"], "add_norm_bytes": u["bytes"],
+               "time_saving_pct": 100 * (1 - f["time_us"] / u["time_us"]),
+               "formula_saving_pct": 100 * (1 - f["bytes"] / u["bytes"])}
+        if x.kern is not None:
+            k = x.kern[(x.kern["kind"] == "reference") & (x.kern["rep"] == i) & (x.kern["tokens"] == big)]
+            mb = {v: k[k["variant"] == v][["dram_read_mb", "dram_write_mb"]].sum() for v in (FUSED, ADD_NORM)}
+            row.update(fused_dram_mb=mb[FUSED].sum(), add_norm_dram_mb=mb[ADD_NORM].sum(),
+                       dram_saving_pct=100 * (1 - mb[FUSED].sum() / mb[ADD_NORM].sum()) if mb[ADD_NORM].sum() else None,
+                       fused_writes_counted=writes_counted(mb[FUSED]["dram_write_mb"], big, FUSION_HIDDEN, 2))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def profile_ncu(run, x):
+    run.log("ncu: every point once, the fusion point 3 times (DRAM bytes, bound(), occupancy, stalls)")
+    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, _fi.with_repeats(x.points, reference_points(x.l2)),
+                          x.pk, timeout=900)
+    run.table("ncu_kernels", kern)
+    return kern
+
+
+def judge(run, x):
+    """Bandwidth at the fusion point and at 1 token (REPEATS timings), bound() (REPEATS launches), the fusion saving
+    in time (REPEATS) and in measured bytes (REPEATS launches, with --ncu)."""
+    ref, fu, big = x.ref, x.fu, reference_points(x.l2)[0]["tokens"]
+    norm = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == big)]
+    run.headline(rmsnorm_tb_s=float(norm["tb_s"].median()), rmsnorm_pct_of_ceiling=float(norm["pct_peak_dram"].median()),
+                 fusion_time_saving_pct=float(fu["time_saving_pct"].median()))
+    where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2)"
+    run.judge(H_BW, list(norm["pct_peak_dram"]), evidence="reference.csv",
+              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {_fi.ceiling(x.pk)}")
+    small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)]
+    run.judge(H_SMALL, list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
+              detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token")
+    how = (f"time at {where} (fused {fu['fused_us'].median():.0f} us, {fu['fused_tb_s'].median():.2f} TB/s effective; "
+           f"add+norm {fu['add_norm_us'].median():.0f} us, {fu['add_norm_tb_s'].median():.2f} TB/s; formula bytes "
+           f"{fu['formula_saving_pct'].iloc[0]:.0f}% fewer)")
+    run.judge(H_FUSE_TIME, list(fu["time_saving_pct"]), evidence="fusion.csv", detail=how)
+    if x.kern is None:
+        run.judge(H_FUSE_PLAN, list(fu["time_saving_pct"]), evidence="fusion.csv",
+                  detail=f"no --ncu: judged on {how}, at equal bandwidth time ~ bytes")
+        return
+    bytes_how = (f"ncu DRAM bytes at {where}: fused {fu['fused_dram_mb'].median():.0f} MB vs add+norm "
+                 f"{fu['add_norm_dram_mb'].median():.0f} MB; writes counted {fu['fused_writes_counted'].median():.2f}x the "
+                 "formula's (>= 8x L2: the dirty lines left in L2 are at most 1/8 of one tensor)")
+    run.headline(fusion_dram_saving_pct=float(fu["dram_saving_pct"].median()))
+    run.judge(H_FUSE_BYTES, list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
+    run.judge(H_FUSE_PLAN, list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
+    rows = [r for r in _fi.reference_rows(x.kern, variant=RMSNORM, tokens=big) if r["kernel"] == "RMSNormKernel"]
+    run.fact(H_BOUND, [memory_bound(r) for r in rows] or None,
+             "; ".join(dict.fromkeys(ncu.bound_why(r) for r in rows)) or "RMSNormKernel not profiled",
+             f"ncu_kernels.csv ({len(rows)} launches, kind=reference)")
+
+
+def tell(x) -> str:
+    big_t = x.df["tokens"].max()
+    big = x.df[x.df["tokens"] == big_t]
+    items = [(f"{name}: " + ", ".join(f"h={int(r.hidden)} {r.time_us:.1f} us {r.tb_s:.2f} TB/s ({r.pct_peak_dram:.0f}%)"
+                                      for r in big[big["variant"] == name].itertuples()), []) for name in VARIANTS
+             if (big["variant"] == name).any()]
+    fu = x.fu
+    kids = [(f"time: fused {fu['fused_us'].median():.0f} us vs add+norm {fu['add_norm_us'].median():.0f} us -> "
+             f"{fu['time_saving_pct'].median():.1f}% saved [{fu['time_saving_pct'].min():.1f}, "
+             f"{fu['time_saving_pct'].max():.1f}] over {REPEATS} repetitions", []),
+            (f"bytes (common.flops): {fu['fused_bytes'].iloc[0] / 1e6:.0f} MB vs {fu['add_norm_bytes'].iloc[0] / 1e6:.0f} "
+             f"MB -> {fu['formula_saving_pct'].iloc[0]:.0f}% fewer", [])]
+    if x.kern is not None:
+        kids.append((f"DRAM bytes (ncu): {fu['fused_dram_mb'].median():.0f} MB vs {fu['add_norm_dram_mb'].median():.0f} MB "
+                     f"-> {fu['dram_saving_pct'].median():.1f}% saved; fused writes counted "
+                     f"{fu['fused_writes_counted'].median():.2f}x the formula", []))
+        last = x.kern[(x.kern["kind"] == "reference") & (x.kern["rep"] == 0) & (x.kern["tokens"] == fu["tokens"].iloc[0])]
+        kids += [(f"{r['variant']}: {story.kernel_line(r)} [{ncu.bound_why(r)}]", []) for r in last.to_dict("records")]
+    items.append((f"fusion point: {fu['tokens'].iloc[0]} tokens x {FUSION_HIDDEN} (one tensor "
+                  f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 1e6:.0f} MB)", kids))
+    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {_fi.ceiling(x.pk)}", items)
 
 
 def main(argv=None) -> int:
@@ -123,102 +306,34 @@ def main(argv=None) -> int:
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None,
+                        l2=torch.cuda.get_device_properties(0).L2_cache_size)
     if args.ncu_target:
-        return ncu_target(args)
-    tokens_list = TOKENS_QUICK if args.quick else TOKENS_FULL
+        return ncu_target(x)
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
-        run.log(f"{pk['gpu']}: measured copy {pk['dram_tb_s']:.2f} TB/s "
-                f"(datasheet {pk['datasheet']['dram_tb_s'] if pk['datasheet'] else '?'} TB/s)")
+        # ---- check: the ceiling every % divides by, the norm path, correctness before timing
+        x.pk = gpu.peaks()
+        run.log(f"{x.pk['gpu']}: % of {_fi.ceiling(x.pk)}")
         import flashinfer.norm as fnorm
-        path = "CUDA JIT `norm` module" if getattr(fnorm, "_USE_CUDA_NORM", True) else "CuTe-DSL kernels"
-        run.note(f"FlashInfer norm path: {path}")
-        check_correctness(torch, fi, args.eps, run)
-
-        rows = []
-        points = [(h, t) for h in HIDDEN for t in tokens_list]
-        for i, (hidden, tokens) in enumerate(points, 1):
-            run.log(f"[{i}/{len(points)}] hidden={hidden} tokens={tokens}")
-            try:
-                calls, _ = make_calls(torch, fi, tokens, hidden, args.eps)
-                for name, (fn, nbytes) in calls.items():
-                    with nvtx_range(f"{name} tokens={tokens} hidden={hidden}"):
-                        t = bench(fn)
-                    r = rates(t.median_ms, bytes=nbytes, peaks=pk)
-                    rows.append({"variant": name, "hidden": hidden, "tokens": tokens, "time_us": t.median_us,
-                                 "spread_pct": t.spread_pct, "bytes": nbytes, "tb_s": r["tb_s"],
-                                 "pct_peak_dram": r["pct_peak_dram"]})
-            except Exception as e:  # a failed point is recorded and the sweep goes on
-                run.point_error({"hidden": hidden, "tokens": tokens}, e)
-                torch.cuda.empty_cache()
-        import pandas as pd
-        df = pd.DataFrame(rows)
-        run.table("sweep", df)
-        big = df[df["tokens"] == max(tokens_list)]
-        fig = plots.sweep(df[df["hidden"] == HIDDEN[0]], x="tokens", y="pct_peak_dram", hue="variant", logx=True,
-                          ylabel="% of measured copy bandwidth", hline=100, hline_label="measured copy peak",
-                          title=f"RMSNorm, hidden {HIDDEN[0]}, bf16 — {pk['gpu']}")
-        run.figure("bandwidth", fig)
-
-        kern = None
+        run.note("FlashInfer norm path: " + ("CUDA JIT `norm` module" if getattr(fnorm, "_USE_CUDA_NORM", True)
+                                             else "CuTe-DSL kernels"))
+        check_correctness(run, x)
+        # ---- measure
+        x.df = sweep(run, x)
+        x.ref = reference(run, x)
         if args.ncu:
-            run.log("ncu: profiling every point once (DRAM bytes, occupancy, stalls)")
-            res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target"] +
-                              (["--quick"] if args.quick else []), run.dir / "ncu",
-                              kernel=ncu.with_marker(KERNELS), echo=run.log, timeout=900)
-            kern = ncu.summarize(ncu.split_points(res.df), peaks=pk)
-            labels = [(v, t, h) for h in HIDDEN for t in tokens_list for v in VARIANTS]
-            kern["variant"] = [labels[p][0] for p in kern["point"]]
-            kern["tokens"] = [labels[p][1] for p in kern["point"]]
-            kern["hidden"] = [labels[p][2] for p in kern["point"]]
-            run.table("ncu_kernels", kern)
-
-        # ---- verdicts: the plan's hypotheses against this run
-        fi_big = big[big["variant"] == VARIANTS[0]]
-        best = fi_big["pct_peak_dram"].max() if len(fi_big) else float("nan")
-        run.headline(rmsnorm_tb_s=float(fi_big["tb_s"].max()) if len(fi_big) else None,
-                     rmsnorm_pct_of_measured_peak=best)
-        run.observe("RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts",
-                    f"{best:.0f}% of measured copy bandwidth at {max(tokens_list)} tokens",
-                    "confirmed" if best >= 75 else "refuted", "sweep.csv")
-        small = df[(df["tokens"] == min(tokens_list)) & (df["variant"] == VARIANTS[0])]["pct_peak_dram"].max()
-        run.observe("a handful of tokens cannot fill the GPU (far below peak)",
-                    f"{small:.1f}% of peak at {min(tokens_list)} token(s)", "confirmed" if small < 20 else "refuted",
-                    "sweep.csv")
-        if kern is not None:
-            sums = kern.groupby(["variant", "tokens", "hidden"])[["dram_read_mb", "dram_write_mb"]].sum().sum(axis=1)
-            key = (max(tokens_list), HIDDEN[0])
-            fused, unfused = sums.get((VARIANTS[2], *key)), sums.get((VARIANTS[3], *key))
-            if fused and unfused:
-                saved = 100 * (1 - fused / unfused)
-                run.headline(fusion_dram_saving_pct=saved)
-                run.observe("fusing the residual add saves ~40% of memory traffic (byte count: 20%)",
-                            f"ncu DRAM bytes: fused {fused:.0f} MB vs add+norm {unfused:.0f} MB -> {saved:.0f}% saved "
-                            f"(tokens={key[0]}, hidden={key[1]})",
-                            "refuted" if saved < 30 else "confirmed", "ncu_kernels.csv")
-            k_fi = kern[(kern["kernel"] == "RMSNormKernel") & (kern["variant"] == VARIANTS[0]) &
-                        (kern["hidden"] == HIDDEN[0])]     # the plain kernel, not the norm inside add + norm
-            if len(k_fi):
-                r = k_fi.sort_values("tokens").iloc[-1].to_dict()
-                run.observe("RMSNorm is memory-bound: high DRAM %, low SM %",
-                            f"DRAM {r['dram_pct']:.0f}%, SM {r['sm_pct']:.0f}% ({ncu.bound(r)}; {VARIANTS[0]}, "
-                            f"{r['tokens']} tokens x hidden {r['hidden']})",
-                            "confirmed" if r["dram_pct"] > r["sm_pct"] else "refuted", "ncu_kernels.csv")
-
+            x.kern = profile_ncu(run, x)
+        # ---- analyse
+        x.fu = fusion(x)
+        run.table("fusion", x.fu)
+        run.figure("bandwidth", plots.sweep(x.df[x.df["hidden"] == args.hidden[0]], x="tokens", y="pct_peak_dram",
+                                            hue="variant", logx=True, ylabel="% of the measured DRAM ceiling", hline=100,
+                                            hline_label=_fi.ceiling(x.pk),
+                                            title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
+        # ---- verdicts
+        judge(run, x)
         # ---- the story
-        items = []
-        for name in VARIANTS:
-            d = big[big["variant"] == name]
-            if len(d):
-                items.append((f"{name}: " + ", ".join(
-                    f"h={int(r.hidden)} {r.time_us:.1f} us {r.tb_s:.2f} TB/s ({r.pct_peak_dram:.0f}% peak)"
-                    for r in d.itertuples()), []))
-        if kern is not None:
-            last = kern[kern["tokens"] == max(tokens_list)]
-            items.append(("hardware (ncu, largest point)", [(story.kernel_line(r), []) for r in
-                                                            last.to_dict("records")][:8]))
-        run.story(story.tree(f"RMSNORM at {max(tokens_list)} tokens, bf16 — {pk['gpu']} "
-                             f"(copy peak {pk['dram_tb_s']:.2f} TB/s)", items))
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
 

@@ -40,17 +40,34 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import story  # noqa: E402
+from common import cli, story  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
 MODULES = ("decode", "prefill_fa2", "prefill_fa3", "tc_decode", "norm", "rope")
 PAGE = 16
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+H_COLD_WARM = Hypothesis("jit-cold-warm", "a cold cache costs seconds of nvcc per module, a warm one milliseconds to load",
+                         "every module: cold >= 1 s, warm < 0.5 s (one compile each: far from both bounds)",
+                         source="analysis.md H-02")
+H_PLAN = Hypothesis("jit-in-plan", "attention modules are compiled inside plan(), not run()",
+                    "the steps of the attention wrappers that built a .so (cold pass)", source="analysis.md H-02")
+H_NORM = Hypothesis("jit-norm-shared", "rmsnorm compiles `norm` on its first call; fused_add_rmsnorm then compiles nothing",
+                    "what the first rmsnorm and fused_add_rmsnorm calls built (cold pass)", source="analysis.md H-02")
+H_TC_REUSE = Hypothesis("jit-tc-reuses-fa2", "tensor-core decode reuses the fa2 prefill module",
+                        "what tc decode's plan() built after the fa2 prefill (cold pass)", source="analysis.md §6")
+H_SLOWEST = Hypothesis("jit-prefill-slowest", "the prefill module is the slowest to build (10 translation units)",
+                       "the module with the longest cold compile", source="flashinfer/reports/plan.md §07")
+H_CLI = Hypothesis("jit-cli", "FlashInfer's own CLI (module-status) lists the module(s) compiled here as compiled",
+                   "`python -m flashinfer module-status --filter compiled` on the temporary cache",
+                   source="flashinfer/reports/plan.md §07: module status")
 
 
 def parse_args(argv=None):
@@ -58,9 +75,9 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="cold-compile only the decode module (~1 min)")
     p.add_argument("--out", default=None, help="results folder (default flashinfer/results/07_jit_analysis)")
-    p.add_argument("--modules", default=None, help=f"comma-separated subset of {','.join(MODULES)} "
-                   "(default: decode with --quick, all otherwise)")
-    p.add_argument("--cli-timeout", type=float, default=None,
+    p.add_argument("--modules", type=cli.choices_list(*MODULES), default=None, help=f"comma-separated subset of "
+                   f"{','.join(MODULES)} (default: decode with --quick, all otherwise)")
+    p.add_argument("--cli-timeout", type=cli.positive_float, default=None,
                    help="seconds for each `python -m flashinfer` call (default 60 with --quick, else 180)")
     p.add_argument("--keep-cache", action="store_true", help="keep the temporary cold cache folder")
     p.add_argument("--child", choices=("run",), help=argparse.SUPPRESS)   # internal: the timed process
@@ -114,7 +131,7 @@ def child(args) -> int:
     q = torch.randn(4, hq, d, device="cuda", dtype=bf)
     qp = torch.randn(4 * 256, hq, d, device="cuda", dtype=bf)
     qo_ip = torch.arange(5, device="cuda", dtype=torch.int32) * 256
-    todo = args.modules.split(",")
+    todo = list(args.modules)
     from flashinfer.utils import is_sm90a_supported
     if "prefill_fa3" in todo and not is_sm90a_supported(torch.device("cuda")):
         todo.remove("prefill_fa3")
@@ -191,6 +208,120 @@ def flashinfer_cli(argv: list[str], env: dict, timeout: float) -> dict:
             "compiled": int(comp.group(1)) if comp else None, "text": text}
 
 
+def passes(run, x):
+    """cold (empty temporary cache), warm (the same cache again), your cache (load only), FlashInfer's CLI."""
+    real = {m["module"]: m for m in _fi.jit_modules(x.real_dir)}
+    tmp = Path(tempfile.mkdtemp(prefix="fi-jit-cold-"))
+    env_cold = {"FLASHINFER_WORKSPACE_BASE": str(tmp)}
+    try:
+        run.log(f"cold: {', '.join(x.cold_mods)} in an empty cache under {tmp} (nvcc runs now)")
+        x.cold = run_child(x.cold_mods, tmp / "cold.json", env_cold, 900 if x.args.quick else 1800, run.log)
+        run.log("warm: the same steps again on that cache")
+        x.warm = run_child(x.cold_mods, tmp / "warm.json", env_cold, 300, run.log)
+        # your cache: every group whose module is already there (never compile in --quick)
+        probe = [m for m in MODULES if not x.args.quick or real.get(expected_uri(x.torch, m), {}).get("compiled")]
+        if len(probe) < len(MODULES):
+            run.log(f"your cache lacks {', '.join(m for m in MODULES if m not in probe)}: not timed there "
+                    "(run 01_test_kernels.py first)")
+        x.mine = run_child(probe, tmp / "mine.json", {}, 600, run.log) if probe else {"steps": [], "modules": []}
+        x.n_real = len(real)
+        run.log(f"FlashInfer CLI (timeout {x.args.cli_timeout:.0f} s each, downloads disabled)")
+        x.cli = [{"cache": "temporary (cold pass)", **flashinfer_cli(["module-status", "--filter", "compiled"],
+                                                                   env_cold, x.args.cli_timeout)}]
+        if not x.args.quick:  # registers FlashInfer's default module list: renders sources into generated/
+            x.cli.append({"cache": "yours", **flashinfer_cli(["module-status", "--filter", "compiled"], {},
+                                                             x.args.cli_timeout)})
+        for c in x.cli:
+            run.log(f"  {c['command']} ({c['cache']} cache): rc={c['rc']} {c['seconds']:.1f} s, "
+                    f"total {c['total_modules']}, compiled {c['compiled']}")
+        run.path("cli_module_status.txt").write_text("\n\n".join(f"$ {c['command']}\n{c['text']}" for c in x.cli))
+    finally:
+        if x.args.keep_cache:
+            run.note(f"cold cache kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tables(run, x):
+    """steps.csv (every step of every pass), modules.csv (per module: cold, warm, your cache, nvcc), cli.csv."""
+    import pandas as pd
+    sdf = pd.DataFrame([{"pass": name, **s} for name, res in (("cold", x.cold), ("warm", x.warm), ("your cache", x.mine))
+                        for s in res["steps"]])
+    run.table("steps", sdf)
+    mods = []
+    for uri, m in {m["module"]: m for m in x.cold["modules"]}.items():
+        cs = sdf[(sdf["pass"] == "cold") & sdf["compiled"].fillna("").str.split().map(lambda l, u=uri: u in l)]
+        grp, stp = (cs.iloc[0]["module"], cs.iloc[0]["step"]) if len(cs) else ("?", "?")
+        w = sdf[(sdf["pass"] == "warm") & (sdf["module"] == grp) & (sdf["step"] == stp)]
+        y = sdf[(sdf["pass"] == "your cache") & (sdf["module"] == grp) & (sdf["step"] == stp)]
+        mods.append({"module": uri, "short": _fi.short_module(uri), "compiled_by": f"{grp}: {stp}",
+                     "cold_s": float(cs["seconds"].sum()) if len(cs) else None,
+                     "warm_s": float(w["seconds"].iloc[0]) if len(w) else None,
+                     "your_cache_s": float(y["seconds"].iloc[0]) if len(y) else None,
+                     **{k: m.get(k) for k in ("objects", "so_mb", "nvcc_sum_s", "nvcc_max_s", "build_span_s")}})
+    mdf = pd.DataFrame(mods)
+    run.table("modules", mdf)
+    run.table("cli", pd.DataFrame([{k: v for k, v in c.items() if k != "text"} for c in x.cli]))
+    return sdf, mdf, mods
+
+
+def judge(run, x):
+    """The H-02 facts: what a cold and a warm cache cost, which step compiles what, the CLI's view."""
+    sdf, mdf = x.sdf, x.mdf
+    if len(mdf):
+        ok = mdf.dropna(subset=["cold_s", "warm_s"])
+        run.headline(**{f"cold_{r.short.split()[0]}_s": r.cold_s for r in ok.itertuples()},
+                     warm_load_max_s=float(ok["warm_s"].max()) if len(ok) else None)
+        run.fact(H_COLD_WARM, bool(len(ok) and (ok["cold_s"] >= 1).all() and (ok["warm_s"] < 0.5).all()),
+                 "; ".join(f"{r.short}: cold {r.cold_s:.1f} s, warm {r.warm_s * 1e3:.0f} ms" for r in ok.itertuples()),
+                 "modules.csv")
+    cold_steps = sdf[sdf["pass"] == "cold"]
+    att = cold_steps[cold_steps["module"].isin(["decode", "prefill_fa2", "prefill_fa3"])]
+    if len(att):
+        where = sorted(set(att[att["compiled"].fillna("") != ""]["step"]))
+        run.fact(H_PLAN, where == ["plan()"], f"compiling steps of the attention wrappers: {', '.join(where) or 'none'}",
+                 "steps.csv")
+    if "norm" in x.cold_mods:
+        n = cold_steps[cold_steps["module"] == "norm"].set_index("step")["compiled"].fillna("")
+        run.fact(H_NORM, n.get("rmsnorm() first") == "norm" and not n.get("fused_add_rmsnorm() first"),
+                 f"rmsnorm first: {n.get('rmsnorm() first') or 'nothing'}; fused_add_rmsnorm first: "
+                 f"{n.get('fused_add_rmsnorm() first') or 'nothing'}", "steps.csv")
+    if "tc_decode" in x.cold_mods and "prefill_fa2" in x.cold_mods:
+        tcp = cold_steps[(cold_steps["module"] == "tc_decode") & (cold_steps["step"] == "plan()")]
+        first = x.cold_mods.index("prefill_fa2") < x.cold_mods.index("tc_decode")
+        run.fact(H_TC_REUSE, bool(len(tcp)) and not tcp.iloc[0]["compiled"] if len(tcp) else None,
+                 f"tc decode plan() after the fa2 prefill: compiled {tcp.iloc[0]['compiled'] or 'nothing'}"
+                 if len(tcp) else "not run", "steps.csv",
+                 premise=True if first else "tc_decode ran before prefill_fa2 (--modules order)")
+    if len(mdf) >= 3:
+        slow = mdf.sort_values("cold_s").iloc[-1]
+        run.fact(H_SLOWEST, str(slow["module"]).startswith("batch_prefill"),
+                 f"slowest: {slow['short']} {slow['cold_s']:.1f} s, {slow['objects']} objects", "modules.csv")
+    c0 = x.cli[0]
+    listed = [u for u in mdf["module"] if u in c0["text"]] if len(mdf) else []
+    run.fact(H_CLI, len(listed) == len(mdf), f"{len(listed)}/{len(mdf)} listed; CLI total {c0['total_modules']}, "
+             f"compiled {c0['compiled']}, {c0['seconds']:.0f} s", "cli.csv",
+             premise=True if c0["rc"] == 0 and len(mdf) else f"the CLI ended rc={c0['rc']} after {c0['seconds']:.0f} s")
+
+
+def tell(x) -> str:
+    def lines(res):
+        return [(f"{s['step']} [{s['module']}]: {s['seconds'] * 1e3:.0f} ms" if s["seconds"] < 1 else
+                 f"{s['step']} [{s['module']}]: {s['seconds']:.1f} s",
+                 [(f"compiled {_fi.short_module(m)}", []) for m in (s.get("compiled") or "").split()] +
+                 ([(f"ERROR {s['error']}", [])] if s.get("error") else [])) for s in res["steps"]]
+    items = [(f"cold pass (empty cache, {x.cold['cpus']} CPUs, MAX_JOBS={x.cold['max_jobs']}): "
+              f"{x.cold['wall_s']:.1f} s wall", lines(x.cold)),
+             (f"warm pass (same cache): {x.warm['wall_s']:.1f} s wall", lines(x.warm)),
+             (f"your cache ({x.real_dir}): {x.n_real} module folder(s)",
+              lines(x.mine) if x.mine["steps"] else [("not timed", [])])]
+    items += [(f"module {r['short']}: {r['objects']} objects, {r['so_mb']} MB, nvcc sum {r['nvcc_sum_s']} s, "
+               f"longest object {r['nvcc_max_s']} s", []) for r in x.mods]
+    items += [(f"{c['command']} on the {c['cache']} cache: rc {c['rc']}, {c['seconds']:.0f} s, compiled "
+               f"{c['compiled']} of {c['total_modules']} registered", []) for c in x.cli]
+    return story.tree(f"FLASHINFER JIT — {x.torch.cuda.get_device_name()}, cold = empty FLASHINFER_WORKSPACE_BASE", items)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -199,131 +330,20 @@ def main(argv=None) -> int:
     require_gpu(torch)
     require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
     from flashinfer.jit import env as jit_env
-    import pandas as pd
-    cold_mods = args.modules.split(",") if args.modules else (["decode"] if args.quick else list(MODULES))
-    bad = [m for m in cold_mods if m not in MODULES]
-    if bad:
-        raise SystemExit(f"unknown module group(s) {bad}; choose from {', '.join(MODULES)}")
     args.cli_timeout = args.cli_timeout or (60 if args.quick else 180)
+    x = SimpleNamespace(torch=torch, args=args, real_dir=jit_env.FLASHINFER_JIT_DIR,
+                        cold_mods=args.modules or (["decode"] if args.quick else list(MODULES)))
     with Run(__file__, args, out=args.out) as run:
-        real_dir = jit_env.FLASHINFER_JIT_DIR
-        run.log(f"your JIT cache: {jit_env.FLASHINFER_CACHE_DIR} -> modules in {real_dir}")
-        real = {m["module"]: m for m in _fi.jit_modules(real_dir)}
-        tmp = Path(tempfile.mkdtemp(prefix="fi-jit-cold-"))
-        env_cold = {"FLASHINFER_WORKSPACE_BASE": str(tmp)}
-        limit = 900 if args.quick else 1800
-        try:
-            run.log(f"cold: {', '.join(cold_mods)} in an empty cache under {tmp} (nvcc runs now)")
-            cold = run_child(cold_mods, tmp / "cold.json", env_cold, limit, run.log)
-            run.log("warm: the same steps again on that cache")
-            warm = run_child(cold_mods, tmp / "warm.json", env_cold, 300, run.log)
-            # your cache: every group whose module is already there (never compile in --quick)
-            probe = [m for m in MODULES if not args.quick or real.get(expected_uri(torch, m), {}).get("compiled")]
-            skipped = [m for m in MODULES if m not in probe]
-            if skipped:
-                run.log(f"your cache lacks {', '.join(skipped)}: not timed there (run 01_test_kernels.py first)")
-            run.log(f"your cache: {', '.join(probe)}")
-            mine = run_child(probe, tmp / "mine.json", {}, 600, run.log) if probe else {"steps": [], "modules": []}
-            run.log(f"FlashInfer CLI (timeout {args.cli_timeout:.0f} s each, downloads disabled)")
-            cli = [{"cache": "temporary (cold pass)", **flashinfer_cli(["module-status", "--filter", "compiled"],
-                                                                     env_cold, args.cli_timeout)}]
-            if not args.quick:  # registers FlashInfer's default module list: renders sources into generated/
-                cli.append({"cache": "yours", **flashinfer_cli(["module-status", "--filter", "compiled"], {},
-                                                               args.cli_timeout)})
-            for c in cli:
-                run.log(f"  {c['command']} ({c['cache']} cache): rc={c['rc']} {c['seconds']:.1f} s, "
-                        f"total {c['total_modules']}, compiled {c['compiled']}")
-            (run.path("cli_module_status.txt")).write_text("\n\n".join(f"$ {c['command']}\n{c['text']}" for c in cli))
-        finally:
-            if args.keep_cache:
-                run.note(f"cold cache kept in {tmp}")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-
-        # ---- tables
-        steps = [{"pass": name, **s} for name, res in (("cold", cold), ("warm", warm), ("your cache", mine))
-                 for s in res["steps"]]
-        sdf = pd.DataFrame(steps)
-        run.table("steps", sdf)
-        built = {m["module"]: m for m in cold["modules"]}
-        mods = []
-        for uri, m in built.items():
-            cs = sdf[(sdf["pass"] == "cold") & sdf["compiled"].fillna("").str.split().map(lambda l: uri in l)]
-            grp, stp = (cs.iloc[0]["module"], cs.iloc[0]["step"]) if len(cs) else ("?", "?")
-            w = sdf[(sdf["pass"] == "warm") & (sdf["module"] == grp) & (sdf["step"] == stp)]
-            y = sdf[(sdf["pass"] == "your cache") & (sdf["module"] == grp) & (sdf["step"] == stp)]
-            mods.append({"module": uri, "short": _fi.short_module(uri), "compiled_by": f"{grp}: {stp}",
-                         "cold_s": float(cs["seconds"].sum()) if len(cs) else None,
-                         "warm_s": float(w["seconds"].iloc[0]) if len(w) else None,
-                         "your_cache_s": float(y["seconds"].iloc[0]) if len(y) else None,
-                         **{k: m.get(k) for k in ("objects", "so_mb", "nvcc_sum_s", "nvcc_max_s", "build_span_s")}})
-        mdf = pd.DataFrame(mods)
-        run.table("modules", mdf)
-        run.table("cli", pd.DataFrame([{k: v for k, v in c.items() if k != "text"} for c in cli]))
-
+        # ---- check: where the cache lives
+        run.log(f"your JIT cache: {jit_env.FLASHINFER_CACHE_DIR} -> modules in {x.real_dir}")
+        # ---- measure: three passes in fresh processes, then FlashInfer's own CLI
+        passes(run, x)
+        # ---- analyse
+        x.sdf, x.mdf, x.mods = tables(run, x)
         # ---- verdicts
-        if len(mdf):
-            ok = mdf.dropna(subset=["cold_s", "warm_s"])
-            run.headline(**{f"cold_{r.short.split()[0]}_s": r.cold_s for r in ok.itertuples()},
-                         warm_load_max_s=float(ok["warm_s"].max()) if len(ok) else None)
-            run.observe("a cold cache costs seconds of nvcc per module, a warm one milliseconds to load (H-02)",
-                        "; ".join(f"{r.short}: cold {r.cold_s:.1f} s, warm {r.warm_s * 1e3:.0f} ms" for r in ok.itertuples())
-                        + " (thresholds: cold >= 1 s, warm < 0.5 s)",
-                        "confirmed" if len(ok) and (ok["cold_s"] >= 1).all() and (ok["warm_s"] < 0.5).all()
-                        else "refuted", "modules.csv")
-        cold_steps = sdf[sdf["pass"] == "cold"]
-        att = cold_steps[cold_steps["module"].isin(["decode", "prefill_fa2", "prefill_fa3"])]
-        if len(att):
-            where = sorted(set(att[att["compiled"].fillna("") != ""]["step"]))
-            run.observe("attention modules are compiled inside plan(), not run() (H-02)",
-                        f"compiling steps of the attention wrappers: {', '.join(where) or 'none'}",
-                        "confirmed" if where == ["plan()"] else "refuted", "steps.csv")
-        if "norm" in cold_mods:
-            n = cold_steps[cold_steps["module"] == "norm"].set_index("step")["compiled"].fillna("")
-            run.observe("rmsnorm compiles `norm` on its first call; fused_add_rmsnorm then compiles nothing (H-02)",
-                        f"rmsnorm first: {n.get('rmsnorm() first') or 'nothing'}; fused_add_rmsnorm first: "
-                        f"{n.get('fused_add_rmsnorm() first') or 'nothing'}",
-                        "confirmed" if n.get("rmsnorm() first") == "norm" and not n.get("fused_add_rmsnorm() first")
-                        else "refuted", "steps.csv")
-        if "tc_decode" in cold_mods and "prefill_fa2" in cold_mods:
-            t = cold_steps[(cold_steps["module"] == "tc_decode") & (cold_steps["step"] == "plan()")]
-            first = cold_mods.index("prefill_fa2") < cold_mods.index("tc_decode")
-            run.observe("tensor-core decode reuses the fa2 prefill module (analysis §6)",
-                        f"tc decode plan() after the fa2 prefill: compiled {t.iloc[0]['compiled'] or 'nothing'}"
-                        if len(t) else "not run", "confirmed" if first and len(t) and not t.iloc[0]["compiled"]
-                        else "inconclusive" if not first else "refuted", "steps.csv")
-        if len(mdf) >= 3:
-            slow = mdf.sort_values("cold_s").iloc[-1]
-            run.observe("the prefill module is the slowest to build (10 translation units)",
-                        f"slowest: {slow['short']} {slow['cold_s']:.1f} s, {slow['objects']} objects",
-                        "confirmed" if str(slow["module"]).startswith("batch_prefill") else "refuted", "modules.csv")
-        c0 = cli[0]
-        if c0["rc"] == 0 and len(mdf):
-            listed = [u for u in mdf["module"] if u in c0["text"]]
-            run.observe("FlashInfer's own CLI (module-status) lists the module(s) compiled here as compiled",
-                        f"{len(listed)}/{len(mdf)} listed; CLI total {c0['total_modules']}, compiled {c0['compiled']}, "
-                        f"{c0['seconds']:.0f} s", "confirmed" if len(listed) == len(mdf) else "refuted", "cli.csv")
-        else:
-            run.observe("FlashInfer's own CLI (module-status) lists the module(s) compiled here as compiled",
-                        f"CLI rc={c0['rc']} after {c0['seconds']:.0f} s", "inconclusive", "cli_module_status.txt")
-
+        judge(run, x)
         # ---- the story
-        def lines(res, name):
-            return [(f"{s['step']} [{s['module']}]: {s['seconds'] * 1e3:.0f} ms" if s["seconds"] < 1 else
-                     f"{s['step']} [{s['module']}]: {s['seconds']:.1f} s", [(f"compiled {_fi.short_module(m)}", []) for m in
-                                                                             (s.get("compiled") or "").split()] +
-                     ([(f"ERROR {s['error']}", [])] if s.get("error") else [])) for s in res["steps"]]
-        items = [(f"cold pass (empty cache, {cold['cpus']} CPUs, MAX_JOBS={cold['max_jobs']}): "
-                  f"{cold['wall_s']:.1f} s wall", lines(cold, "cold")),
-                 (f"warm pass (same cache): {warm['wall_s']:.1f} s wall", lines(warm, "warm")),
-                 (f"your cache ({real_dir}): {len(real)} module folder(s)",
-                  lines(mine, "mine") if mine["steps"] else [("not timed", [])])]
-        items += [(f"module {r['short']}: {r['objects']} objects, {r['so_mb']} MB, nvcc sum {r['nvcc_sum_s']} s, "
-                   f"longest object {r['nvcc_max_s']} s", []) for r in mods]
-        items += [(f"{c['command']} on the {c['cache']} cache: rc {c['rc']}, {c['seconds']:.0f} s, compiled "
-                   f"{c['compiled']} of {c['total_modules']} registered", []) for c in cli]
-        run.story(story.tree(f"FLASHINFER JIT — {torch.cuda.get_device_name()}, cold = empty FLASHINFER_WORKSPACE_BASE",
-                             items))
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
 

@@ -2,9 +2,9 @@
 
 Default (--quick / --all): 00 01 02 03 04 05 07. --ncu adds --ncu to 02-05 (every sweep point once under
 ncu -> their kernels tables) and one ncu_profile.sh pass per kernel class (summary metrics on 2 launches
-in --quick, --set full on 4 in --all -> results/ncu_profile/<class>/). --nsys adds a Nsight Systems
-timeline of one decode and one prefill sweep (results/nsys_timeline/<step>/), or a [skip] line pointing
-at the torch-profiler traces 02/03 write where nsys is not usable.
+in --quick, --set full on 4 in --all -> results/ncu_profile/<class>/). --nsys adds --nsys to 02 and 03:
+each re-runs its sweep once under Nsight Systems and shows the kernels on a timeline (timeline.csv/.png
+and the story); where nsys is not usable they say so and show the torch-profiler trace they write.
 """
 from common.pipeline import ONLY, Step
 
@@ -22,8 +22,9 @@ def ncu_pass(kind: str, kernels: str, script: str, jit: tuple, *target: str) -> 
 STEPS = [
     Step("00_check_env", "00_check_env.py"),
     Step("01_test_kernels", "01_test_kernels.py", jit=ALL_FI),
-    Step("02_profile_prefill", "02_profile_prefill.py", ncu=("--ncu",), jit=("fi:prefill_fa2", "fi:prefill_fa3")),
-    Step("03_profile_decode", "03_profile_decode.py", ncu=("--ncu",), jit=("fi:decode", "fi:prefill_fa2")),
+    Step("02_profile_prefill", "02_profile_prefill.py", ncu=("--ncu",), nsys=("--nsys",),
+         jit=("fi:prefill_fa2", "fi:prefill_fa3")),
+    Step("03_profile_decode", "03_profile_decode.py", ncu=("--ncu",), nsys=("--nsys",), jit=("fi:decode", "fi:prefill_fa2")),
     Step("04_profile_rmsnorm", "04_profile_rmsnorm.py", ncu=("--ncu",), jit=("fi:norm",)),
     Step("05_profile_rope", "05_profile_rope.py", ncu=("--ncu",), jit=("fi:rope",)),
     # 07 compiles cold in a temporary cache of its own; the warm-up serves its "your cache" load pass
@@ -33,8 +34,4 @@ STEPS = [
              "02_profile_prefill.py", ("fi:prefill_fa2", "fi:prefill_fa3"), "--models", "llama-3.1-8b"),
     ncu_pass("norm", "RMSNormKernel", "04_profile_rmsnorm.py", ("fi:norm",)),
     ncu_pass("rope", "Rotary", "05_profile_rope.py", ("fi:rope",)),
-    Step("nsys_decode", "03_profile_decode.py", nsys=ONLY, under="nsys", quick=("--ncu-target", "--quick"),
-         full=("--ncu-target", "--quick"), jit=("fi:decode", "fi:prefill_fa2")),
-    Step("nsys_prefill", "02_profile_prefill.py", nsys=ONLY, under="nsys", quick=("--ncu-target", "--quick"),
-         full=("--ncu-target", "--quick"), jit=("fi:prefill_fa2", "fi:prefill_fa3")),
 ]

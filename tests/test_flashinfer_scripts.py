@@ -1,0 +1,274 @@
+"""The FlashInfer numbered scripts on a CPU: --help, CLI validation at parse time, main() reads as phases in <= 100
+lines, hypotheses declared as data with their sources, and verdicts judged on intervals of recorded values.
+
+Recorded values used (real runs, no made-up numbers):
+  fi_cross_check_decode_h200{,_b2e5,_b7d6}.csv   three real `03_profile_decode.py` runs on H200s (63d8e4f, c631eb8,
+      b7d68da; see tests/test_flashinfer_fi.py): their ``workbook_ms`` of CUDA-core decode b32 x kv4096 are three
+      repetitions of the plan's reference point;
+  torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json   3 calls of RMSNormKernel at 8192 x 4096 (H200);
+  ncu_raw_fullset_flashinfer_5kernels_h200.csv   ncu --set full of RMSNormKernel / FusedAddRMSNormKernel at 8192 x 4096;
+  the H200's measured copy ceiling of the committed run, 4.28 TB/s (flashinfer/reports/environment.md, 00 headline).
+"""
+import ast
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "flashinfer" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import _fi  # noqa: E402
+from common import flops, ncu, trace, verdicts  # noqa: E402
+from common.results import Run  # noqa: E402
+from common.timing import rates  # noqa: E402
+
+NUMBERED = sorted(p.name for p in SCRIPTS.glob("[0-9][0-9]_*.py"))
+NCU_FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
+H200 = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source": "measured",
+        "sources": {"dram_tb_s": "measured", "bf16_tflops": "measured"},
+        "method": {"dram_tb_s": "device-to-device copy (committed H200 run)"}}
+
+
+def load_script(stem):
+    spec = importlib.util.spec_from_file_location(f"fi_{stem}", SCRIPTS / f"{stem}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = Run(SCRIPTS / "03_profile_decode.py", {}, out=tmp_path / "run", quiet=True)
+    yield r
+    r.finish()
+
+
+# ------------------------------------------------------------------ --help and the shell wrappers
+
+@pytest.mark.parametrize("script", NUMBERED)
+def test_help_runs_without_gpu_packages(script):
+    out = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Run" in out.stdout and "--quick" in out.stdout and "What the plan expected" in out.stdout
+
+
+@pytest.mark.parametrize("script,bad", [("06_full_pipeline.sh", "unknown option"),
+                                        ("ncu_profile.sh", "unrecognized arguments: --no-such-flag")])
+def test_shell_wrappers_help(script, bad):
+    out = subprocess.run(["bash", str(SCRIPTS / script), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "Usage" in out.stdout
+    p = subprocess.run(["bash", str(SCRIPTS / script), "--no-such-flag"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and bad in p.stderr
+
+
+def test_ncu_wrapper_is_thin_and_hands_over_to_common_ncu():
+    text = (SCRIPTS / "ncu_profile.sh").read_text()
+    assert len(text.splitlines()) <= 40 and "-m common.ncu profile" in text
+    p = subprocess.run(["bash", str(SCRIPTS / "ncu_profile.sh"), "--name", "x", "--count", "two", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith("argument --count: invalid int value: 'two'")
+
+
+# ------------------------------------------------------------------ every CLI value checked at parse time
+
+@pytest.mark.parametrize("script,args,line", [
+    ("03_profile_decode.py", ["--batches", "abc"],
+     "argument --batches: expected positive integers separated by commas, got 'abc'"),
+    ("03_profile_decode.py", ["--kv-lens", "4096,-1"],
+     "argument --kv-lens: expected positive integers separated by commas, got '4096,-1'"),
+    ("03_profile_decode.py", ["--variants", "cuda,gpu"], "argument --variants: unknown value(s) gpu; choose from cuda, tc"),
+    ("03_profile_decode.py", ["--models", "llama-9"], "argument --models: unknown value(s) llama-9; choose from "),
+    ("02_profile_prefill.py", ["--backend", "fa4"], "argument --backend: unknown value(s) fa4; choose from fa2, fa3, auto"),
+    ("02_profile_prefill.py", ["--qo-lens", "0"], "argument --qo-lens: expected positive integers separated by commas, "
+                                                  "got '0'"),
+    ("02_profile_prefill.py", ["--batch", "x"], "argument --batch: expected a positive integer, got 'x'"),
+    ("02_profile_prefill.py", ["--prefix", "-5"], "argument --prefix: expected an integer >= 0, got '-5'"),
+    ("04_profile_rmsnorm.py", ["--tokens", "1,,x"], "argument --tokens: expected positive integers separated by "
+                                                    "commas, got '1,,x'"),
+    ("04_profile_rmsnorm.py", ["--eps", "0"], "argument --eps: expected a positive number, got '0'"),
+    ("05_profile_rope.py", ["--head-dims", "96"], "argument --head-dims: unknown value(s) 96; choose from 64, 128, 256"),
+    ("05_profile_rope.py", ["--req-tokens", "0"], "argument --req-tokens: expected a positive integer, got '0'"),
+    ("07_jit_analysis.py", ["--modules", "decode,foo"], "argument --modules: unknown value(s) foo; choose from decode, "),
+    ("07_jit_analysis.py", ["--cli-timeout", "-1"], "argument --cli-timeout: expected a positive number, got '-1'"),
+])
+def test_bad_values_are_one_argparse_line_before_any_gpu_work(script, args, line):
+    p = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=60)
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert last.startswith(f"{script}: error: {line}"), last
+
+
+# ------------------------------------------------------------------ the shape of each script
+
+@pytest.mark.parametrize("script", NUMBERED)
+def test_main_reads_as_phases_in_at_most_100_lines(script):
+    tree = ast.parse((SCRIPTS / script).read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert main.end_lineno - main.lineno + 1 <= 100
+
+
+@pytest.mark.parametrize("stem", [s[:-3] for s in NUMBERED])
+def test_hypotheses_are_data_with_a_source(stem):
+    mod = load_script(stem)
+    hs = {k: v for k, v in vars(mod).items() if k.startswith("H_") and isinstance(v, verdicts.Hypothesis)}
+    assert hs, f"{stem} declares no hypotheses"
+    for name, h in hs.items():
+        assert h.source and h.claim and h.quantity, name
+    assert len({h.id for h in hs.values()}) == len(hs)
+
+
+def test_the_plan_figures_are_judged_as_ranges_around_them():
+    m03, m04, m05 = load_script("03_profile_decode"), load_script("04_profile_rmsnorm"), load_script("05_profile_rope")
+    assert (m03.H_BW.low, m03.H_BW.high) == (70, 90) and "80%" in m03.H_BW.source      # '~80% of peak HBM'
+    assert (m04.H_BW.low, m04.H_BW.high) == (75, 95) and "85%" in m04.H_BW.source      # '~85% of peak bandwidth'
+    assert (m04.H_FUSE_PLAN.low, m04.H_FUSE_PLAN.high) == (30, 50) and (m04.H_FUSE_BYTES.low, m04.H_FUSE_BYTES.high) == (15, 25)
+    assert (m05.H_BW.low, m05.H_BW.high) == (65, 85)
+
+
+def test_kernel_regexes_match_real_ncu_names(fixture_path):
+    names = list(ncu.read_raw(fixture_path(NCU_FULL))["Kernel Name"])
+    m02, m03 = load_script("02_profile_prefill"), load_script("03_profile_decode")
+    assert [n for n in names if re.search(m03.KERNELS, n)] == names[:2]   # decode (+ tc = prefill kernel)
+    assert [n for n in names if re.search(m02.KERNELS, n)] == names[1:2]
+    rope = ncu.short_name(names[4])
+    assert re.search(_fi.ROPE_APIS["apply_rope_with_cos_sin_cache_inplace"][2], rope)
+    assert not re.search(_fi.ROPE_APIS["apply_llama31_rope_pos_ids"][2], rope)
+
+
+def test_sweeps_and_their_repetitions():
+    m02, m03, m05 = load_script("02_profile_prefill"), load_script("03_profile_decode"), load_script("05_profile_rope")
+    a3 = m03.parse_args(["--quick"])
+    assert len(m03.plan_points(a3)) == 18 and {p["model"] for p in m03.plan_points(a3)} == {"llama-3.1-8b"}
+    assert len(m03.plan_points(m03.parse_args([]))) == 2 * 2 * 6 * 7
+    tgt = m03.target_points(a3)      # the sweep, then the reference point three times
+    assert len(tgt) == 18 + 3 and [p["batch"] for p in tgt[18:]] == [32] * 3 and tgt[-1]["kind"] == "reference"
+    assert len(m03.target_points(m03.parse_args(["--quick", "--variants", "tc"]))) == 9    # no cuda: no reference
+    one = m03.plan_points(m03.parse_args(["--variants", "cuda", "--batches", "32", "--kv-lens", "4096", "--quick"]))
+    assert one == [{"model": "llama-3.1-8b", "variant": "cuda", "batch": 32, "kv_len": 4096}]
+    a2 = m02.parse_args(["--quick"])
+    assert len(m02.plan_points(a2, ["fa2", "fa3"])) == 12 and len(m02.target_points(a2, ["fa2", "fa3"])) == 12 + 6
+    assert m02.for_backend(m02.H_OCC, "fa3").id == "prefill-occupancy-fa3"
+    assert len(m05.plan_points(m05.parse_args(["--quick"]))) == 4 * len(m05.VARIANTS)
+    assert m05.nbytes({"variant": m05.INPLACE, "head_dim": 128, "tokens": 8192}) == flops.rope_bytes(
+        8192, 32, 8, 128, per_token_extra=8 + 4 * 128)
+
+
+# ------------------------------------------------------------------ 03: the decode verdicts on recorded values
+
+def _decode_reference(fixture_path):
+    """CUDA-core decode b32 x kv4096 as timed by three real runs on H200s: % of the committed H200 copy ceiling."""
+    pd = pytest.importorskip("pandas")
+    rows = []
+    for i, f in enumerate(("fi_cross_check_decode_h200.csv", "fi_cross_check_decode_h200_b2e5.csv",
+                           "fi_cross_check_decode_h200_b7d6.csv")):
+        ms = pd.read_csv(fixture_path(f)).query("variant == 'cuda' and batch == 32")["workbook_ms"].iloc[0]
+        r = rates(ms, bytes=flops.decode_bytes([4096] * 32, 32, 8, 128), peaks=H200)
+        rows.append({"variant": "cuda", "batch": 32, "kv_len": 4096, "rep": i, "time_us": 1e3 * ms, "tb_s": r["tb_s"],
+                     "pct_peak_dram": r["pct_peak_dram"]})
+    return pd.DataFrame(rows)
+
+
+def test_decode_bandwidth_is_judged_on_the_interval_of_repetitions_and_names_its_ceiling(fixture_path, run):
+    pd = pytest.importorskip("pandas")
+    m03 = load_script("03_profile_decode")
+    xrows = pd.read_csv(fixture_path("fi_cross_check_decode_h200_b7d6.csv")).to_dict("records")
+    x = SimpleNamespace(ref=_decode_reference(fixture_path), pk=H200, variants=["cuda"], xrows=xrows)
+    m03.judge_timing(run, x)
+    obs = {o["hypothesis"]: o for o in run.summary["observations"]}
+    bw = obs["decode-bw"]
+    assert bw["verdict"] == "refuted" and bw["interval"]["n"] == 3        # 61.6-62.2% < 70: refuted on all three
+    assert 61 < bw["interval"]["lo"] < bw["interval"]["hi"] < 63
+    assert "4.28 TB/s" in bw["observed"] and "NVIDIA H200" in bw["observed"] and "[70, 90]%" in bw["expected"]
+    assert obs["timer-cross-check"]["verdict"] == "confirmed"
+    assert run.summary["headline"]["decode_pct_of_ceiling"] == pytest.approx(62.0, abs=0.5)
+
+
+def test_decode_bandwidth_is_not_judged_without_its_reference_point(run):
+    pd = pytest.importorskip("pandas")
+    m03 = load_script("03_profile_decode")
+    empty = pd.DataFrame(columns=["variant", "time_us", "tb_s", "pct_peak_dram"])
+    m03.judge_timing(run, SimpleNamespace(ref=empty, pk=H200, variants=["tc"], xrows=[]))
+    bw = run.summary["observations"][0]
+    assert bw["verdict"] == "inconclusive" and "premise failed: the CUDA-core variant was not run" in bw["observed"]
+
+
+def test_one_repetition_is_never_judged(fixture_path):
+    """The old rule judged one sample against a threshold; the interval rule needs three."""
+    m03 = load_script("03_profile_decode")
+    pct = list(_decode_reference(fixture_path)["pct_peak_dram"])
+    assert verdicts.judge(m03.H_BW, pct[:1])["verdict"] == "inconclusive"
+    assert verdicts.judge(m03.H_BW, pct)["verdict"] == "refuted"
+
+
+# ------------------------------------------------------------------ 04: RMSNorm and the fusion saving
+
+def test_fusion_byte_arithmetic():
+    """Add then norm moves 5 tensors of T x H (+ the weight), the fused kernel 4: 10H -> 8H bytes per row, 20%."""
+    m04 = load_script("04_profile_rmsnorm")
+    t, h = 65536, 4096
+    fused, unfused = m04.BYTES[m04.FUSED](t, h), m04.BYTES[m04.ADD_NORM](t, h)
+    assert (fused - 2 * h) / t == 8 * h and (unfused - 2 * h) / t == 10 * h
+    assert 100 * (1 - fused / unfused) == pytest.approx(20.0, abs=1e-3)
+    assert m04.BYTES[m04.RMSNORM](t, h) == m04.BYTES[m04.TORCH](t, h) == flops.rmsnorm_bytes(t, h)
+
+
+def test_the_fusion_point_is_eight_times_the_l2():
+    m04 = load_script("04_profile_rmsnorm")
+    l2 = 50 * 2**20                                   # H100 / H200 (GH100): torch reports L2_cache_size = 52428800
+    t = m04.fusion_tokens(4096, l2)
+    assert t == 65536 and t * 4096 * 2 >= 8 * l2 and (t // 2) * 4096 * 2 < 8 * l2
+    assert m04.fusion_tokens(8192, l2) == 32768 and m04.fusion_tokens(4096, 40 * 2**20) == 65536   # A100: 40 MB
+    refs = m04.reference_points(l2)
+    assert [r["variant"] for r in refs] == [m04.RMSNORM, m04.FUSED, m04.ADD_NORM, m04.RMSNORM]
+    assert refs[0]["tokens"] == 65536 and refs[-1]["tokens"] == m04.SMALL_TOKENS
+
+
+def test_writes_are_undercounted_near_the_l2_size(fixture_path):
+    """Why the fusion is measured at >= 8x L2: at 8192 x 4096 (one 67 MB tensor, about the L2) ncu counted 69% of
+    RMSNormKernel's writes and 81% of FusedAddRMSNormKernel's (the dirty lines left in L2 at the kernel's end)."""
+    m04 = load_script("04_profile_rmsnorm")
+    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    rows = {k: r for k, r in zip(s["kernel"], s.to_dict("records"))}
+    norm, fused = rows["RMSNormKernel"], rows["FusedAddRMSNormKernel"]
+    assert norm["dram_read_mb"] * 1e6 == pytest.approx(8192 * 4096 * 2, rel=0.01)      # the reads are all there
+    assert m04.writes_counted(norm["dram_write_mb"], 8192, 4096, 1) == pytest.approx(0.695, abs=0.01)
+    assert m04.writes_counted(fused["dram_write_mb"], 8192, 4096, 2) == pytest.approx(0.806, abs=0.01)
+
+
+def test_rmsnorm_is_memory_latency_bound_not_compute_bound(fixture_path, run):
+    """SM % (62) above DRAM % (55) with long_scoreboard the top stall: it waits on memory. The old reading (DRAM % >
+    SM %) refuted 'memory-bound'; bound() names it memory-latency-bound and says why."""
+    m04 = load_script("04_profile_rmsnorm")
+    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    norm = next(r for r in s.to_dict("records") if r["kernel"] == "RMSNormKernel")
+    assert norm["sm_pct"] > norm["dram_pct"] and ncu.top_stall(norm) == "long_scoreboard"
+    assert not norm["dram_pct"] > norm["sm_pct"]                     # what the old rule read: 'refuted'
+    assert m04.memory_bound(norm) and ncu.bound(norm) == "memory-latency-bound"
+    assert run.fact(m04.H_BOUND, [m04.memory_bound(norm)], ncu.bound_why(norm)) == "confirmed"
+    assert "L1TEX" in run.summary["observations"][-1]["observed"]      # the stall's meaning is in the record
+
+
+def test_rmsnorm_bandwidth_on_three_recorded_calls(fixture_path):
+    """Three real RMSNormKernel calls at 8192 x 4096 (H200): 68-72% of the committed copy ceiling, below the plan's
+    75-95% on every repetition: refuted on the interval, never on one sample."""
+    m04 = load_script("04_profile_rmsnorm")
+    k = trace.kernels(trace.read_chrome_trace(fixture_path("torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json")))
+    us = list(k[k["short"] == "RMSNormKernel"]["dur_us"])
+    pct = [rates(u / 1e3, bytes=m04.BYTES[m04.RMSNORM](8192, 4096), peaks=H200)["pct_peak_dram"] for u in us]
+    assert len(pct) == 3 and 68 < min(pct) < max(pct) < 73
+    rec = verdicts.judge(m04.H_BW, pct)
+    assert rec["verdict"] == "refuted" and rec["interval"]["method"] == "range"
+
+
+# ------------------------------------------------------------------ 05
+
+def test_rope_reference_points():
+    m05 = load_script("05_profile_rope")
+    refs = m05.reference_points()
+    assert {r["tokens"] for r in refs} == {32768} and m05.INPLACE in {r["variant"] for r in refs}
+    assert m05.api(m05.ONE_REQ) == "apply_rope" and m05.label(refs[0]).startswith("rope ")
