@@ -12,7 +12,7 @@ CPU cores, and reported apart from the measurements:
 
 * FlashInfer: the same JitSpec objects the wrappers create (so the cache folder -- the module's uri --
   is the one they look for), each built by its own ``spec.build()`` (the ninja file and log a wrapper's
-  first call checks), all modules at once in threads, the cores shared between their ninja builds.
+  first call checks), heaviest first, two modules at a time, each ninja with every core.
   A module whose .so already exists is "cached".
 * mini-SGLang: each module's own builder (``minisgl.kernel.index._jit_index_module(row, num_splits=)``,
   ``store._jit_store_module(row)``, ``radix._load_radix_module()``, ``pynccl._load_nccl_module()``) in a
@@ -294,9 +294,15 @@ def build_flashinfer(mods, done) -> None:
     # on an H200, 2026-11-23: 9.9 s and 23 s first calls after a combined warm-up). Modules build in
     # parallel threads; each ninja gets an equal share of the cores.
     cpus = os.cpu_count() or 1
-    os.environ["MAX_JOBS"] = os.environ.get("HANDS_ON_MAX_JOBS") or str(max(2, cpus // len(specs)))
-    print(f"  building {len(specs)} FlashInfer module(s) in parallel (ninja -j {os.environ['MAX_JOBS']} each, "
-          f"{cpus} CPU cores) ...", flush=True)
+    # Heaviest first, two at a time, each ninja with every core: an even split starved the FA3 module
+    # (many .cu files) to 236 s on an H200 while the others sat done (2026-11-23); one combined ninja
+    # build took 78 s but left no per-module log (see above).
+    weight = {"batch_prefill_sm90": 0, "batch_prefill": 1, "single_prefill": 2, "batch_decode": 3}
+    order = sorted(specs.items(), key=lambda kv: next((w for k, w in weight.items() if kv[1].name.startswith(k)), 9))
+    os.environ["MAX_JOBS"] = os.environ.get("HANDS_ON_MAX_JOBS") or str(cpus)
+    workers = int(os.environ.get("HANDS_ON_JIT_WORKERS", "2"))
+    print(f"  building {len(specs)} FlashInfer module(s), {workers} at a time, heaviest first (ninja -j "
+          f"{os.environ['MAX_JOBS']} each, {cpus} CPU cores) ...", flush=True)
     t0 = time.perf_counter()
 
     def one(item):
@@ -306,8 +312,8 @@ def build_flashinfer(mods, done) -> None:
             done(name, "built", time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - one module's failure is one line; the others go on
             done(name, "failed", detail=short_reason(e))
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        list(pool.map(one, specs.items()))
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(order)))) as pool:
+        list(pool.map(one, order))
 
 
 def build_tvm_ffi(mods, done) -> None:
