@@ -82,7 +82,12 @@ def read_chrome_trace(path, require_gpu: bool = True):
         raise TraceError(f"{path}: no GPU kernel events: was the profiler run with CUDA activities?")
     df["short"] = [short_name(n) if k == "kernel" else n for k, n in zip(df["kind"], df["name"])]
     df["t_us"] = df["ts_us"] - df["ts_us"].min()
-    return df.sort_values("ts_us", kind="stable").reset_index(drop=True)[COLUMNS]
+    out = df.sort_values("ts_us", kind="stable").reset_index(drop=True)[COLUMNS]
+    # Kineto times are microseconds from a base it records: ts_us + base_us is the epoch time in us
+    # (the clock of time.time() * 1e6), which puts client, server-log and kernel events on one axis
+    base = tr.get("baseTimeNanoseconds") if isinstance(tr, dict) else None
+    out.attrs["base_us"] = float(base) / 1e3 if base is not None else None
+    return out
 
 
 def kernels(ev):

@@ -1,12 +1,15 @@
-"""A stand-in for `python -m sglang.launch_server` in CPU tests of common.serving.Server.
+"""A stand-in for `python -m sglang.launch_server` in CPU tests of sglang/scripts/_sglang.Server.
 
-It takes the same --model-path/--host/--port flags, serves /health, /generate (plain and
-streamed), /metrics and /flush_cache, and can misbehave on purpose:
+It takes the same --model-path/--host/--port flags (the tests give it a port the OS chose, on
+127.0.0.1), serves /health, /generate (plain and streamed), /metrics and /flush_cache, and can
+misbehave on purpose:
   --spawn-child     start a child process (like SGLang's scheduler) that must be stopped too
   --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
   --no-health       never answer /health with 200 (a server that never becomes ready)
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
+Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
+leaves nothing running for long).
 As a wrapper (`--wrapper REPORT -- cmd...`) it runs cmd as a child like ncu/nsys do, waits for it,
 and writes REPORT when the child has exited; `--wrapper-setsid` starts the child in a session of its
 own (out of the wrapper's process group, as a profiler may do).
@@ -19,6 +22,8 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MAX_LIFE_S = 120
 
 METRICS = ('# TYPE sglang:prompt_tokens_total counter\n'
            'sglang:prompt_tokens_total{model_name="m",is_streaming="false"} 10.0\n'
@@ -49,7 +54,8 @@ def main(argv):
     else:
         signal.signal(signal.SIGTERM, lambda *_: (print("fake server: SIGTERM", flush=True), os._exit(0)))
     if "--spawn-child" in argv:
-        subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+        subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"])
+    threading.Timer(MAX_LIFE_S, lambda: os._exit(4)).start()       # bounded: never outlives a test run for long
     if "--die-after" in a:
         def die():
             time.sleep(float(a["--die-after"]))

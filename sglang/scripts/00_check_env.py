@@ -10,7 +10,8 @@ What it measures
     sglang-kernel build has no FA3 library, and SGLang 0.5.17 picks FA3 on Hopper without
     checking), the JIT caches that decide whether a server starts in ~30 s or ~2 min, and
     whether ncu (with counter permission), nsys and the torch profiler work. It also measures
-    this GPU's copy bandwidth and bf16 GEMM rate (common.gpu.peaks, cached) used as "peak" later.
+    this GPU's ceilings (common.gpu.peaks: best-of-probe DRAM bandwidth, bf16 GEMM sweep; cached per GPU)
+    that every later "% of ceiling" divides by.
 
 What the plan expected (hypotheses)
     * The A100 box of the plan had NVLink pairs and PCIe across NUMA nodes; here the topology is
@@ -84,6 +85,46 @@ def numa_text() -> str:
     return "\n".join(f"{n.name}: cpus {(n / 'cpulist').read_text().strip()}" for n in nodes) or "no NUMA info"
 
 
+def backends_table() -> tuple[dict, list[dict]]:
+    """Whether sglang (and its server args) import, and which attention backends can really be used."""
+    ok_sgl, sgl_ver, sgl_s = try_import("sglang")
+    ok_srv, srv_msg, _ = try_import("sglang.srt.server_args") if ok_sgl else (False, "sglang missing", 0)
+    rows = []
+    for name, module in (("flashinfer", "flashinfer"), ("triton", "triton"), ("fa3", "sgl_kernel.flash_attn")):
+        ok, msg, _ = try_import(module)
+        rows.append({"backend": name, "usable": ok, "detail": msg if not ok or name != "fa3" else "sgl_kernel.flash_attn ok",
+                     "how": f"--attention-backend {name}"})
+    return {"ok": ok_sgl, "version": sgl_ver, "import_s": sgl_s, "server_args": ok_srv, "server_args_msg": srv_msg}, rows
+
+
+def profiler_rows(torch, quick: bool) -> list[dict]:
+    prof = profilers(probe=not quick)
+    return [{"profiler": "ncu", "path": prof["ncu"].get("path"), "version": prof["ncu"].get("version"),
+             "status": prof["ncu"].get("counters", "not probed (--quick)" if prof["ncu"].get("path") else "missing")},
+            {"profiler": "nsys", "path": prof["nsys"].get("path"), "version": prof["nsys"].get("version"),
+             "status": "usable" if prof["nsys"].get("path") else "missing -> 04 uses the torch profiler"},
+            {"profiler": "torch.profiler", "path": "-", "version": torch.__version__,
+             "status": "usable" if prof["torch_profiler"]["available"] else "missing"}]
+
+
+def verdicts(run, props, cc, default, fa3, links) -> None:
+    """Facts of this machine (names and link types): observed, not judged on intervals."""
+    if props.major == 9:
+        run.observe("FA3 is SGLang's default attention backend on Hopper, and 0.5.17 does not check that it is "
+                    "installed: the backend must be detected, not assumed",
+                    f"compute capability {cc} -> SGLang default '{default}'; sgl_kernel.flash_attn: "
+                    f"{'imports' if fa3['usable'] else fa3['detail']}",
+                    "refuted" if fa3["usable"] else "confirmed", "backends.csv")
+    else:
+        run.observe("FA3 is SGLang's default on Hopper (detection needed)", f"not a Hopper GPU (cc {cc}); "
+                    f"SGLang's default here: {default}", "inconclusive", "backends.csv")
+    nv = [k for k in links.values() if k.startswith("NV")]
+    run.observe("the plan's box mixes NVLink pairs and PCIe links across NUMA nodes",
+                f"{len(nv)} of {len(links)} GPU pairs on NVLink ({', '.join(sorted(set(links.values())))})" if links
+                else "one GPU: no links to classify",
+                "inconclusive" if not links else "confirmed" if 0 < len(nv) < len(links) else "refuted", "topology.txt")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = require_module("torch", "pip install -r requirements.txt")
@@ -103,95 +144,54 @@ def main(argv=None) -> int:
         run.path("topology.txt").write_text((topo.get("text") or "nvidia-smi topo -m: unavailable") +
                                             "\n\n# NUMA\n" + numa_text() + "\n")
         links = topo.get("links", {})
-        kinds = sorted(set(links.values()))
-        run.log(f"topology: {len(links)} GPU pairs, link types {kinds or '-'}")
-
+        run.log(f"topology: {len(links)} GPU pairs, link types {sorted(set(links.values())) or '-'}")
         pk = [{"package": p, "version": _version(p)} for p in PACKAGES]
         run.table("packages", [r for r in pk if r["version"]] + [{"package": "cuda (torch)", "version": torch.version.cuda},
                                                                  {"package": "driver", "version": prov.get("driver")},
                                                                  {"package": "nvcc", "version": prov.get("nvcc")}])
-
-        # ---- the stack must import before anything can be served
-        ok_sgl, sgl_ver, sgl_s = try_import("sglang")
-        run.log(f"import sglang: {'ok ' + sgl_ver if ok_sgl else sgl_ver} ({sgl_s:.1f} s)")
-        ok_srv, srv_msg, _ = try_import("sglang.srt.server_args") if ok_sgl else (False, "sglang missing", 0)
-        backends = []
-        ok_fi, fi_msg, _ = try_import("flashinfer")
-        backends.append({"backend": "flashinfer", "usable": ok_fi, "detail": fi_msg, "how": "--attention-backend flashinfer"})
-        ok_tr, tr_msg, _ = try_import("triton")
-        backends.append({"backend": "triton", "usable": ok_tr, "detail": tr_msg, "how": "--attention-backend triton"})
-        ok_fa3, fa3_msg, _ = try_import("sgl_kernel.flash_attn")
-        backends.append({"backend": "fa3", "usable": ok_fa3, "detail": fa3_msg if not ok_fa3 else "sgl_kernel.flash_attn ok",
-                         "how": "--attention-backend fa3"})
+        sgl, backends = backends_table()          # the stack must import before anything can be served
+        run.log(f"import sglang: {'ok ' + sgl['version'] if sgl['ok'] else sgl['version']} ({sgl['import_s']:.1f} s)")
         default = "fa3" if props.major == 9 else ("trtllm_mha" if props.major == 10 else "flashinfer")
         run.table("backends", backends)
-        run.headline(gpus=n_gpu, gpu=gpus[0]["name"] if gpus else None, sglang=sgl_ver if ok_sgl else None,
-                     import_sglang_s=round(sgl_s, 1), fa3_usable=ok_fa3,
+        fa3 = backends[-1]
+        run.headline(gpus=n_gpu, gpu=gpus[0]["name"] if gpus else None, sglang=sgl["version"] if sgl["ok"] else None,
+                     import_sglang_s=round(sgl["import_s"], 1), fa3_usable=fa3["usable"],
                      usable_backends=",".join(b["backend"] for b in backends if b["usable"]))
         for b in backends:
             run.log(f"backend {b['backend']:10s} {'usable' if b['usable'] else 'NOT usable'}: {b['detail']}")
-
-        # ---- JIT caches decide the start-up time of a server (warm ~30 s, cold ~2 min on an H200)
-        caches = []
+        caches = []   # the JIT caches decide the start-up time of a server (warm ~30 s, cold ~2 min on an H200)
         for name, path in JIT_CACHES.items():
             n, mb = dir_size(path)
             caches.append({"cache": name, "path": path, "files": n, "size_mb": round(mb, 1), "warm": n > 0})
         run.table("jit_caches", caches)
-
-        prof = profilers(probe=not args.quick)
-        prow = [{"profiler": "ncu", "path": prof["ncu"].get("path"), "version": prof["ncu"].get("version"),
-                 "status": prof["ncu"].get("counters", "not probed (--quick)" if prof["ncu"].get("path") else "missing")},
-                {"profiler": "nsys", "path": prof["nsys"].get("path"), "version": prof["nsys"].get("version"),
-                 "status": "usable" if prof["nsys"].get("path") else "missing -> 04 uses the torch profiler"},
-                {"profiler": "torch.profiler", "path": "-", "version": torch.__version__,
-                 "status": "usable" if prof["torch_profiler"]["available"] else "missing"}]
+        prow = profiler_rows(torch, args.quick)
         run.table("profilers", prow)
         pkk = gpu.peaks()
         run.headline(measured_copy_tb_s=pkk.get("dram_tb_s"), measured_bf16_tflops=pkk.get("bf16_tflops"))
+        verdicts(run, props, cc, default, fa3, links)
         env_keys = {k: v for k, v in prov.get("env", {}).items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}
-
-        # ---- verdicts
-        if props.major == 9:
-            run.observe("FA3 is SGLang's default attention backend on Hopper, and 0.5.17 does not check that it is "
-                        "installed: the backend must be detected, not assumed",
-                        f"compute capability {cc} -> SGLang default '{default}'; sgl_kernel.flash_attn: "
-                        f"{'imports' if ok_fa3 else fa3_msg}",
-                        "refuted" if ok_fa3 else "confirmed", "backends.csv")
-        else:
-            run.observe("FA3 is SGLang's default on Hopper (detection needed)", f"not a Hopper GPU (cc {cc}); "
-                        f"SGLang's default here: {default}", "inconclusive", "backends.csv")
-        if len(links) == 0:
-            run.observe("the plan's box mixes NVLink pairs and PCIe links across NUMA nodes",
-                        "one GPU: no links to classify", "inconclusive", "topology.txt")
-        else:
-            nv = [k for k in links.values() if k.startswith("NV")]
-            mixed = 0 < len(nv) < len(links)
-            run.observe("the plan's box mixes NVLink pairs and PCIe links across NUMA nodes",
-                        f"{len(nv)} of {len(links)} GPU pairs on NVLink ({', '.join(kinds)})",
-                        "confirmed" if mixed else "refuted", "topology.txt")
-
         items = [
             (f"GPU: {n_gpu}x {gpus[0]['name'] if gpus else '?'} (cc {cc}, {gpus[0]['memory_gb'] if gpus else '?'} GB), "
              f"driver {prov.get('driver')}, CUDA {torch.version.cuda}", []),
             (f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:6]) or 'single GPU'}", []),
-            (f"measured peaks: copy {story.fmt(pkk.get('dram_tb_s'))} TB/s, bf16 GEMM "
+            (f"measured ceilings: DRAM {story.fmt(pkk.get('dram_tb_s'))} TB/s, bf16 GEMM "
              f"{story.fmt(pkk.get('bf16_tflops'))} TFLOP/s (datasheet "
              f"{(pkk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, {(pkk.get('datasheet') or {}).get('bf16_tflops', '?')})", []),
-            (f"sglang {sgl_ver if ok_sgl else 'NOT importable: ' + sgl_ver} (import {sgl_s:.1f} s)"
-             + ("" if ok_srv else f"; server_args: {srv_msg}"), []),
+            (f"sglang {sgl['version'] if sgl['ok'] else 'NOT importable: ' + sgl['version']} (import {sgl['import_s']:.1f} s)"
+             + ("" if sgl["server_args"] else f"; server_args: {sgl['server_args_msg']}"), []),
             ("attention backends", [(f"{b['backend']}: {'usable' if b['usable'] else 'no'} — {b['detail']}", [])
                                     for b in backends] + [(f"SGLang's default on cc {cc}: {default}"
-                                                           + ("" if ok_fa3 or default != "fa3" else
+                                                           + ("" if fa3["usable"] or default != "fa3" else
                                                               " -> pass --attention-backend flashinfer|triton"), [])]),
             ("JIT caches", [(f"{c['cache']}: {c['files']} files, {c['size_mb']} MB ({'warm' if c['warm'] else 'cold'})", [])
                             for c in caches]),
             ("profilers", [(f"{r['profiler']}: {r['status']}", []) for r in prow]),
-            (f"NVLink multicast env: {env_keys or 'unset (the workbook sets NCCL_NVLS_ENABLE=0 for its servers)'}", []),
+            (f"NVLink multicast env: {env_keys or 'unset (common.procs.nccl_env turns it off for the servers)'}", []),
         ]
         run.story(story.tree(f"SGLANG ENVIRONMENT — {prov.get('gpu')}", items))
         print(run.summary["story"])
-    if not ok_sgl or not (ok_fi or ok_tr or ok_fa3):
-        print("[setup] SGLang cannot serve here: " + (sgl_ver if not ok_sgl else "no usable attention backend"),
+    if not sgl["ok"] or not any(b["usable"] for b in backends):
+        print("[setup] SGLang cannot serve here: " + (sgl["version"] if not sgl["ok"] else "no usable attention backend"),
               file=sys.stderr)
         return 2
     return 0

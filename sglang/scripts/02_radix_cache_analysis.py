@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
 """02 · RadixAttention: cold vs warm prefixes, eviction under memory pressure, LPM vs FCFS.
 
-What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-total-tokens)
-    A. cold vs warm: for each prefix length and branching factor, after /flush_cache, one cold
-       request (prefix + suffix 0), then k requests sharing the prefix, then an exact repeat,
-       one at a time, each generating 1 token (so its latency is its prefill). Per request:
-       prompt and cached tokens (meta_info), server e2e latency (~TTFT); prefill time saved;
-       the hit rate measured three ways that must agree: meta_info (sum cached / sum prompt),
-       the scheduler log (#cached-token / (#cached + #new)), and /metrics counter deltas.
-       A half-shared 512-token case mirrors the plan's A100 experiment. Apart from the timed
-       requests, one cold and one warm prefill are traced to see which attention kernels each runs.
-    B. eviction: G prefix groups (2048 tokens each) sent once (pass 1), then again in reverse
-       order (pass 2) with new suffixes; the working set (G x request size) is swept across the
-       pool size. LRU keeps the most recently used groups: pass 2 hits exactly those and misses
-       the oldest. Records pass-2 hit rate, evicted tokens (/metrics), and which groups went.
-    C. cache-aware scheduling: the same shuffled shared-prefix workload (groups x requests, all
-       sent at once, <= 128 so LPM stays active) on a server with --schedule-policy lpm and one
-       with fcfs (0.5.17's default): hit rate, prefill tokens computed, throughput, TTFT.
+What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-total-tokens, SGLang's
+default CUDA graphs for prefill and decode: every time below is taken under that configuration)
+    A. cold vs warm: for each prefix length and branching factor, 3 times: after /flush_cache, one cold
+       request (prefix + suffix 0), then k requests sharing the prefix, then an exact repeat, one at a
+       time, each generating 1 token (so its latency is its prefill). Per request: prompt and cached
+       tokens (meta_info), server e2e latency (~TTFT); prefill time saved; the hit rate measured three
+       ways that must agree: meta_info (sum cached / sum prompt), the scheduler log (#cached-token /
+       (#cached + #new)), and /metrics counter deltas. A half-shared 512-token case mirrors the plan's
+       A100 experiment. Apart from the timed requests, three cold/warm pairs are traced in one profiler
+       window to see which attention kernels each prefill runs.
+    B. eviction: G prefix groups (2048 tokens each) sent once (pass 1), then again in reverse order
+       (pass 2) with new suffixes; the working set (G x request size) is swept across the pool size,
+       3 times. LRU keeps the most recently used groups: pass 2 hits exactly those and misses the
+       oldest. Records pass-2 hit rate, evicted tokens (/metrics), and which groups went.
+    C. cache-aware scheduling: the same shuffled shared-prefix workload (groups x requests, all sent at
+       once, <= 128 so LPM stays active), 3 times, on a server with --schedule-policy lpm and one with
+       fcfs (0.5.17's default): hit rate, prefill tokens computed, throughput, TTFT.
 
-What the plan expected (hypotheses)
+What the plan expected (hypotheses in H below, each with its range and source; judged on the interval
+of the repetitions, common.verdicts)
     * Warm prefill ~1/3 of cold when about half of a 512-token prompt is shared (A100: 38 -> 12 ms);
       restated: prefill time falls roughly with the uncached fraction.
     * A warm request reports cached_tokens = the shared token count; an exact repeat prompt - 1.
@@ -28,49 +30,102 @@ What the plan expected (hypotheses)
     * The three hit-rate measurements agree.
 
 Run
-    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers, ~2 min warm
+    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers, ~3 min warm
     python sglang/scripts/02_radix_cache_analysis.py             # + more prefix lengths, a 2nd pool size
-    (attention kernels under the counters: ./sglang/scripts/05_ncu_attention.sh; the serving
-     timeline: ./sglang/scripts/04_nsys_profile.sh)
+    python sglang/scripts/02_radix_cache_analysis.py --quick --pool-tokens 32768,16384
+    (attention kernels under the counters: 05_ncu_attention.py; the serving timeline: 04_nsys_profile.py)
 Writes sglang/results/02_radix_cache_analysis/: cold_warm.csv, hit_rate_3ways.csv, kernel_switch.csv,
 eviction.csv, eviction_groups.csv, policy.csv, hit_rate.png, server_*.log, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import serving, story, trace  # noqa: E402
-from common.checks import require_module, run_main  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang as sg  # noqa: E402
+from common import cli, story, trace  # noqa: E402
+from common.checks import require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.serving import Server, flags, parse_batch_log  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
-QUICK = dict(prefix_lens=(1024, 4096), branches=(4,), pools=(32768,), group_len=2048,
+QUICK = dict(reps=3, prefix_lens=(1024, 4096), branches=(4,), pools=(32768,), group_len=2048,
              ws_tokens=(16384, 24576, 49152), groups=8, per_group=8, sys_len=2048, q_len=128, out_len=32)
-FULL = dict(prefix_lens=(256, 1024, 4096, 8192), branches=(1, 4, 16), pools=(32768, 16384), group_len=2048,
-            ws_tokens=(8192, 16384, 24576, 32768, 49152, 65536), groups=16, per_group=8, sys_len=2048, q_len=128, out_len=64)
+FULL = dict(reps=3, prefix_lens=(256, 1024, 4096, 8192), branches=(1, 4, 16), pools=(32768, 16384), group_len=2048,
+            ws_tokens=(8192, 16384, 24576, 32768, 49152, 65536), groups=16, per_group=8, sys_len=2048, q_len=128,
+            out_len=64)
 SUFFIX = 32
-ONE = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
+ONE = {"max_new_tokens": 1, **sg.GREEDY}
+HALF = "half-shared 512"
+PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 02"
+H = {
+    "warm_exact": Hypothesis(
+        "warm-cached-exact", "a warm request reports cached_tokens equal to the shared token count",
+        "fraction of warm requests with cached_tokens == prefix length (per repetition, all cases)", low=1, high=1,
+        source=f"{PLAN}: 'cached_tokens equals the shared token count'"),
+    "repeat_exact": Hypothesis(
+        "repeat-cached-exact", "an exact repeat reports cached_tokens = prompt_tokens - 1 (one token is recomputed "
+        "for the logits)", "fraction of repeats with cached_tokens == prompt_tokens - 1 (per repetition, all cases)", low=1, high=1,
+        source=f"{PLAN}: 'exact repeat: cached_tokens = prompt_tokens - 1'"),
+    "half": Hypothesis(
+        "half-shared-warm-over-cold", "with half of a 512-token prompt cached, the warm prefill takes ~1/3 of the "
+        "cold one (A100: 38 -> 12 ms)", "warm / cold server e2e latency with 1 new token (per repetition)",
+        high=0.45, source=f"{PLAN}: '~0.3x of cold when about half of 512 tokens were shared' (A100), confirmed "
+        "up to 0.45"),
+    "uncached": Hypothesis(
+        "prefill-follows-uncached-fraction", "prefill time falls roughly with the uncached fraction (restated plan)",
+        "warm / cold server e2e latency at the longest prefix (per repetition)", high=None,
+        source=f"{PLAN} (restated): bound = 3 x the uncached token fraction + 0.1 (a fixed per-request cost)"),
+    "switch": Hypothesis(
+        "attention-kernel-switch", "a cold prefill runs the ragged attention kernel only; a warm one adds the paged "
+        "kernel (new tokens x cached prefix) and merge-state (FlashInfer)", "fraction of traced cold/warm pairs "
+        "that switch that way (per pair)", low=1, high=1,
+        source=f"{PLAN}: 'kernels switch to ragged + paged + merge-state'; premise: the flashinfer backend"),
+    "agree": Hypothesis(
+        "hit-rate-3-ways", "the three hit-rate measurements (meta_info, log lines, /metrics counters) agree",
+        "largest difference between the three over the cases (per repetition)", low=0, high=0.01,
+        source="sglang/reports/plan.md success criteria: 'the three cache-hit measurements agree'"),
+    "pressure": Hypothesis(
+        "eviction-hit-rate-falls", "under memory pressure the hit rate falls", "pass-2 hit rate with the working "
+        "set >= 1.2x the pool, the highest of those sets (per repetition)", high=0.8,
+        source=f"{PLAN}: 'under pressure evicted tokens grow'; premise: >= 0.9 while the working set fits in 90%"),
+    "lru": Hypothesis(
+        "eviction-lru-order", "LRU evicts the oldest prefixes first", "fraction of partly kept sweeps whose kept "
+        "groups are exactly the newest ones (per repetition)", low=1, high=1,
+        source=f"{PLAN}: 'oldest unlocked leaves go first (LRU)'"),
+    "lpm_hit": Hypothesis(
+        "lpm-beats-fcfs-hit-rate", "LPM beats FCFS on hit rate for a shuffled shared-prefix burst (< 128 waiting)",
+        "LPM hit rate - FCFS hit rate (per repetition pair)", low=0.02,
+        source=f"{PLAN}: 'LPM beats FCFS on hit rate ... while fewer than 128 requests wait'"),
+    "lpm_ttft": Hypothesis(
+        "lpm-beats-fcfs-ttft", "LPM beats FCFS on TTFT for a shuffled shared-prefix burst (< 128 waiting)",
+        "FCFS TTFT p50 / LPM TTFT p50 (per repetition pair)", low=1.0,
+        source=f"{PLAN}: 'LPM beats FCFS on ... mean TTFT only while fewer than 128 requests wait'"),
+}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer prefix lengths, one pool size (~2 min)")
+    p.add_argument("--quick", action="store_true", help="fewer prefix lengths, one pool size (~3 min)")
     p.add_argument("--out", default=None, help="results folder (default sglang/results/02_radix_cache_analysis)")
-    p.add_argument("--pool-tokens", default=None, help="KV pool sizes (--max-total-tokens), e.g. '32768,16384'")
-    serving.add_model_args(p)
+    p.add_argument("--pool-tokens", type=cli.positive_ints, default=None,
+                   help="KV pool sizes (--max-total-tokens), e.g. '32768,16384'")
+    sg.add_model_args(p)
     return p.parse_args(argv)
 
 
+# ------------------------------------------------------------------ measure
+
 def hit3(meta_rows, log_rows, before, after) -> dict:
     """The hit rate three ways: per-request meta_info, scheduler log lines, /metrics counters."""
-    pre = [r for r in log_rows if r["kind"] == "prefill" and not serving.is_probe(r)]
-    hm = serving.hit_rate(before, after)
+    pre = [r for r in log_rows if r["kind"] == "prefill" and not sg.is_probe(r)]
+    hm = sg.hit_rate(before, after)
     c, p = sum(m["cached_tokens"] for m in meta_rows), sum(m["prompt_tokens"] for m in meta_rows)
     lc, ln = sum(r["cached_token"] for r in pre), sum(r["new_token"] for r in pre)
     return {"meta_info": c / p if p else float("nan"), "log": lc / (lc + ln) if lc + ln else float("nan"),
@@ -86,258 +141,279 @@ def send(srv, ids, sp=ONE) -> dict:
 
 
 def cold_warm(srv, P, run) -> tuple[list, list]:
+    """Each case P["reps"] times: cold, k warm, one exact repeat; the hit rate three ways."""
     rows, agree = [], []
     cases = [(L, k, SUFFIX) for L in P["prefix_lens"] for k in P["branches"]] + [(256, 1, 256)]  # last: half shared
     for L, k, sfx in cases:
-        try:
-            srv.flush_cache()
-            m0, mark = srv.metrics(), srv.log_mark()
-            prefix = serving.random_ids(L, seed=L * 100 + k)
-            got = [{"kind": "cold", **send(srv, prefix + serving.random_ids(sfx, 1))}]
-            got += [{"kind": "warm", **send(srv, prefix + serving.random_ids(sfx, 2 + i))} for i in range(k)]
-            got += [{"kind": "repeat", **send(srv, prefix + serving.random_ids(sfx, 1))}]
-            case = "half-shared 512" if sfx == 256 else f"prefix {L} x{k}"
-            rows += [{"case": case, "prefix_len": L, "branches": k, "suffix_len": sfx, **g} for g in got]
-            h = hit3(got, parse_batch_log(srv.log_since(mark)), m0, srv.metrics())
-            agree.append({"case": case, **h})
-            cold, warm = got[0]["e2e_ms"], statistics.median(g["e2e_ms"] for g in got if g["kind"] == "warm")
-            run.log(f"{case}: cold {cold:.1f} ms, warm {warm:.1f} ms (cached {got[1]['cached_tokens']}), hit rate "
-                    f"meta {h['meta_info']:.3f} / log {h['log']:.3f} / metrics {h['metrics_requests']:.3f}")
-        except Exception as e:
-            run.point_error({"part": "cold_warm", "prefix_len": L, "branches": k}, e)
+        case = HALF if sfx == 256 else f"prefix {L} x{k}"
+        for rep in range(P["reps"]):
+            try:
+                srv.flush_cache()
+                m0, mark = srv.metrics(), srv.log_mark()
+                prefix = sg.random_ids(L, seed=L * 100 + k + 7 * rep)
+                got = [{"kind": "cold", **send(srv, prefix + sg.random_ids(sfx, 1))}]
+                got += [{"kind": "warm", **send(srv, prefix + sg.random_ids(sfx, 2 + i))} for i in range(k)]
+                got += [{"kind": "repeat", **send(srv, prefix + sg.random_ids(sfx, 1))}]
+                rows += [{"case": case, "rep": rep, "prefix_len": L, "branches": k, "suffix_len": sfx, **g} for g in got]
+                h = hit3(got, sg.parse_batch_log(srv.log_since(mark)), m0, srv.metrics())
+                agree.append({"case": case, "rep": rep, **h})
+                run.log(f"{case} rep {rep}: cold {got[0]['e2e_ms']:.1f} ms, warm "
+                        f"{statistics.median(g['e2e_ms'] for g in got if g['kind'] == 'warm'):.1f} ms (cached "
+                        f"{got[1]['cached_tokens']}), hit rate meta {h['meta_info']:.3f} / log {h['log']:.3f} / "
+                        f"metrics {h['metrics_requests']:.3f}")
+            except Exception as e:  # noqa: BLE001 - a case fails, the others go on
+                run.point_error({"part": "cold_warm", "case": case, "rep": rep}, e)
     return rows, agree
 
 
-def attention_kernels(srv, prof_dir: Path, ids) -> tuple[dict, list]:
-    """One request traced on its own (num_steps=1): its meta_info and the attention kernels it ran."""
-    before = list(prof_dir.glob("*.trace.json*")) if prof_dir.exists() else []
-    srv.start_profile(prof_dir, num_steps=1)
-    r = send(srv, ids)
-    srv.stop_profile()
-    ev = trace.read_chrome_trace(srv.wait_traces(prof_dir, before)[0])
-    return r, sorted({k for k in trace.kernels(ev)["short"] if serving.kernel_family(k) == "attention"})
+def kernel_switch(srv, prof_dir: Path, P, run) -> list[dict]:
+    """Untimed: P["reps"] cold/warm pairs in one profiler window; the attention kernels of each prefill."""
+    sent = []
 
-
-def kernel_switch(srv, prof_dir: Path, run) -> list[dict]:
-    """Untimed: which attention kernels a cold and a warm prefill run (traced apart from the timed ones)."""
-    srv.flush_cache()
-    prefix = serving.random_ids(2048, seed=4242)
+    def pairs():
+        for rep in range(P["reps"]):
+            srv.flush_cache()
+            prefix = sg.random_ids(2048, seed=4242 + rep)
+            sent.extend([("cold", rep, send(srv, prefix + sg.random_ids(SUFFIX, 1))),
+                         ("warm", rep, send(srv, prefix + sg.random_ids(SUFFIX, 2)))])
+    (tr, *_), _ = srv.traced(prof_dir, pairs)
+    krows: list = []
+    steps = sg.steps_from_trace(trace.read_chrome_trace(tr), krows)
+    idx = [i for i, s in enumerate(steps) if s["mode"] == "EXTEND"]
+    if len(idx) != len(sent):
+        raise RuntimeError(f"traced {len(idx)} prefill steps for {len(sent)} requests")
     out = []
-    for kind, sfx in (("cold", 1), ("warm", 2)):
-        r, att = attention_kernels(srv, prof_dir, prefix + serving.random_ids(SUFFIX, sfx))
-        out.append({"kind": kind, "cached_tokens": r["cached_tokens"], "attention_kernels": ";".join(att)})
-        run.log(f"{kind} prefill (cached {r['cached_tokens']}): attention kernels {att}")
+    for (kind, rep, r), i in zip(sent, idx):
+        att = sorted({k["kernel"] for k in krows if k["step"] == i and k["class"] == "attention"})
+        out.append({"kind": kind, "rep": rep, "cached_tokens": r["cached_tokens"], "attention_kernels": ";".join(att)})
+        run.log(f"{kind} prefill rep {rep} (cached {r['cached_tokens']}): attention kernels {att}")
     return out
 
 
 def eviction(srv, pool: int, P, run) -> tuple[list, list]:
+    """Each working set P["reps"] times: pass 1 oldest first, pass 2 newest first; what pass 2 hits."""
     per_req = P["group_len"] + SUFFIX + 1
     summary, groups = [], []
     for ws in P["ws_tokens"]:
         G = max(2, ws // per_req)
-        try:
-            srv.flush_cache()
-            m0 = srv.metrics()
-            prefixes = [serving.random_ids(P["group_len"], seed=10_000 + ws + g) for g in range(G)]
-            for g in range(G):                       # pass 1: oldest first
-                send(srv, prefixes[g] + serving.random_ids(SUFFIX, 20_000 + g))
-            hits = {}
-            for g in reversed(range(G)):             # pass 2: most recent first
-                r = send(srv, prefixes[g] + serving.random_ids(SUFFIX, 30_000 + g))
-                hits[g] = r["cached_tokens"]
-            hm = serving.hit_rate(m0, srv.metrics())
-            kept = [g for g in range(G) if hits[g] >= P["group_len"]]
-            lru = kept == list(range(G - len(kept), G))      # the kept groups are the most recent ones
-            hr = sum(hits.values()) / (G * (P["group_len"] + SUFFIX))
-            summary.append({"pool_tokens": pool, "ws_tokens": G * per_req, "ws_over_pool": G * per_req / pool,
-                            "groups": G, "pass2_hit_rate": hr, "groups_kept": len(kept), "lru_order": lru,
-                            "evicted_tokens": hm["evicted_tokens"]})
-            groups += [{"pool_tokens": pool, "ws_tokens": G * per_req, "group": g, "pass2_cached": hits[g],
-                        "kept": hits[g] >= P["group_len"]} for g in range(G)]
-            run.log(f"pool {pool}, working set {G * per_req} ({G} groups): pass-2 hit rate {hr:.2f}, kept groups "
-                    f"{kept[:3]}..{kept[-3:] if kept else []}, evicted {hm['evicted_tokens']:.0f} tokens")
-        except Exception as e:
-            run.point_error({"part": "eviction", "pool": pool, "ws_tokens": ws}, e)
+        for rep in range(P["reps"]):
+            try:
+                srv.flush_cache()
+                m0 = srv.metrics()
+                prefixes = [sg.random_ids(P["group_len"], seed=10_000 + ws + g + 997 * rep) for g in range(G)]
+                for g in range(G):                       # pass 1: oldest first
+                    send(srv, prefixes[g] + sg.random_ids(SUFFIX, 20_000 + g))
+                hits = {g: send(srv, prefixes[g] + sg.random_ids(SUFFIX, 30_000 + g))["cached_tokens"]
+                        for g in reversed(range(G))}     # pass 2: most recent first
+                hm = sg.hit_rate(m0, srv.metrics())
+                kept = [g for g in range(G) if hits[g] >= P["group_len"]]
+                hr = sum(hits.values()) / (G * (P["group_len"] + SUFFIX))
+                summary.append({"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "ws_over_pool": G * per_req / pool,
+                                "groups": G, "pass2_hit_rate": hr, "groups_kept": len(kept),
+                                "lru_order": kept == list(range(G - len(kept), G)), "evicted_tokens": hm["evicted_tokens"]})
+                groups += [{"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "group": g, "pass2_cached": hits[g],
+                            "kept": hits[g] >= P["group_len"]} for g in range(G)]
+                run.log(f"pool {pool}, working set {G * per_req} ({G} groups) rep {rep}: pass-2 hit rate {hr:.2f}, "
+                        f"kept {len(kept)} groups, evicted {hm['evicted_tokens']:.0f} tokens")
+            except Exception as e:  # noqa: BLE001
+                run.point_error({"part": "eviction", "pool": pool, "ws_tokens": ws, "rep": rep}, e)
     return summary, groups
 
 
-def policy_run(srv, P, policy: str, run) -> dict:
-    rnd = random.Random(7)
-    sysp = [serving.random_ids(P["sys_len"], seed=40_000 + g) for g in range(P["groups"])]
-    reqs = [{"input_ids": sysp[g] + serving.random_ids(P["q_len"], 50_000 + g * 100 + i),
-             "sampling_params": {"max_new_tokens": P["out_len"], "temperature": 0, "ignore_eos": True}}
+def policy_run(srv, P, policy: str, rep: int, run) -> dict:
+    """The shuffled shared-prefix burst once (the same workload in every repetition)."""
+    sysp = [sg.random_ids(P["sys_len"], seed=40_000 + g) for g in range(P["groups"])]
+    reqs = [{"input_ids": sysp[g] + sg.random_ids(P["q_len"], 50_000 + g * 100 + i),
+             "sampling_params": {**sg.GREEDY, "max_new_tokens": P["out_len"]}}
             for g in range(P["groups"]) for i in range(P["per_group"])]
-    rnd.shuffle(reqs)
+    random.Random(7).shuffle(reqs)
     srv.flush_cache()
     m0 = srv.metrics()
-    res = srv.generate_many(reqs, stream=True)
-    s = serving.latency_summary(res)
-    hm = serving.hit_rate(m0, srv.metrics())
-    row = {"policy": policy, "requests": len(reqs), **{k: s.get(k) for k in (
+    s = sg.latency_summary(srv.generate_many(reqs, stream=True))
+    hm = sg.hit_rate(m0, srv.metrics())
+    row = {"policy": policy, "rep": rep, "requests": len(reqs), **{k: s.get(k) for k in (
         "failed", "hit_rate", "wall_s", "output_throughput", "total_throughput", "p50_ttft_ms", "p99_ttft_ms",
         "p50_itl_ms", "p50_e2e_ms")}, "prefill_compute_tokens": hm["prefill_compute_tokens"],
         "metrics_hit_rate": hm["hit_rate_scheduler"], "retracted": hm["retracted_requests"]}
-    run.log(f"{policy}: hit rate {row['hit_rate']:.3f}, prefill computed {row['prefill_compute_tokens']:.0f} tokens, "
-            f"{row['total_throughput']:.0f} tok/s, TTFT p50 {row['p50_ttft_ms']:.0f} ms")
+    run.log(f"{policy} rep {rep}: hit rate {row['hit_rate']:.3f}, prefill computed {row['prefill_compute_tokens']:.0f} "
+            f"tokens, {row['total_throughput']:.0f} tok/s, TTFT p50 {row['p50_ttft_ms']:.0f} ms")
     return row
+
+
+def check(args):
+    sg.require_sglang()
+    cli.check_gpus_for(1)
+    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    P = QUICK if args.quick else FULL
+    model_dir, base = sg.model_and_flags(args)
+    return pd, P, list(args.pool_tokens or P["pools"]), model_dir, base
+
+
+def measure(args, P, pools, model_dir, base, run) -> dict:
+    """A, B and C on the LPM server, C on an FCFS server, B again on each further pool size."""
+    def server(policy, pool):
+        fl = base + sg.flags(attention_backend=args.backend, enable_metrics=True, log_level="info",
+                             schedule_policy=policy, max_total_tokens=pool, cuda_graph_max_bs_decode=128)
+        return sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{policy}_{pool}.log"), echo=run.log,
+                         start_timeout=args.start_timeout, env={"SGLANG_LOG_MS": "1"}, name=f"server[{policy}, pool {pool}]")
+    d = {"ks": [], "pol": []}
+    with server("lpm", pools[0]) as srv:
+        d["flags"] = srv.args
+        d["pool0"] = int(srv.server_info().get("max_total_num_tokens") or pools[0])
+        run.log(f"KV pool: {d['pool0']} tokens (asked {pools[0]}); {sg.graphs_text(srv.args)}")
+        r = send(srv, sg.random_ids(64, 3), {"max_new_tokens": 4, **sg.GREEDY})
+        if not (r["prompt_tokens"] == 64 and r["cached_tokens"] == 0):
+            raise RuntimeError(f"unexpected meta_info for a fresh prompt: {r}")
+        run.log("sanity: 64-token prompt -> prompt_tokens 64, cached 0 ✅  All results match. Starting benchmarks.")
+        d["cw"], d["agree"] = cold_warm(srv, P, run)
+        try:
+            d["ks"] = kernel_switch(srv, run.dir / "profiles", P, run)
+        except Exception as e:  # noqa: BLE001
+            run.point_error({"part": "kernel switch"}, e)
+        d["ev"], d["evg"] = eviction(srv, d["pool0"], P, run)
+        d["pol"] += [policy_run(srv, P, "lpm", rep, run) for rep in range(P["reps"])]
+    with server("fcfs", pools[0]) as srv:
+        d["pol"] += [policy_run(srv, P, "fcfs", rep, run) for rep in range(P["reps"])]
+    for pool in pools[1:]:   # the same working sets on a smaller pool
+        try:
+            with server("lpm", pool) as srv:
+                e2, g2 = eviction(srv, int(srv.server_info().get("max_total_num_tokens") or pool), P, run)
+                d["ev"], d["evg"] = d["ev"] + e2, d["evg"] + g2
+        except Exception as e:  # noqa: BLE001
+            run.point_error({"part": "eviction", "pool": pool}, e)
+    return d
+
+
+# ------------------------------------------------------------------ analyse, judge, tell
+
+def per_rep(cwd, case: str) -> list[float]:
+    """warm / cold server e2e latency of ``case``, one value per repetition (median of its warm requests)."""
+    out = []
+    for _, g in cwd[cwd["case"] == case].groupby("rep"):
+        cold, warm = g[g["kind"] == "cold"]["e2e_ms"], g[g["kind"] == "warm"]["e2e_ms"]
+        if len(cold) and len(warm):
+            out.append(float(warm.median() / cold.iloc[0]))
+    return out
+
+
+def verdicts(run, d, pd, P, backend) -> None:
+    """Every hypothesis of H judged on its repetitions (or cases) of this run."""
+    cwd = pd.DataFrame(d["cw"])
+    if len(cwd):
+        warm = cwd[(cwd["kind"] == "warm") & (cwd["suffix_len"] == SUFFIX)]
+        run.judge(H["warm_exact"], [float((g["cached_tokens"] == g["prefix_len"]).mean()) for _, g in warm.groupby("rep")],
+                  evidence="cold_warm.csv", detail=f"{int((warm['cached_tokens'] == warm['prefix_len']).sum())} of "
+                  f"{len(warm)} warm requests exact")
+        rep = cwd[cwd["kind"] == "repeat"]
+        run.judge(H["repeat_exact"], [float((g["cached_tokens"] == g["prompt_tokens"] - 1).mean())
+                                      for _, g in rep.groupby("rep")], evidence="cold_warm.csv")
+        half = per_rep(cwd, HALF)
+        if half:
+            run.headline(half_shared_warm_over_cold=statistics.median(half))
+            run.judge(H["half"], half, evidence="cold_warm.csv", detail=f"{sg.graphs_text(d['flags'])}; cold "
+                      f"{cwd[(cwd['case'] == HALF) & (cwd['kind'] == 'cold')]['e2e_ms'].median():.1f} ms")
+        Lmax = max(P["prefix_lens"])
+        big = per_rep(cwd, f"prefix {Lmax} x{max(P['branches'])}")
+        if big:
+            frac = SUFFIX / (Lmax + SUFFIX)
+            run.headline(**{f"warm_over_cold_prefix_{Lmax}": statistics.median(big)})
+            run.judge(dataclasses.replace(H["uncached"], high=round(3 * frac + 0.1, 3)), big, evidence="cold_warm.csv",
+                      detail=f"prefix {Lmax}: uncached fraction {frac:.3f}")
+    if d["ks"]:
+        pairs = {}
+        for k in d["ks"]:
+            pairs.setdefault(k["rep"], {})[k["kind"]] = k["attention_kernels"]
+        ok = [float("Paged" in p.get("warm", "") and "Merge" in p.get("warm", "") and "Paged" not in p.get("cold", ""))
+              for p in pairs.values()]
+        run.judge(H["switch"], ok, evidence="kernel_switch.csv",
+                  premise=True if backend == "flashinfer" else f"backend {backend}: the kernel names are FlashInfer's",
+                  detail=f"cold: {d['ks'][0]['attention_kernels'] or '-'}; warm: {d['ks'][1]['attention_kernels'] or '-'}")
+    if d["agree"]:
+        keys = ("meta_info", "log", "metrics_requests")
+        spread = {}
+        for a in d["agree"]:
+            spread[a["rep"]] = max(spread.get(a["rep"], 0.0), max(a[k] for k in keys) - min(a[k] for k in keys))
+        run.judge(H["agree"], list(spread.values()), evidence="hit_rate_3ways.csv", digits=2,
+                  detail=f"{len(d['agree'])} cases")
+    judge_eviction(run, pd.DataFrame(d["ev"]))
+    judge_policy(run, d["pol"])
+
+
+def judge_eviction(run, evd) -> None:
+    if not len(evd):
+        return
+    fits, over = evd[evd["ws_over_pool"] <= 0.9], evd[evd["ws_over_pool"] >= 1.2]
+    premise = True if len(fits) and fits["pass2_hit_rate"].min() >= 0.9 else \
+        "the working sets that fit in 90% of the pool did not all hit >= 0.9 (or none was measured)"
+    run.judge(H["pressure"], [float(g["pass2_hit_rate"].max()) for _, g in over.groupby("rep")], evidence="eviction.csv",
+              premise=premise,
+              detail=f"fitting sets: {fits['pass2_hit_rate'].min() if len(fits) else float('nan'):.2f} at the least")
+    partial = evd[(evd["groups_kept"] > 0) & (evd["groups_kept"] < evd["groups"])]
+    run.judge(H["lru"], [float(g["lru_order"].all()) for _, g in partial.groupby("rep")], evidence="eviction_groups.csv",
+              detail=f"{int(partial['lru_order'].sum())} of {len(partial)} partly kept sweeps in LRU order")
+
+
+def judge_policy(run, pol) -> None:
+    lpm = {p["rep"]: p for p in pol if p["policy"] == "lpm"}
+    fcfs = {p["rep"]: p for p in pol if p["policy"] == "fcfs"}
+    both = sorted(set(lpm) & set(fcfs))
+    if not both:
+        return
+    run.headline(lpm_hit_rate=statistics.median(lpm[r]["hit_rate"] for r in both),
+                 fcfs_hit_rate=statistics.median(fcfs[r]["hit_rate"] for r in both))
+    run.judge(H["lpm_hit"], [lpm[r]["hit_rate"] - fcfs[r]["hit_rate"] for r in both], evidence="policy.csv", digits=2,
+              detail="hit rate LPM " + ", ".join(f"{lpm[r]['hit_rate']:.3f}" for r in both) + " vs FCFS "
+              + ", ".join(f"{fcfs[r]['hit_rate']:.3f}" for r in both))
+    run.judge(H["lpm_ttft"], [fcfs[r]["p50_ttft_ms"] / lpm[r]["p50_ttft_ms"] for r in both], evidence="policy.csv",
+              detail="TTFT p50 LPM " + ", ".join(f"{lpm[r]['p50_ttft_ms']:.0f}" for r in both) + " vs FCFS "
+              + ", ".join(f"{fcfs[r]['p50_ttft_ms']:.0f}" for r in both) + " ms")
+
+
+def figure(run, evd) -> None:
+    if not len(evd):
+        return
+    from common import plots
+    med = evd.groupby(["pool_tokens", "ws_over_pool"], as_index=False)["pass2_hit_rate"].median()
+    fig = plots.sweep(med, "ws_over_pool", "pass2_hit_rate", hue="pool_tokens", ylabel="hit rate on the second pass "
+                      "(median of reps)", title="RadixCache under memory pressure (LRU, reverse-order second pass)",
+                      hline=1.0, hline_label="")
+    fig.axes[0].axvline(1.0, color="grey", ls=":", lw=1)
+    run.figure("hit_rate", fig)
+
+
+def tell(d, pd, P, pools, model_dir, backend) -> str:
+    cwd, items = pd.DataFrame(d["cw"]), []
+    for case, g in (cwd.groupby("case", sort=False) if len(cwd) else []):
+        c, w, rp = g[g["kind"] == "cold"], g[g["kind"] == "warm"], g[g["kind"] == "repeat"]
+        items.append((f"{case}: cold {int(c['prompt_tokens'].iloc[0])} tok, cached 0, {c['e2e_ms'].median():.1f} ms -> "
+                      f"warm cached {int(w['cached_tokens'].median())}, {w['e2e_ms'].median():.1f} ms (saved "
+                      f"{c['e2e_ms'].median() - w['e2e_ms'].median():.1f} ms) -> repeat cached "
+                      f"{int(rp['cached_tokens'].median())} (medians of {g['rep'].nunique()} reps)", []))
+    ks = [(f"{k['kind']} rep {k['rep']} (cached {k['cached_tokens']}): {k['attention_kernels'] or '-'}", []) for k in d["ks"]]
+    ev = [(f"pool {e['pool_tokens']} rep {e['rep']}: working set {e['ws_over_pool']:.2f}x -> pass-2 hit rate "
+           f"{e['pass2_hit_rate']:.2f}, kept {e['groups_kept']}/{e['groups']} newest groups, evicted "
+           f"{e['evicted_tokens']:.0f} tokens", []) for e in d["ev"]]
+    pol = [(f"{p['policy']} rep {p['rep']}: hit rate {p['hit_rate']:.3f}, prefill computed "
+            f"{p['prefill_compute_tokens']:.0f} tok, {p['total_throughput']:.0f} tok/s, TTFT p50 {p['p50_ttft_ms']:.0f} / "
+            f"p99 {p['p99_ttft_ms']:.0f} ms", []) for p in d["pol"]]
+    return story.tree(f"RADIX CACHE — {Path(model_dir).name}, {backend}, KV pool {pools}", [
+        (f"configuration: {sg.graphs_text(d['flags'])}; every latency below was taken with these graphs", []),
+        ("cold -> warm -> repeat (1 new token each)", items), ("attention kernels of traced prefills", ks),
+        ("eviction (pass 1 oldest-first, pass 2 newest-first)", ev),
+        (f"scheduling: {P['groups']} groups x {P['per_group']} requests, shuffled, all at once", pol)])
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    serving.require_sglang()
-    serving.require_gpus(1)
-    pd = require_module("pandas")
-    P = QUICK if args.quick else FULL
-    pools = [int(x) for x in args.pool_tokens.split(",")] if args.pool_tokens else list(P["pools"])
-    model_dir, base = serving.model_and_flags(args)
-    env = {"SGLANG_LOG_MS": "1"}
-
-    def server(policy, pool, run):
-        fl = base + flags(attention_backend=args.backend, enable_metrics=True, log_level="info",
-                          schedule_policy=policy, max_total_tokens=pool, cuda_graph_max_bs_decode=128)
-        return Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{policy}_{pool}.log"), echo=run.log,
-                      start_timeout=args.start_timeout, env=env, name=f"server[{policy}, pool {pool}]")
-
+    pd, P, pools, model_dir, base = check(args)
     with Run(__file__, args, out=args.out) as run:
-        cw, agree, ev, evg, pol = [], [], [], [], []
-        with server("lpm", pools[0], run) as srv:
-            info = srv.server_info()
-            pool0 = int(info.get("max_total_num_tokens") or pools[0])
-            run.log(f"KV pool: {pool0} tokens (asked {pools[0]})")
-            r = send(srv, serving.random_ids(64, 3), {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
-            ok = r["prompt_tokens"] == 64 and r["cached_tokens"] == 0
-            run.log(f"sanity: 64-token prompt -> prompt_tokens {r['prompt_tokens']}, cached {r['cached_tokens']} "
-                    f"{'✅' if ok else '❌'}")
-            if not ok:
-                raise RuntimeError(f"unexpected meta_info for a fresh prompt: {r}")
-            run.log("All results match. Starting benchmarks.")
-            cw, agree = cold_warm(srv, P, run)
-            try:
-                ks = kernel_switch(srv, run.dir / "profiles", run)
-            except Exception as e:
-                ks = []
-                run.point_error({"part": "kernel switch"}, e)
-            ev, evg = eviction(srv, pool0, P, run)
-            pol.append(policy_run(srv, P, "lpm", run))
-        with server("fcfs", pools[0], run) as srv:
-            pol.append(policy_run(srv, P, "fcfs", run))
-        for pool in pools[1:]:   # the same working sets on a smaller pool
-            try:
-                with server("lpm", pool, run) as srv:
-                    e2, g2 = eviction(srv, int(srv.server_info().get("max_total_num_tokens") or pool), P, run)
-                    ev, evg = ev + e2, evg + g2
-            except Exception as e:
-                run.point_error({"part": "eviction", "pool": pool}, e)
-        serving.table(run, "cold_warm", cw)
-        serving.table(run, "hit_rate_3ways", agree)
-        serving.table(run, "eviction", ev)
-        serving.table(run, "eviction_groups", evg)
-        serving.table(run, "policy", pol)
-        serving.table(run, "kernel_switch", ks)
-
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        evd = pd.DataFrame(ev)
-        if len(evd):
-            fig, ax = plt.subplots(figsize=(7, 4.2))
-            for pool, g in evd.groupby("pool_tokens"):
-                ax.plot(g["ws_over_pool"], g["pass2_hit_rate"], "o-", label=f"pool {pool} tokens")
-            ax.axvline(1.0, color="grey", ls=":", lw=1)
-            ax.set_xlabel("working set / KV pool size")
-            ax.set_ylabel("hit rate on the second pass")
-            ax.set_title("RadixCache under memory pressure (LRU, reverse-order second pass)")
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-            run.figure("hit_rate", fig)
-
-        # ---- verdicts
-        cwd = pd.DataFrame(cw)
-        if len(cwd):
-            warm = cwd[(cwd["kind"] == "warm") & (cwd["suffix_len"] == SUFFIX)]
-            exact = bool((warm["cached_tokens"] == warm["prefix_len"]).all())
-            run.observe("a warm request reports cached_tokens equal to the shared token count",
-                        f"{int((warm['cached_tokens'] == warm['prefix_len']).sum())} of {len(warm)} warm requests exact",
-                        "confirmed" if exact and len(warm) else "refuted", "cold_warm.csv")
-            rep = cwd[cwd["kind"] == "repeat"]
-            ok = bool((rep["cached_tokens"] == rep["prompt_tokens"] - 1).all())
-            run.observe("an exact repeat reports cached_tokens = prompt_tokens - 1 (one token is recomputed for logits)",
-                        f"{int((rep['cached_tokens'] == rep['prompt_tokens'] - 1).sum())} of {len(rep)} repeats",
-                        "confirmed" if ok and len(rep) else "refuted", "cold_warm.csv")
-            half = cwd[cwd["case"] == "half-shared 512"]
-            if len(half):
-                ratio = half[half["kind"] == "warm"]["e2e_ms"].median() / half[half["kind"] == "cold"]["e2e_ms"].iloc[0]
-                run.headline(half_shared_warm_over_cold=ratio)
-                run.observe("with half of a 512-token prompt cached, the warm prefill takes ~1/3 of the cold one "
-                            "(A100: 38 -> 12 ms). Confirmed if warm/cold <= 0.45, refuted if >= 0.7",
-                            f"warm/cold = {ratio:.2f} (cold {half[half['kind'] == 'cold']['e2e_ms'].iloc[0]:.1f} ms, "
-                            "server e2e with 1 new token)",
-                            "confirmed" if ratio <= 0.45 else "refuted" if ratio >= 0.7 else "inconclusive", "cold_warm.csv")
-            big = cwd[cwd["prefix_len"] == max(P["prefix_lens"])]
-            if len(big):
-                r_big = big[big["kind"] == "warm"]["e2e_ms"].median() / big[big["kind"] == "cold"]["e2e_ms"].median()
-                frac = SUFFIX / (max(P["prefix_lens"]) + SUFFIX)
-                run.headline(**{f"warm_over_cold_prefix_{max(P['prefix_lens'])}": r_big})
-                run.observe("prefill time falls roughly with the uncached fraction (restated plan); "
-                            "confirmed if warm/cold <= 3 x the uncached token fraction + 0.1",
-                            f"prefix {max(P['prefix_lens'])}: warm/cold {r_big:.2f}, uncached fraction {frac:.3f}",
-                            "confirmed" if r_big <= 3 * frac + 0.1 else "refuted", "cold_warm.csv")
-        if len(ks) == 2:
-            cold_k, warm_k = ks[0]["attention_kernels"], ks[1]["attention_kernels"]
-            fi = args.backend == "flashinfer"
-            switched = "Paged" in warm_k and "Merge" in warm_k and "Paged" not in cold_k
-            run.observe("a cold prefill runs the ragged attention kernel only; a warm one adds the paged kernel "
-                        "(new tokens x cached prefix) and merge-state (FlashInfer; judged only for that backend)",
-                        f"cold: {cold_k or '-'}; warm (cached {ks[1]['cached_tokens']}): {warm_k or '-'}",
-                        ("confirmed" if switched else "refuted") if fi else "inconclusive", "kernel_switch.csv")
-        if agree:
-            spread = max(max(a[k] for k in ("meta_info", "log", "metrics_requests")) -
-                         min(a[k] for k in ("meta_info", "log", "metrics_requests")) for a in agree)
-            run.observe("the three hit-rate measurements (meta_info, log lines, /metrics counters) agree "
-                        "(confirmed within 0.01)", f"largest disagreement {spread:.4f} over {len(agree)} cases",
-                        "confirmed" if spread <= 0.01 else "refuted", "hit_rate_3ways.csv")
-        if len(evd):
-            lo, hi = evd[evd["ws_over_pool"] <= 0.9], evd[evd["ws_over_pool"] >= 1.2]
-            lru = bool(evd[(evd["groups_kept"] > 0) & (evd["groups_kept"] < evd["groups"])]["lru_order"].all())
-            falls = len(lo) and len(hi) and lo["pass2_hit_rate"].min() >= 0.9 and hi["pass2_hit_rate"].max() <= 0.8
-            run.observe("under memory pressure the hit rate falls and LRU evicts the oldest prefixes first "
-                        "(confirmed: >= 0.9 when the working set fits in 90% of the pool, <= 0.8 above 1.2x, and the "
-                        "kept groups are always the most recent ones)",
-                        f"hit rate {lo['pass2_hit_rate'].min() if len(lo) else float('nan'):.2f} (fits) -> "
-                        f"{hi['pass2_hit_rate'].max() if len(hi) else float('nan'):.2f} (1.2x+); LRU order kept: {lru}",
-                        "confirmed" if falls and lru else "refuted" if len(lo) and len(hi) else "inconclusive", "eviction.csv")
-        if len(pol) == 2:
-            lpm, fcfs = pol
-            better_hit = lpm["hit_rate"] > fcfs["hit_rate"] + 0.02
-            better_ttft = lpm["p50_ttft_ms"] < fcfs["p50_ttft_ms"]
-            run.headline(lpm_hit_rate=lpm["hit_rate"], fcfs_hit_rate=fcfs["hit_rate"])
-            run.observe("LPM beats FCFS on hit rate and TTFT for a shuffled shared-prefix burst (< 128 waiting); "
-                        "confirmed if LPM's hit rate is > 0.02 higher and its TTFT p50 lower",
-                        f"hit rate {lpm['hit_rate']:.3f} vs {fcfs['hit_rate']:.3f}, TTFT p50 {lpm['p50_ttft_ms']:.0f} vs "
-                        f"{fcfs['p50_ttft_ms']:.0f} ms, {lpm['total_throughput']:.0f} vs {fcfs['total_throughput']:.0f} tok/s",
-                        "confirmed" if better_hit and better_ttft else "refuted" if not (better_hit or better_ttft)
-                        else "inconclusive", "policy.csv")
-
-        # ---- story
-        items = []
-        for case, g in (cwd.groupby("case", sort=False) if len(cwd) else []):
-            c = g[g["kind"] == "cold"].iloc[0]
-            w = g[g["kind"] == "warm"]
-            rp = g[g["kind"] == "repeat"].iloc[0]
-            items.append((f"{case}: cold {c.prompt_tokens} tok, cached 0, {c.e2e_ms:.1f} ms -> warm cached "
-                          f"{int(w['cached_tokens'].median())}, {w['e2e_ms'].median():.1f} ms "
-                          f"(saved {c.e2e_ms - w['e2e_ms'].median():.1f} ms) -> repeat cached {rp.cached_tokens}", []))
-        ev_items = [(f"pool {e['pool_tokens']}: working set {e['ws_over_pool']:.2f}x -> pass-2 hit rate "
-                     f"{e['pass2_hit_rate']:.2f}, kept {e['groups_kept']}/{e['groups']} newest groups, evicted "
-                     f"{e['evicted_tokens']:.0f} tokens", []) for e in ev]
-        pol_items = [(f"{p['policy']}: hit rate {p['hit_rate']:.3f}, prefill computed {p['prefill_compute_tokens']:.0f} tok, "
-                      f"{p['total_throughput']:.0f} tok/s, TTFT p50 {p['p50_ttft_ms']:.0f} / p99 {p['p99_ttft_ms']:.0f} ms", [])
-                     for p in pol]
-        run.story(story.tree(f"RADIX CACHE — {Path(model_dir).name}, {args.backend}, KV pool {pools}",
-                             [("cold -> warm -> repeat (1 new token each)", items),
-                              ("eviction (pass 1 oldest-first, pass 2 newest-first)", ev_items),
-                              (f"scheduling: {P['groups']} groups x {P['per_group']} requests, shuffled, all at once",
-                               pol_items)]))
+        d = measure(args, P, pools, model_dir, base, run)
+        for name, rows in (("cold_warm", d["cw"]), ("hit_rate_3ways", d["agree"]), ("eviction", d["ev"]),
+                           ("eviction_groups", d["evg"]), ("policy", d["pol"]), ("kernel_switch", d["ks"])):
+            sg.table(run, name, rows)
+        figure(run, pd.DataFrame(d["ev"]))
+        verdicts(run, d, pd, P, args.backend)
+        run.story(tell(d, pd, P, pools, model_dir, args.backend))
         print(run.summary["story"])
     return 0
 

@@ -1,36 +1,40 @@
 #!/usr/bin/env python3
 """03 · Attention backends: FlashInfer vs Triton (vs FA3 where installed) on the same workloads.
 
-What it measures (one SGLang server per backend, same model, same flags, --random-seed 0)
+What it measures (one SGLang server per backend, same model, same flags, --random-seed 0, SGLang's
+default CUDA graphs for prefill and decode)
     * greedy agreement: the same prompts (token ids) with temperature 0 on every backend; the
       dummy weights are identical (SGLang seeds each parameter with 1234), so any difference is
       numerics. Reports, per prompt, how many leading tokens agree with the first backend;
-    * prefill: one long prompt -> TTFT (client, median of 3) and one traced EXTEND step: which
-      attention kernels ran, their GPU time, attention FLOPs -> TFLOP/s and % of measured peak;
-    * decode: a batch of long prompts decoding together -> ITL (client) and traced DECODE steps:
-      attention kernels per step (launches, time), KV bytes read -> TB/s and % of measured copy
-      peak, and the CPU time of each step (plan / metadata work happens on the CPU);
+    * prefill: one long prompt -> TTFT (client, median of 3) and 3 traced EXTEND steps (one profiler
+      window): which attention kernels ran, their GPU time, attention FLOPs (common.flops) -> TFLOP/s
+      and % of the measured bf16 ceiling;
+    * decode: a batch of long prompts decoding together -> ITL (client) and 8 traced DECODE steps:
+      attention kernels per step (launches, time), KV bytes read (common.flops) -> TB/s and % of the
+      measured DRAM ceiling, and the CPU time of each step (plan / metadata work happens on the CPU);
     * throughput at --request-rate inf (full run: sglang.benchmark.serving; --quick: the workbook
       client) and, full run only, FlashInfer with SGLANG_FLASHINFER_USE_TENSOR_CORE=false (the
       CUDA-core decode kernel) as a fourth variant;
     * the offline performance bar (--perf-bar; on by default in the full run): SGLang's own
       `python -m sglang.bench_offline_throughput` (the workbook's prompts, written by this script
       as a local ShareGPT-format file, --sharegpt-output-len fixed) against the workbook's
-      sglang.Engine on the same config and workload, and SGLang's throughput_test_once on the workbook's Engine (bar: 97%).
+      sglang.Engine on the same config and workload, and SGLang's throughput_test_once on the
+      workbook's Engine, 3 rounds (bar: 97%).
 
-What the plan expected (hypotheses)
+What the plan expected (hypotheses in H below, with ranges and sources; judged on repetitions)
     * FlashInfer has lower launch overhead; Triton is more flexible but slower (A100).
       Restated: FlashInfer prefill clearly faster than Triton's extend kernel; decode attention
       of both HBM-bound, so their gap is smaller there; Triton launches two decode kernels per layer.
     * Greedy outputs agree across backends (same weights) — numerics may diverge after some tokens.
 
 Run
-    python sglang/scripts/03_backend_comparison.py --quick            # flashinfer + triton, ~2 min
+    python sglang/scripts/03_backend_comparison.py --quick            # flashinfer + triton, ~3 min
     python sglang/scripts/03_backend_comparison.py                    # + fa3 if present, CUDA-core decode, perf bar
-    python sglang/scripts/03_backend_comparison.py --quick --perf-bar # quick + the offline bar (~+1.5 min)
-    ./sglang/scripts/05_ncu_attention.sh --backends flashinfer,triton  # the same kernels under ncu
-Writes sglang/results/03_backend_comparison/: backends.csv, kernels.csv, greedy.csv, perf_bar_offline.csv,
-server_<backend>.log, profiles/, story.txt, summary.json.
+    python sglang/scripts/03_backend_comparison.py --quick --perf-bar # quick + the offline bar (~+2 min)
+    python sglang/scripts/03_backend_comparison.py --quick --variants flashinfer,triton
+    python sglang/scripts/05_ncu_attention.py --backends flashinfer,triton   # the same kernels under ncu
+Writes sglang/results/03_backend_comparison/: backends.csv, kernels.csv, kernels_all.csv, greedy.csv,
+perf_bar_offline.csv, server_<backend>.log, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -38,47 +42,70 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import gpu, serving, story, trace  # noqa: E402
-from common.checks import require_module, run_main  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang as sg  # noqa: E402
+from common import cli, flops, gpu, procs, story, trace  # noqa: E402
+from common.checks import require_module, require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.serving import Server, flags  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
-QUICK = dict(greedy_n=2, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=2048, decode_new=64,
-             tput_n=64, tput_in=512, tput_out=128, bench=False, bar_n=64, bar_in=512, bar_out=128)
-FULL = dict(greedy_n=4, greedy_new=64, prefill_len=8192, decode_bs=32, decode_len=4096, decode_new=128,
-            tput_n=256, tput_in=1024, tput_out=256, bench=True, bar_n=256, bar_in=1024, bar_out=256)
-ENV = {"SGLANG_LOG_MS": "1", "SGLANG_PROFILE_WITH_STACK": "false", "SGLANG_PROFILE_RECORD_SHAPES": "false"}
+QUICK = dict(reps=3, greedy_n=3, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=2048, decode_new=64,
+             decode_steps=8, tput_n=64, tput_in=512, tput_out=128, bench=False, bar_n=64, bar_in=512, bar_out=128)
+FULL = dict(reps=3, greedy_n=4, greedy_new=64, prefill_len=8192, decode_bs=32, decode_len=4096, decode_new=128,
+            decode_steps=8, tput_n=256, tput_in=1024, tput_out=256, bench=True, bar_n=256, bar_in=1024, bar_out=256)
 VARIANTS = {"flashinfer": ("flashinfer", {}), "triton": ("triton", {}), "fa3": ("fa3", {}),
             "flashinfer-cudacore-decode": ("flashinfer", {"SGLANG_FLASHINFER_USE_TENSOR_CORE": "false"})}
-GREEDY = {"temperature": 0, "ignore_eos": True}
+PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 03"
+H = {
+    "prefill": Hypothesis(
+        "flashinfer-prefill-faster", "FlashInfer's prefill attention is clearly faster than Triton's extend kernel",
+        "Triton / FlashInfer prefill attention time (per traced prefill)", low=round(1 / 0.9, 3),
+        source=f"{PLAN}: 'FlashInfer prefill faster than Triton's extend kernel' (clearly: FlashInfer <= 0.9x)"),
+    "gap": Hypothesis(
+        "decode-gap-smaller", "decode attention is HBM-bound for both, so their gap is smaller than in prefill",
+        "|ln(Triton/FlashInfer) prefill| - |ln(Triton/FlashInfer) decode| (per repetition pair)", low=0,
+        source=f"{PLAN}: 'decode attention of both HBM-bound and closer together'"),
+    "two": Hypothesis(
+        "triton-two-decode-kernels", "Triton's decode launches two attention kernels per layer (split-KV stage 1 + "
+        "reduce)", "Triton attention launches per layer and decode step (per traced step)", low=1.5, high=2.5,
+        source=f"{PLAN}: 'Triton decode launches two kernels per layer (split-KV + reduce)'"),
+    "cpu": Hypothesis(
+        "flashinfer-lower-cpu", "FlashInfer has lower launch (CPU) overhead per step than Triton (A100 plan)",
+        "Triton / FlashInfer CPU time of a decode step (per traced step pair)", low=1.0,
+        source=f"{PLAN}: 'FlashInfer has lower launch overhead' checked as per-step CPU time"),
+    "greedy": Hypothesis(
+        "greedy-agree", "greedy outputs agree across backends (same dummy weights, seed 0); numerics may diverge",
+        "fraction of leading greedy tokens equal to the first backend's (per prompt and backend)", low=1, high=1,
+        source=f"{PLAN}: same weights, temperature 0"),
+    "bar": Hypothesis(
+        "offline-perf-bar", "the workbook's Engine reaches SGLang's bench_offline_throughput on the same config and "
+        "workload (and throughput_test_once on the same Engine)", "workbook Engine output tok/s as % of the lower "
+        "of the two references (per round)", low=97, unit="%",
+        source="PLAN.md success criteria: 'instrumentation within 97% of SGLang's own tools'"),
+}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="flashinfer + triton, smaller shapes (~2 min)")
+    p.add_argument("--quick", action="store_true", help="flashinfer + triton, smaller shapes (~3 min)")
     p.add_argument("--out", default=None, help="results folder (default sglang/results/03_backend_comparison)")
-    p.add_argument("--variants", default=None, help=f"comma list from {','.join(VARIANTS)} (default: detected)")
+    p.add_argument("--variants", type=cli.choices_list(*VARIANTS), default=None,
+                   help=f"comma list from {','.join(VARIANTS)} (default: detected)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--perf-bar", dest="perf_bar", action="store_true", default=None,
                      help="run the offline bar (default: on in the full run, off with --quick)")
     bar.add_argument("--no-perf-bar", dest="perf_bar", action="store_false")
-    serving.add_model_args(p, backend_default=None)
+    sg.add_model_args(p, backend_default=None)
     return p.parse_args(argv)
-
-
-def model_shape(model_dir):
-    c = json.loads((Path(model_dir) / "config.json").read_text())
-    d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], d
 
 
 def matched_prefix(a, b) -> int:
@@ -90,94 +117,109 @@ def matched_prefix(a, b) -> int:
     return n
 
 
-def traced_steps(srv, prof_dir, num_steps, action, kernel_rows):
-    """Start the profiler for ``num_steps`` forwards, run ``action()``, return the traced steps."""
-    before = list(prof_dir.glob("*.trace.json*")) if prof_dir.exists() else []
-    srv.start_profile(prof_dir, num_steps=num_steps)
-    out = action()
-    srv.stop_profile()
-    steps = serving.steps_from_trace(trace.read_chrome_trace(srv.wait_traces(prof_dir, before)[0]), kernel_rows)
-    return steps, out
+# ------------------------------------------------------------------ measure one backend
 
-
-def measure_backend(srv, name, P, prof_dir, shape, pk, run, kernels) -> tuple[dict, list]:
-    layers, hq, hkv, d = shape
-    row = {"variant": name, "start_s": srv.startup_s}
-    greedy = [srv.generate(input_ids=serving.random_ids(256, 900 + i), sampling_params={**GREEDY, "max_new_tokens":
-                                                                                        P["greedy_new"]})["output_ids"]
-              for i in range(P["greedy_n"])]
-    ok = all(len(g) == P["greedy_new"] for g in greedy)
-    run.log(f"{name} sanity: {len(greedy)} greedy prompts returned {[len(g) for g in greedy]} tokens "
-            f"{'✅' if ok else '❌'}")
+def greedy_outputs(srv, name, P, run) -> list:
+    out = [srv.generate(input_ids=sg.random_ids(256, 900 + i), sampling_params={**sg.GREEDY, "max_new_tokens":
+                                                                                P["greedy_new"]})["output_ids"]
+           for i in range(P["greedy_n"])]
+    ok = all(len(g) == P["greedy_new"] for g in out)
+    run.log(f"{name} sanity: {len(out)} greedy prompts returned {[len(g) for g in out]} tokens {'✅' if ok else '❌'}")
     if not ok:
         raise RuntimeError(f"{name}: greedy requests came back with the wrong number of tokens")
     run.log("All results match. Starting benchmarks.")
-    # prefill: TTFT untraced (median of 3), then one traced EXTEND step
-    L = P["prefill_len"]
-    ttfts = []
+    return out
+
+
+def prefill(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
+    """TTFT untraced (median of 3), then P["reps"] prefills in one profiler window."""
+    L, ttfts = P["prefill_len"], []
     for i in range(3):
         srv.flush_cache()
-        ttfts.append(srv.generate(input_ids=serving.random_ids(L, 700 + i), stream=True,
-                                  sampling_params={**GREEDY, "max_new_tokens": 2})["client"]["ttft_s"] * 1e3)
-    srv.flush_cache()
+        ttfts.append(srv.generate(input_ids=sg.random_ids(L, 700 + i), stream=True,
+                                  sampling_params={**sg.GREEDY, "max_new_tokens": 2})["client"]["ttft_s"] * 1e3)
+
+    def reps():
+        for i in range(P["reps"]):
+            srv.flush_cache()
+            srv.generate(input_ids=sg.random_ids(L, 777 + i), sampling_params={**sg.GREEDY, "max_new_tokens": 1})
+    (tr, *_), _ = srv.traced(prof_dir / name, reps)
     krows: list = []
-    st, _ = traced_steps(srv, prof_dir / name, 1, lambda: srv.generate(input_ids=serving.random_ids(L, 777),
-                                                                        sampling_params={**GREEDY, "max_new_tokens": 1}), krows)
-    ext = [s for s in st if s["mode"] == "EXTEND"]
+    ext = [s for s in sg.steps_from_trace(trace.read_chrome_trace(tr), krows) if s["mode"] == "EXTEND"]
     kernels += [{"variant": name, "stage": "prefill", **k} for k in krows if k["mode"] == "EXTEND"]
-    att_ms = sum(s.get("attention_us", 0) for s in ext) / 1e3
-    flops = 2.0 * L * L * hq * d * layers            # causal: QK^T and PV, half of the L x L matrix each
-    row.update(prefill_len=L, prefill_ttft_ms=statistics.median(ttfts), prefill_step_gpu_ms=sum(s["dur_us"] for s in ext) / 1e3,
-               prefill_attention_ms=att_ms, prefill_attention_tflop_s=flops / (att_ms * 1e-3) / 1e12 if att_ms else None)
-    row["prefill_attention_pct_peak"] = 100 * row["prefill_attention_tflop_s"] / pk["bf16_tflops"] if att_ms else None
-    # decode: a batch decoding together; trace a few steps once all are decoding
+    att_ms = [s.get("attention_us", 0) / 1e3 for s in ext]
+    fl = flops.prefill_flops([L], [L], sh["hq"], sh["d"]) * sh["layers"]      # causal, every layer
+    med = statistics.median(att_ms) if att_ms else float("nan")
+    tf = fl / (med * 1e-3) / 1e12 if att_ms and med else None
+    return {"prefill_len": L, "prefill_ttft_ms": statistics.median(ttfts),
+            "prefill_step_gpu_ms": statistics.median(s["dur_us"] for s in ext) / 1e3 if ext else None,
+            "prefill_attention_ms": med, "prefill_attention_tflop_s": tf,
+            "prefill_attention_pct_peak": 100 * tf / pk["bf16_tflops"] if tf else None, "_att_ms": att_ms}
+
+
+def decode(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
+    """A batch decoding together; P["decode_steps"] steps traced once all of it decodes."""
     B, Ld = P["decode_bs"], P["decode_len"]
     srv.flush_cache()
-    res: dict = {}
-    th = threading.Thread(target=lambda: res.update(out=srv.generate_many(
-        [{"input_ids": serving.random_ids(Ld, 800 + i), "sampling_params": {**GREEDY, "max_new_tokens": P["decode_new"]}}
-         for i in range(B)], stream=True)))
-    mark = srv.log_mark()
-    th.start()
-    try:
-        srv.wait_log(rf"Decode batch, #running-req: {B},", mark, timeout=300, while_alive=th)
-        krows = []
-        st, _ = traced_steps(srv, prof_dir / name, 8, lambda: time.sleep(0.5), krows)
-    finally:
-        th.join()
-    dec = [s for s in st if s["mode"] == "DECODE" and s["bs"] == B]
-    kernels += [{"variant": name, "stage": "decode", **k} for k in krows if k["mode"] == "DECODE" and k["bs"] == B]
-    ok = [r for r in res.get("out", []) if "error" not in r]
-    itl = [x * 1e3 for r in ok for x in r["client"]["itl_s"][2:]]
-    att_us = statistics.median(s.get("attention_us", 0) for s in dec) if dec else float("nan")
-    kv_bytes = B * (Ld + P["decode_new"] / 2) * layers * 2 * hkv * d * 2
-    att_launch = [k for k in krows if k["mode"] == "DECODE" and k["bs"] == B and k["family"] == "attention"]
-    row.update(decode_bs=B, decode_kv=Ld, decode_itl_p50_ms=statistics.median(itl) if itl else None,
-               decode_step_gpu_ms=statistics.median(s["dur_us"] for s in dec) / 1e3 if dec else None,
-               decode_step_cpu_ms=statistics.median(s["cpu_us"] for s in dec if s["cpu_us"]) / 1e3
-               if dec and any(s["cpu_us"] for s in dec) else None,
-               decode_attention_us=att_us, decode_attention_tb_s=kv_bytes / (att_us * 1e-6) / 1e12 if dec else None,
-               decode_attention_launches_per_layer=len(att_launch) / max(len(dec), 1) / layers,
-               decode_attention_kernels=";".join(sorted({k["short"] for k in att_launch})))
-    row["decode_attention_pct_peak"] = 100 * row["decode_attention_tb_s"] / pk["dram_tb_s"] if dec else None
-    # throughput at request rate inf
+    reqs = [{"input_ids": sg.random_ids(Ld, 800 + i), "sampling_params": {**sg.GREEDY, "max_new_tokens": P["decode_new"]}}
+            for i in range(B)]
+    (files, _), res = srv.while_decoding(reqs, lambda: srv.traced(prof_dir / name, lambda: time.sleep(0.5),
+                                                                  num_steps=P["decode_steps"]), running=B, stream=True)
+    krows: list = []
+    dec = [s for s in sg.steps_from_trace(trace.read_chrome_trace(files[0]), krows) if s["mode"] == "DECODE" and s["bs"] == B]
+    mine = [k for k in krows if k["mode"] == "DECODE" and k["bs"] == B]
+    kernels += [{"variant": name, "stage": "decode", **k} for k in mine]
+    att = [k for k in mine if k["class"] == "attention"]
+    steps = sorted({k["step"] for k in mine})
+    per_step = [sum(1 for k in att if k["step"] == s) / sh["layers"] for s in steps]
+    itl = [x * 1e3 for r in res if "error" not in r for x in r["client"]["itl_s"][2:]]
+    att_us = [s.get("attention_us", 0) for s in dec]
+    kv = flops.decode_bytes([Ld + P["decode_new"] // 2] * B, sh["hq"], sh["hkv"], sh["d"]) * sh["layers"]
+    med = statistics.median(att_us) if att_us else float("nan")
+    tb = kv / (med * 1e-6) / 1e12 if att_us and med else None
+    return {"decode_bs": B, "decode_kv": Ld, "decode_itl_p50_ms": statistics.median(itl) if itl else None,
+            "decode_step_gpu_ms": statistics.median(s["dur_us"] for s in dec) / 1e3 if dec else None,
+            "decode_step_cpu_ms": statistics.median(s["cpu_us"] for s in dec) / 1e3 if dec else None,
+            "decode_attention_us": med, "decode_attention_tb_s": tb,
+            "decode_attention_pct_peak": 100 * tb / pk["dram_tb_s"] if tb else None,
+            "decode_attention_launches_per_layer": statistics.median(per_step) if per_step else None,
+            "decode_attention_kernels": ";".join(sorted({k["kernel"] for k in att})),
+            "_att_us": att_us, "_cpu_ms": [s["cpu_us"] / 1e3 for s in dec], "_launches": per_step}
+
+
+def throughput(srv, name, P, run) -> dict:
     srv.flush_cache()
     if P["bench"]:
-        rec = serving.run_bench(srv, run.dir / "bench", f"tput_{name}", num_prompts=P["tput_n"], input_len=P["tput_in"],
-                                output_len=P["tput_out"], rate="inf", echo=run.log)
-        row.update(tput_tool="bench_serving", output_throughput=rec["output_throughput"],
-                   ttft_p50_ms=rec["median_ttft_ms"], itl_p50_ms=rec["median_itl_ms"], itl_p99_ms=rec["p99_itl_ms"])
-    else:
-        s = serving.latency_summary(srv.generate_many([{"input_ids": serving.random_ids(P["tput_in"], 60_000 + i),
-                                                        "sampling_params": {**GREEDY, "max_new_tokens": P["tput_out"]}}
-                                                       for i in range(P["tput_n"])], stream=True))
-        row.update(tput_tool="workbook client", output_throughput=s["output_throughput"], ttft_p50_ms=s.get("p50_ttft_ms"),
-                   itl_p50_ms=s.get("p50_itl_ms"), itl_p99_ms=s.get("p99_itl_ms"))
-    run.log(f"{name}: prefill {L} TTFT {row['prefill_ttft_ms']:.1f} ms (attention {att_ms:.2f} ms), decode bs {B} ITL "
-            f"{row['decode_itl_p50_ms'] or float('nan'):.2f} ms (attention {att_us / 1e3:.3f} ms/step, "
-            f"{row['decode_attention_kernels']}), {row['output_throughput']:.0f} out tok/s")
+        rec = sg.run_bench(srv, run.dir / "bench", f"tput_{name}", num_prompts=P["tput_n"], input_len=P["tput_in"],
+                           output_len=P["tput_out"], rate="inf", echo=run.log)
+        return {"tput_tool": "bench_serving", "output_throughput": rec["output_throughput"],
+                "ttft_p50_ms": rec["median_ttft_ms"], "itl_p50_ms": rec["median_itl_ms"], "itl_p99_ms": rec["p99_itl_ms"]}
+    s = sg.latency_summary(srv.generate_many([{"input_ids": sg.random_ids(P["tput_in"], 60_000 + i), "sampling_params":
+                                               {**sg.GREEDY, "max_new_tokens": P["tput_out"]}} for i in range(P["tput_n"])],
+                                             stream=True))
+    return {"tput_tool": "workbook client", "output_throughput": s["output_throughput"], "ttft_p50_ms": s.get("p50_ttft_ms"),
+            "itl_p50_ms": s.get("p50_itl_ms"), "itl_p99_ms": s.get("p99_itl_ms")}
+
+
+def measure_backend(args, name, P, model_dir, base, sh, pk, run, kernels) -> tuple[dict, list]:
+    backend, env = VARIANTS[name]
+    fl = base + sg.flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
+                         decode_log_interval=1, cuda_graph_max_bs_decode=64 if args.quick else None)
+    prof = run.dir / "profiles"
+    with sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{name}.log"), echo=run.log,
+                   start_timeout=args.start_timeout, env={**sg.TRACE_ENV, **env}, name=f"server[{name}]") as srv:
+        greedy = greedy_outputs(srv, name, P, run)
+        row = {"variant": name, "start_s": srv.startup_s, "graphs": sg.graphs_text(fl),
+               **prefill(srv, name, P, prof, sh, pk, kernels), **decode(srv, name, P, prof, sh, pk, kernels),
+               **throughput(srv, name, P, run)}
+    run.log(f"{name}: prefill {row['prefill_len']} TTFT {row['prefill_ttft_ms']:.1f} ms (attention "
+            f"{row['prefill_attention_ms']:.2f} ms), decode bs {row['decode_bs']} ITL {story.fmt(row['decode_itl_p50_ms'])} "
+            f"ms (attention {row['decode_attention_us'] / 1e3:.3f} ms/step, {row['decode_attention_kernels']}), "
+            f"{row['output_throughput']:.0f} out tok/s")
     return row, greedy
 
+
+# ------------------------------------------------------------------ the offline bar
 
 @contextlib.contextmanager
 def fd2_to(path):
@@ -203,44 +245,35 @@ def sharegpt_file(path, prompts) -> Path:
     return Path(path)
 
 
-def cli_flags(base: list[str]) -> list[str]:
-    """The server flags bench_offline_throughput gets: the workbook's Engine below runs SGLang's
-    defaults (prefill CUDA graphs captured), so --quick's --disable-prefill-cuda-graph is left out
-    and both sides run one config. (With the flag, one H200 run on 2026-11-21 stalled ~10 s on
-    the CLI's first cache-hitting prefill: 713 vs 4,961 out tok/s; the same command on a fresh
-    machine did not stall, 4,945 tok/s. The cause was not isolated; see the SGLang report.)"""
-    return [f for f in base if f != "--disable-prefill-cuda-graph"]
-
-
 def offline_bar(args, P, model_dir, base, run) -> list[dict]:
-    """SGLang's bench_offline_throughput (its own Engine) vs the workbook's Engine, same config and shape."""
+    """SGLang's bench_offline_throughput (its own Engine) vs the workbook's Engine, same config and
+    shape (both with SGLang's default CUDA graphs), P["reps"] rounds."""
     rows = []
-    prompts = [serving.random_text(P["bar_in"] - 1, 90_000 + i) for i in range(P["bar_n"])]   # + BOS = bar_in tokens
+    prompts = [sg.random_text(P["bar_in"] - 1, 90_000 + i) for i in range(P["bar_n"])]   # + BOS = bar_in tokens
     data = sharegpt_file(run.dir / "sharegpt_local.json", prompts)
     out = run.dir / "offline_ref.jsonl"
-    cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", model_dir, *cli_flags(base),
+    cmd = [sys.executable, "-m", "sglang.bench_offline_throughput", "--model-path", model_dir, *base,
            "--attention-backend", "flashinfer", "--dataset-name", "sharegpt", "--dataset-path", str(data),
            "--sharegpt-output-len", str(P["bar_out"]), "--num-prompts", str(P["bar_n"]), "--seed", "1",
            "--result-filename", str(out)]
-    rc = serving.run_tool(cmd, run.path("offline_ref.log"), timeout=900, echo=run.log,
-                          env=serving.OFFLINE_ENV if Path(model_dir).is_dir() else None)
+    rc = procs.run_tool(cmd, run.path("offline_ref.log"), timeout=900, echo=run.log, env=sg.tool_env(model_dir))
     if rc != 0 or not out.exists():
         raise RuntimeError(f"bench_offline_throughput failed (rc={rc}); see offline_ref.log")
     ref = json.loads(out.read_text().splitlines()[-1])
     run.log(f"bench_offline_throughput (own Engine): {ref['output_throughput']:.0f} out tok/s")
-    sgl = require_module("sglang", serving.SGLANG_PIP)
+    sgl = require_module("sglang", sg.SGLANG_PIP)
     from sglang.benchmark.datasets.common import DatasetRow
     from sglang.benchmark.offline_throughput import throughput_test_once
     kw = dict(model_path=model_dir, mem_fraction_static=args.mem_fraction, attention_backend="flashinfer",
               log_level="info", decode_log_interval=1, enable_metrics=True)
     if not args.model_path:
         kw["load_format"] = "dummy"
-    sp = {"temperature": 0, "max_new_tokens": P["bar_out"], "ignore_eos": True}
+    sp = {**sg.GREEDY, "max_new_tokens": P["bar_out"]}
     with fd2_to(run.path("engine.log")):
         llm = sgl.Engine(**kw)
         try:
-            llm.generate([serving.random_text(255, 80_000 + i) for i in range(16)], {**sp, "max_new_tokens": 16})
-            for rnd in range(2):
+            llm.generate([sg.random_text(255, 80_000 + i) for i in range(16)], {**sp, "max_new_tokens": 16})
+            for rnd in range(P["reps"]):
                 llm.flush_cache()
                 tool = throughput_test_once("engine", llm, [DatasetRow(prompt=p, prompt_len=P["bar_in"],
                                                                        output_len=P["bar_out"]) for p in prompts],
@@ -248,8 +281,7 @@ def offline_bar(args, P, model_dir, base, run) -> list[dict]:
                 llm.flush_cache()
                 t0 = time.perf_counter()
                 outs = llm.generate(prompts, sp)
-                wall = time.perf_counter() - t0
-                wb = sum(o["meta_info"]["completion_tokens"] for o in outs) / wall
+                wb = sum(o["meta_info"]["completion_tokens"] for o in outs) / (time.perf_counter() - t0)
                 rows.append({"round": rnd, "bench_offline_throughput_cli": ref["output_throughput"],
                              "throughput_test_once_same_engine": tool["output_throughput"], "workbook_engine": wb,
                              "ratio_vs_cli": wb / ref["output_throughput"],
@@ -263,137 +295,129 @@ def offline_bar(args, P, model_dir, base, run) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    serving.require_sglang()
-    serving.require_gpus(1)
-    pd = require_module("pandas")
-    require_module("torch", "pip install -r requirements.txt")
+# ------------------------------------------------------------------ check, analyse, judge, tell
+
+def check(args):
+    sg.require_sglang()
+    cli.check_gpus_for(1)
+    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
     P = QUICK if args.quick else FULL
-    perf_bar = (not args.quick) if args.perf_bar is None else args.perf_bar
     try:   # FA3 ships in sglang-kernel's flash_ops library, which trimmed builds leave out
         fa3 = importlib.import_module("sgl_kernel.flash_attn") is not None
-    except Exception:
+    except Exception:  # noqa: BLE001 - ImportError, or a broken build's OSError
         fa3 = False
-    variants = args.variants.split(",") if args.variants else \
-        ["flashinfer", "triton"] + (["fa3"] if fa3 else []) + ([] if args.quick else ["flashinfer-cudacore-decode"])
-    model_dir, base = serving.model_and_flags(args)
-    shape = model_shape(model_dir)
+    variants = args.variants or (["flashinfer", "triton"] + (["fa3"] if fa3 else [])
+                                 + ([] if args.quick else ["flashinfer-cudacore-decode"]))
+    model_dir, base = sg.model_and_flags(args)
+    return pd, P, fa3, variants, model_dir, base
+
+
+def greedy_rows(outputs) -> list[dict]:
+    """Each backend's greedy tokens against the first backend's, prompt by prompt."""
+    ref = next(iter(outputs))
+    return [{"variant": name, "reference": ref, "prompt": i, "tokens": len(b), "matched_prefix": matched_prefix(a, b),
+             "identical": a == b} for name, outs in outputs.items() for i, (a, b) in enumerate(zip(outputs[ref], outs))]
+
+
+def kernel_tables(run, kernels, pd) -> None:
+    kd = pd.DataFrame(kernels)
+    if not len(kd):
+        return
+    steps = kd.groupby(["variant", "stage"])["step"].nunique().rename("steps")
+    kt = kd.groupby(["variant", "stage", "kernel", "class"])["dur_us"].agg(["count", "sum"]).reset_index()
+    kt = kt.join(steps, on=["variant", "stage"])
+    kt["launches_per_step"] = kt["count"] / kt["steps"]
+    kt["us_per_step"] = kt["sum"] / kt["steps"]
+    kt = kt.drop(columns=["count", "sum"]).sort_values(["stage", "variant", "us_per_step"], ascending=[True, True, False])
+    sg.table(run, "kernels", kt[kt["class"] == "attention"])
+    sg.table(run, "kernels_all", kt)
+
+
+def verdicts(run, rows, greedy, bar, P) -> None:
+    by = {r["variant"]: r for r in rows}
+    fi, tr = by.get("flashinfer"), by.get("triton")
+    if fi and tr:
+        rp = [t / f for t, f in zip(tr["_att_ms"], fi["_att_ms"]) if f]
+        rd = [t / f for t, f in zip(tr["_att_us"], fi["_att_us"]) if f]
+        run.headline(triton_over_flashinfer_prefill_attention=statistics.median(rp) if rp else None,
+                     triton_over_flashinfer_decode_attention=statistics.median(rd) if rd else None)
+        run.judge(H["prefill"], rp, evidence="backends.csv", detail=f"prefill {fi['prefill_len']} tokens: FlashInfer "
+                  f"{fi['prefill_attention_ms']:.2f} ms, Triton {tr['prefill_attention_ms']:.2f} ms (medians)")
+        run.judge(H["gap"], [abs(math.log(p)) - abs(math.log(d)) for p, d in zip(rp, rd) if p > 0 and d > 0],
+                  evidence="backends.csv", detail=f"decode Triton/FlashInfer {story.fmt(statistics.median(rd) if rd else None)}"
+                  f" ({story.fmt(tr['decode_attention_pct_peak'])}% vs {story.fmt(fi['decode_attention_pct_peak'])}% of the "
+                  "DRAM ceiling)")
+        run.judge(H["two"], tr["_launches"], evidence="kernels.csv", detail=f"Triton: {tr['decode_attention_kernels']}; "
+                  f"FlashInfer {story.fmt(fi['decode_attention_launches_per_layer'])}/layer")
+        run.judge(H["cpu"], [t / f for t, f in zip(tr["_cpu_ms"], fi["_cpu_ms"]) if f], evidence="backends.csv",
+                  detail=f"CPU per decode step: FlashInfer {story.fmt(fi['decode_step_cpu_ms'])} ms, Triton "
+                  f"{story.fmt(tr['decode_step_cpu_ms'])} ms (medians)")
+    others = [g for g in greedy if g["variant"] != g["reference"]]
+    if others:
+        run.judge(H["greedy"], [g["matched_prefix"] / max(g["tokens"], 1) for g in others], evidence="greedy.csv",
+                  detail="; ".join(f"{r['variant']}: >= {r['greedy_matched_min']}/{P['greedy_new']} tokens equal" for r in rows))
+    if bar:
+        pct = [100 * min(b["ratio_vs_cli"], b["ratio_vs_same_engine"]) for b in bar]
+        run.headline(offline_perf_bar_pct=min(pct))
+        run.judge(H["bar"], pct, evidence="perf_bar_offline.csv")
+
+
+def tell(rows, kernels, bar, model_dir, pk) -> str:
+    ref = rows[0]["variant"]
+    items = []
+    for r in rows:
+        pre_k = ", ".join(sorted({k["kernel"] for k in kernels if k["variant"] == r["variant"] and k["stage"] == "prefill"
+                                  and k["class"] == "attention"})) or "-"
+        items.append((f"{r['variant']} (server start {r['start_s']:.0f} s; {r['graphs']})", [
+            (f"prefill {r['prefill_len']} tok: TTFT {r['prefill_ttft_ms']:.1f} ms; attention {r['prefill_attention_ms']:.2f} "
+             f"ms -> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_peak'])}% of "
+             f"the bf16 ceiling) [{pre_k}]", []),
+            (f"decode bs {r['decode_bs']} kv {r['decode_kv']}: ITL {story.fmt(r['decode_itl_p50_ms'])} ms, step GPU "
+             f"{story.fmt(r['decode_step_gpu_ms'])} ms / CPU {story.fmt(r['decode_step_cpu_ms'])} ms; attention "
+             f"{r['decode_attention_us']:.0f} us/step -> {story.fmt(r['decode_attention_tb_s'])} TB/s "
+             f"({story.fmt(r['decode_attention_pct_peak'])}% of the DRAM ceiling) [{r['decode_attention_kernels']}, "
+             f"{story.fmt(r['decode_attention_launches_per_layer'])}/layer]", []),
+            (f"rate inf ({r['tput_tool']}): {r['output_throughput']:.0f} out tok/s, TTFT p50 {story.fmt(r['ttft_p50_ms'])} "
+             f"ms, ITL p50 {story.fmt(r['itl_p50_ms'])} ms; greedy equal to {ref} for >= {r['greedy_matched_min']} tokens", [])]))
+    if bar:
+        items.append(("offline perf bar: " + ", ".join(f"{100 * b['ratio_vs_cli']:.1f}% of the CLI, "
+                                                       f"{100 * b['ratio_vs_same_engine']:.1f}% of the tool on the same Engine"
+                                                       for b in bar), []))
+    return story.tree(f"ATTENTION BACKENDS — {Path(model_dir).name}, {pk['gpu']}", items)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    pd, P, fa3, variants, model_dir, base = check(args)
+    perf_bar = (not args.quick) if args.perf_bar is None else args.perf_bar
+    sh = sg.model_shape(model_dir)
     with Run(__file__, args, out=args.out) as run:
         pk = gpu.peaks()
         run.log(f"variants: {variants} (fa3 {'present' if fa3 else 'absent: sgl_kernel.flash_attn does not import'})")
-        prof_dir = run.dir / "profiles"
         rows, kernels, outputs = [], [], {}
         for name in variants:
-            if name not in VARIANTS:
-                run.point_error({"variant": name}, ValueError(f"unknown variant; choose from {list(VARIANTS)}"))
-                continue
-            backend, env = VARIANTS[name]
-            fl = base + flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
-                              decode_log_interval=1, cuda_graph_max_bs_decode=64 if args.quick else None)
             try:
-                with Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{name}.log"), echo=run.log,
-                            start_timeout=args.start_timeout, env={**ENV, **env}, name=f"server[{name}]") as srv:
-                    row, outputs[name] = measure_backend(srv, name, P, prof_dir, shape, pk, run, kernels)
-                    rows.append(row)
-            except Exception as e:
+                row, outputs[name] = measure_backend(args, name, P, model_dir, base, sh, pk, run, kernels)
+                rows.append(row)
+            except Exception as e:  # noqa: BLE001 - a backend fails, the others go on
                 run.point_error({"variant": name}, e)
         if not rows:
             raise RuntimeError("no backend could be measured; see point_errors and server_*.log")
-        # ---- greedy agreement against the first backend that ran
-        ref_name = rows[0]["variant"]
-        greedy = []
-        for name, outs in outputs.items():
-            for i, (a, b) in enumerate(zip(outputs[ref_name], outs)):
-                greedy.append({"variant": name, "reference": ref_name, "prompt": i, "tokens": len(b),
-                               "matched_prefix": matched_prefix(a, b), "identical": a == b})
+        greedy = greedy_rows(outputs)
         for r in rows:
-            g = [x for x in greedy if x["variant"] == r["variant"]]
-            r["greedy_matched_min"] = min((x["matched_prefix"] for x in g), default=None)
-        run.log("greedy check: " + "; ".join(f"{r['variant']} agrees with {ref_name} for >= {r['greedy_matched_min']} "
-                                            f"of {P['greedy_new']} tokens" for r in rows))
-        serving.table(run, "backends", rows)
-        kd = pd.DataFrame(kernels)
-        if len(kd):
-            steps = kd.groupby(["variant", "stage"])["step"].nunique().rename("steps")
-            kt = kd.groupby(["variant", "stage", "short", "family"])["dur_us"].agg(["count", "sum"]).reset_index()
-            kt = kt.join(steps, on=["variant", "stage"])
-            kt["launches_per_step"] = kt["count"] / kt["steps"]
-            kt["us_per_step"] = kt["sum"] / kt["steps"]
-            kt = kt.rename(columns={"short": "kernel"}).drop(columns=["count", "sum"])
-            kt = kt.sort_values(["stage", "variant", "us_per_step"], ascending=[True, True, False])
-            serving.table(run, "kernels", kt[kt["family"] == "attention"])
-            serving.table(run, "kernels_all", kt)
-        serving.table(run, "greedy", greedy)
+            r["greedy_matched_min"] = min((g["matched_prefix"] for g in greedy if g["variant"] == r["variant"]), default=None)
+        sg.table(run, "backends", [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
+        kernel_tables(run, kernels, pd)
+        sg.table(run, "greedy", greedy)
         bar = []
         if perf_bar:
             try:
                 bar = offline_bar(args, P, model_dir, base, run)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001
                 run.point_error({"part": "offline perf bar"}, e)
-        serving.table(run, "perf_bar_offline", bar)
-
-        # ---- verdicts
-        by = {r["variant"]: r for r in rows}
-        fi, tr = by.get("flashinfer"), by.get("triton")
-        if fi and tr:
-            rp = tr["prefill_attention_ms"] / fi["prefill_attention_ms"]
-            rd = tr["decode_attention_us"] / fi["decode_attention_us"]
-            run.headline(triton_over_flashinfer_prefill_attention=rp, triton_over_flashinfer_decode_attention=rd)
-            run.observe("FlashInfer's prefill attention is clearly faster than Triton's extend kernel "
-                        "(confirmed if FlashInfer <= 0.9x Triton's time, refuted if >= 1x)",
-                        f"prefill {fi['prefill_len']} tokens: FlashInfer {fi['prefill_attention_ms']:.2f} ms, Triton "
-                        f"{tr['prefill_attention_ms']:.2f} ms (Triton/FlashInfer {rp:.2f})",
-                        "confirmed" if rp >= 1 / 0.9 else "refuted" if rp <= 1 else "inconclusive", "backends.csv")
-            import math
-            run.observe("decode attention is HBM-bound for both, so their gap is smaller than in prefill "
-                        "(confirmed if |log ratio| decode < prefill)",
-                        f"Triton/FlashInfer: decode {rd:.2f} ({tr['decode_attention_pct_peak']:.0f}% vs "
-                        f"{fi['decode_attention_pct_peak']:.0f}% of measured copy), prefill {rp:.2f}",
-                        "confirmed" if abs(math.log(rd)) < abs(math.log(rp)) else "refuted", "backends.csv")
-            run.observe("Triton's decode launches two attention kernels per layer (split-KV stage 1 + reduce)",
-                        f"attention launches per layer and decode step: Triton {tr['decode_attention_launches_per_layer']:.1f} "
-                        f"({tr['decode_attention_kernels']}), FlashInfer {fi['decode_attention_launches_per_layer']:.1f}",
-                        "confirmed" if round(tr["decode_attention_launches_per_layer"]) >= 2 else "refuted", "kernels.csv")
-            if fi["decode_step_cpu_ms"] and tr["decode_step_cpu_ms"]:
-                run.observe("FlashInfer has lower launch (CPU) overhead per step than Triton (A100 plan)",
-                            f"CPU time of a decode step: FlashInfer {fi['decode_step_cpu_ms']:.2f} ms, Triton "
-                            f"{tr['decode_step_cpu_ms']:.2f} ms", "confirmed" if fi["decode_step_cpu_ms"] <
-                            tr["decode_step_cpu_ms"] else "refuted", "backends.csv")
-        if len(outputs) > 1:
-            same = all(g["identical"] for g in greedy)
-            run.observe("greedy outputs agree across backends (same dummy weights, seed 0); numerics may diverge",
-                        "; ".join(f"{r['variant']}: >= {r['greedy_matched_min']}/{P['greedy_new']} tokens equal" for r in rows),
-                        "confirmed" if same else "inconclusive", "greedy.csv")
-        if bar:
-            worst = min(min(b["ratio_vs_cli"], b["ratio_vs_same_engine"]) for b in bar)
-            run.headline(offline_perf_bar_pct=100 * worst)
-            run.observe("the workbook's Engine reaches >= 97% of SGLang's bench_offline_throughput on the same config "
-                        "and workload (and of throughput_test_once on the same Engine)",
-                        f"worst ratio {100 * worst:.1f}% over {len(bar)} rounds", "confirmed" if worst >= 0.97 else "refuted",
-                        "perf_bar_offline.csv")
-
-        # ---- story
-        items = []
-        for r in rows:
-            att = kd[(kd["variant"] == r["variant"])] if len(kd) else kd
-            pre_k = ", ".join(sorted(set(att[(att["stage"] == "prefill") & (att["family"] == "attention")]["short"]))) if len(att) else "-"
-            items.append((f"{r['variant']} (server start {r['start_s']:.0f} s)", [
-                (f"prefill {r['prefill_len']} tok: TTFT {r['prefill_ttft_ms']:.1f} ms; attention {r['prefill_attention_ms']:.2f} ms "
-                 f"-> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_peak'])}% of "
-                 f"measured bf16) [{pre_k}]", []),
-                (f"decode bs {r['decode_bs']} kv {r['decode_kv']}: ITL {story.fmt(r['decode_itl_p50_ms'])} ms, step GPU "
-                 f"{story.fmt(r['decode_step_gpu_ms'])} ms / CPU {story.fmt(r['decode_step_cpu_ms'])} ms; attention "
-                 f"{r['decode_attention_us']:.0f} us/step -> {story.fmt(r['decode_attention_tb_s'])} TB/s "
-                 f"({story.fmt(r['decode_attention_pct_peak'])}% of copy) [{r['decode_attention_kernels']}, "
-                 f"{r['decode_attention_launches_per_layer']:.1f}/layer]", []),
-                (f"rate inf ({r['tput_tool']}): {r['output_throughput']:.0f} out tok/s, TTFT p50 {story.fmt(r['ttft_p50_ms'])} ms, "
-                 f"ITL p50 {story.fmt(r['itl_p50_ms'])} ms; greedy equal to {ref_name} for >= {r['greedy_matched_min']} tokens", [])]))
-        if bar:
-            items.append(("offline perf bar: " + ", ".join(f"{100 * b['ratio_vs_cli']:.1f}% of the CLI, "
-                                                           f"{100 * b['ratio_vs_same_engine']:.1f}% of the tool on the same Engine"
-                                                           for b in bar), []))
-        run.story(story.tree(f"ATTENTION BACKENDS — {Path(model_dir).name}, {pk['gpu']}", items))
+        sg.table(run, "perf_bar_offline", bar)
+        verdicts(run, rows, greedy, bar, P)
+        run.story(tell(rows, kernels, bar, model_dir, pk))
         print(run.summary["story"])
     return 0
 

@@ -1,46 +1,41 @@
-"""One way to run SGLang's HTTP server from a script, drive it, and read what it reports.
+"""SGLang's own facts for the numbered scripts: its server, its client, its logs, its traces, its flags.
 
-    with Server(model_dir, flags(load_format="dummy", attention_backend="flashinfer", enable_metrics=True),
-                log_path=run.path("server.log"), echo=run.log) as srv:
+    import _sglang as sg
+    with sg.Server(model_dir, sg.flags(load_format="dummy", attention_backend="flashinfer", enable_metrics=True),
+                   log_path=run.path("server.log"), echo=run.log) as srv:
         mark = srv.log_mark()
         out = srv.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0})
-        rows = parse_batch_log(srv.log_since(mark))          # "Prefill batch" / "Decode batch" lines
-        m = parse_metrics(srv.get_text("/metrics"))          # Prometheus text
-        m.total("cached_tokens_total")                       # summed over labels
-    # leaving the block -- normally, on an error, on Ctrl-C or SIGTERM -- stops the whole process group
+        rows = sg.parse_batch_log(srv.log_since(mark))      # "Prefill batch" / "Decode batch" lines
+        m = srv.metrics()                                   # /metrics (Prometheus text) -> Metrics
+        (tr,), _ = srv.traced(run.dir / "profiles", lambda: srv.generate(...))   # /start_profile .. /stop_profile
+        steps = sg.steps_from_trace(trace.read_chrome_trace(tr))
+    # leaving the block -- normally, on an error, on Ctrl-C or SIGTERM -- stops the whole process tree
 
-Server (``python -m sglang.launch_server ...``):
-  * checks the port is free before anything starts (SetupError: one clear line);
-  * starts the server in its own session / process group (``start_new_session``), its stdout and
-    stderr streamed to ``log_path``; an optional ``wrapper`` (an ncu or nsys command line) goes first;
+Server (``python -m sglang.launch_server``) is a common.procs.Group (own session and process group,
+the whole tree stopped on exit, error, Ctrl-C, SIGTERM) with what SGLang needs around it:
+  * a port from the OS (procs.free_port) unless one is given; a given port already in use is a
+    SetupError (one line);
+  * a pidfile (default ``$HANDS_ON_CACHE/servers/<script>/<run pid>-<name>.pid``, ``pidfile=False``: none):
+    before it starts, every server that a run of the same script killed with SIGKILL left behind
+    (its pidfile's owner is dead) is stopped (procs.reap_stale); servers of runs still going are left alone;
+  * the environment: NVLink multicast off (procs.nccl_env, the workbook's one policy; --enable-nccl-nvls
+    and --enable-symm-mem refused), the /health generation probe off (no 1-token prefills in the
+    logs), HF offline for local model dirs;
   * waits for ``/health`` (200) up to ``start_timeout`` while watching the process: if it exits,
-    ServerError with the last log lines; the environment turns off the /health generation probe
-    (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``) so health checks add no 1-token prefills;
-  * stops the whole group on exit: SIGTERM, then SIGKILL after ``stop_timeout``; with a wrapper the
-    application is signalled first and the wrapper given time to write its report. Every process
-    of the group is waited for (no orphans; their GPU memory is then released by the driver).
-  * keeps NVLink multicast off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
-    NVSHMEM_DISABLE_NVLS=1 unless set) and refuses --enable-nccl-nvls / --enable-symm-mem.
+    ServerError with the last log lines;
+  * with a ``wrapper`` (an ncu or nsys command line) the application inside is signalled first and
+    the wrapper given ``wrapper_stop_timeout`` seconds to write its report, then the group is stopped.
 
-Parsers (pure functions; tests/test_sglang_serving.py runs them on real H200 output):
-  parse_batch_log(text)     scheduler lines -> rows (time, new-seq, new-token, cached-token, token
-                            usage, running-req, queue-req, throughput, ...); a line that starts like a
-                            batch line but does not parse raises ParseError (format drift fails loudly)
-  parse_metrics(text)       Prometheus text -> Metrics: .total(name, **labels) sums over labels,
-                            .get(name, **labels) one sample, .series(name), .histogram(name)
-  read_bench_jsonl(path)    `python -m sglang.benchmark.serving --output-file` -> one dict per run
-  percentiles(values)       numpy's default (linear) percentiles, as bench_serving computes them
-  steps_from_trace(ev)      torch-profiler step spans ``step[EXTEND bs=B toks=T]`` with their kernels
+Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 output):
+  parse_batch_log(text)     scheduler lines -> rows (kind, time, new-seq, new-token, cached-token, token
+                            usage, running-req, queue-req, ...); a line that starts like a batch line but
+                            does not parse raises ParseError (format drift fails loudly)
+  parse_metrics(text)       /metrics -> Metrics: .total(name, **labels), .get, .series, .histogram
+  hit_rate(before, after)   prefix-cache hit rate from counter deltas (never the cache_hit_rate gauge)
+  read_bench_jsonl(path)    `sglang.benchmark.serving --output-file` -> one dict per run
+  parse_step_name(name)     'step[EXTEND bs=1 toks=11]' -> {"mode", "bs", "toks"}
+  steps_from_trace(ev)      SGLang's forward steps with their kernels, through common.trace.kernels_in_ranges
   join_steps(steps, rows)   each traced step next to its scheduler log line (matched by sequence)
-  kernel_family(name)       gemm / attention / norm / rope / activation / kv_store / allreduce / ...
-
-Driving it: Server.generate (plain or streamed: client TTFT and per-chunk ITL), generate_many
-(a thread pool; all at once or staggered), flush_cache, metrics, server_info, start_profile /
-stop_profile / wait_traces (torch profiler or CUDA_PROFILER windows), wait_log (block until a log
-line appears). run_bench runs `sglang.benchmark.serving` (fixed lengths, token ids) and run_tool any
-other CLI in its own process group, killed on timeout or Ctrl-C. latency_summary turns a batch of
-results into TTFT/ITL/e2e percentiles and throughput. add_model_args / model_and_flags give every
-script the same model options (a dummy-weight preset from common.models, or --model-path).
 """
 from __future__ import annotations
 
@@ -52,7 +47,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -62,13 +56,16 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .checks import SetupError
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from common import cli, procs, stats, trace  # noqa: E402
+from common.checks import SetupError, cache_dir  # noqa: E402
 
-FORBIDDEN_FLAGS = ("--enable-nccl-nvls", "--enable-symm-mem")
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}   # for local model dirs: never reach the Hub
+# per-step log lines with ms time stamps; torch-profiler traces without stacks and shapes (smaller, faster export)
+TRACE_ENV = {"SGLANG_LOG_MS": "1", "SGLANG_PROFILE_WITH_STACK": "false", "SGLANG_PROFILE_RECORD_SHAPES": "false"}
 SGLANG_PIP = "pip install -r requirements.txt  (sglang==0.5.17)"
+GREEDY = {"temperature": 0, "ignore_eos": True}
 
 
 class ServerError(RuntimeError):
@@ -79,26 +76,7 @@ class ParseError(ValueError):
     """Server output that cannot be trusted (format drift, truncation, wrong file)."""
 
 
-# ================================================================== starting and stopping
-
-def port_free(host: str, port: int) -> bool:
-    """True when nothing listens on ``host:port``: a bind test with SO_REUSEADDR, as uvicorn binds,
-    so connections of a server that just stopped (TIME_WAIT) do not count as "in use"."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def find_free_port(host: str = "127.0.0.1", start: int = 30000, tries: int = 200) -> int:
-    for p in range(start, start + tries):
-        if port_free(host, p):
-            return p
-    raise SetupError(f"no free TCP port in {start}..{start + tries - 1} on {host}")
-
+# ================================================================== flags and the model options
 
 def flags(**kw) -> list[str]:
     """ServerArgs-style keywords -> CLI flags: flags(tp_size=2, enable_metrics=True) ->
@@ -119,98 +97,178 @@ def flags(**kw) -> list[str]:
     return out
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live processes whose process group is ``pgid`` (from /proc; [] where /proc is absent)."""
-    pids = []
-    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not d.isdigit():
-            continue
+def _server_arg(text: str) -> list[str]:
+    """--server-arg '--flag value' -> ['--flag', 'value'] (checked at parse time)."""
+    import argparse
+    try:
+        out = shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r}: {e}") from None
+    bad = [a for a in out if a.split("=")[0] in procs.FORBIDDEN_FLAGS]
+    if bad and os.environ.get(procs.ALLOW_NVLS) != "1":
+        raise argparse.ArgumentTypeError(f"{bad[0]} turns NVLink multicast on; the workbook keeps it off "
+                                         f"(set {procs.ALLOW_NVLS}=1 if your machine allows it)")
+    return out
+
+
+def add_model_args(p, backend_default: str | None = "flashinfer", *, preset: bool = True,
+                   mem_fraction: float = 0.8, start_timeout: float = 900) -> None:
+    """The options every SGLang script takes (model preset or real weights, backend, memory, port), each
+    checked by common.cli when parsed: a bad value ends the script before anything starts (exit 2)."""
+    from common.models import PRESETS
+    g = p.add_argument_group("model and server")
+    if preset:
+        g.add_argument("--preset", default="llama-3.1-8b", type=cli.preset, metavar="PRESET",
+                       help=f"dummy-weight architecture preset, one of {', '.join(sorted(PRESETS))} "
+                            "(default llama-3.1-8b; no download)")
+        g.add_argument("--model-path", default=None, type=cli.model_dir,
+                       help="a local model folder with config.json and real weights (load_format auto)")
+    if backend_default is not None:
+        g.add_argument("--backend", default=backend_default, choices=("flashinfer", "triton", "fa3"),
+                       help=f"attention backend (default {backend_default}; fa3 needs sgl_kernel.flash_attn, "
+                            "see 00_check_env)")
+    g.add_argument("--mem-fraction", type=cli.fraction, default=mem_fraction,
+                   help=f"--mem-fraction-static, in (0, 1] (default {mem_fraction})")
+    g.add_argument("--port", type=cli.port, default=None, help="server port (default: a free port chosen by the OS)")
+    g.add_argument("--server-arg", action="append", default=[], type=_server_arg, metavar="'--flag value'",
+                   help="extra launch_server flags, repeatable (e.g. --server-arg='--page-size 16')")
+    g.add_argument("--start-timeout", type=cli.positive_float, default=start_timeout,
+                   help=f"seconds to wait for /health (default {start_timeout:g})")
+
+
+def model_and_flags(args, preset: str | None = None) -> tuple[str, list[str]]:
+    """(model dir, base flags) from :func:`add_model_args` options: a dummy-weight preset (``preset`` or
+    --preset) unless --model-path names real weights. Every server runs SGLang's default CUDA-graph
+    configuration (prefill and decode graphs captured) unless the experiment adds flags of its own."""
+    from common.models import write_model_dir
+    extra = [f for part in getattr(args, "server_arg", []) or [] for f in part]
+    mem = ["--mem-fraction-static", str(args.mem_fraction)]
+    if getattr(args, "model_path", None) and preset is None:
+        return str(args.model_path), [*mem, *extra]
+    return str(write_model_dir(preset or args.preset)), ["--load-format", "dummy", *mem, *extra]
+
+
+def graphs_text(server_flags) -> str:
+    """Which CUDA graphs a server with ``server_flags`` captures, for the stories."""
+    f = set(server_flags)
+    pre = "off" if f & {"--disable-prefill-cuda-graph", "--disable-cuda-graph"} else "on"
+    dec = "off" if f & {"--disable-decode-cuda-graph", "--disable-cuda-graph"} else "on"
+    cap = list(server_flags)
+    bs = cap[cap.index("--cuda-graph-max-bs-decode") + 1] if "--cuda-graph-max-bs-decode" in cap else None
+    return (f"CUDA graphs: prefill {pre}, decode {dec}" + (f" (decode captured up to bs {bs})" if bs and dec == "on" else "")
+            + (" — SGLang's defaults" if pre == dec == "on" else ""))
+
+
+def model_shape(model_dir) -> dict:
+    """layers, q heads, kv heads, head_dim of a model folder's config.json (and the config itself)."""
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    return {"layers": c["num_hidden_layers"], "hq": c["num_attention_heads"], "hkv": c["num_key_value_heads"],
+            "d": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"], "config": c}
+
+
+def require_sglang() -> None:
+    """SetupError unless sglang is installed (found without importing it: the import takes ~8 s)."""
+    if not sglang_installed():
+        raise SetupError(f"Python package 'sglang' is not installed. Install it: {SGLANG_PIP}")
+
+
+def sglang_installed() -> bool:
+    """True when the real sglang package is importable. The workbook's own ``sglang/`` folder (no
+    __init__.py) is a namespace package from the repository root, which does not count."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
+def table(run, name: str, rows) -> bool:
+    """``run.table(name, rows)`` only when there are rows: an empty CSV has no header for
+    `make reports` to read, and the report block then keeps its last content instead."""
+    n = len(rows) if rows is not None else 0
+    if n:
+        run.table(name, rows)
+    else:
+        run.log(f"table {name}: no rows, not written")
+    return bool(n)
+
+
+def random_ids(n: int, seed: int, lo: int = 1000, hi: int = 120000) -> list[int]:
+    """``n`` token ids from a seeded generator, away from special tokens (prompts that share nothing)."""
+    import random
+    r = random.Random(seed)
+    return [r.randrange(lo, hi) for _ in range(n)]
+
+
+def random_text(n_chars: int, seed: int) -> str:
+    """ASCII text of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer)."""
+    import random
+    r = random.Random(seed)
+    words = []
+    while sum(len(w) + 1 for w in words) < n_chars:
+        words.append("".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))))
+    return " ".join(words)[:n_chars]
+
+
+# ================================================================== the server
+
+def servers_dir(script: str | None = None) -> Path:
+    """Where the servers of ``script`` (default: the running script's stem) keep their pidfiles."""
+    stem = script or Path(sys.argv[0] or "python").stem or "python"
+    return cache_dir() / "servers" / re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+
+
+def reap_servers(folder, echo=print) -> list[int]:
+    """Stop every server that a killed run left behind in ``folder`` (its pidfile's owner is dead and
+    the process group still runs the recorded command; procs.reap_stale). Pidfiles of runs that are
+    still going, this one included, are left alone. Returns the pids stopped."""
+    stopped: list[int] = []
+    for p in sorted(Path(folder).glob("*.pid")):
         try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            pids.append(int(d))
-    return pids
-
-
-def app_pids(pgid: int, needle: str, pids=None) -> list[int]:
-    """Python processes of group ``pgid`` (or of ``pids``) whose arguments contain ``needle``: the
-    server itself, not the profiler that wraps it (whose own command line also names the server)."""
-    out = []
-    for p in sorted(pids) if pids is not None else group_pids(pgid):
-        try:
-            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if p != pgid and argv and Path(argv[0]).name.startswith("python") and any(needle in a for a in argv[1:]):
-            out.append(p)
-    return out
-
-
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every live process (from /proc; {} where /proc is absent)."""
-    out = {}
-    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if d.isdigit():
-            try:
-                fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if len(fields) > 1 and fields[0] != "Z":
-                out[int(d)] = int(fields[1])
-    return out
-
-
-def child_pids(pid: int) -> list[int]:
-    return [c for c, p in _parents().items() if p == pid]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, whatever its process group or session: a profiler may start
-    the application in a session of its own, out of reach of killpg."""
-    par, out, todo = _parents(), [], [pid]
-    while todo:
-        cur = todo.pop()
-        kids = [c for c, p in par.items() if p == cur]
-        out += kids
-        todo += kids
-    return out
+            owner = json.loads(p.read_text()).get("owner")
+        except (OSError, ValueError):
+            owner = None
+        if owner != os.getpid():
+            stopped += procs.reap_stale(p, echo)
+    return stopped
 
 
 class Server:
     """``python -m sglang.launch_server`` as a context manager (see the module docstring).
 
-    ``args``: extra CLI flags (list, e.g. from :func:`flags`). ``wrapper``: a profiler command
-    line that the server command is appended to. ``launcher``: the command that starts the server
-    (default ``[python, -m, sglang.launch_server]``; tests pass a stand-in).
+    ``args``: extra CLI flags (list, e.g. from :func:`flags`). ``wrapper``: a profiler command line the
+    server command is appended to. ``launcher``: the command that starts the server (default
+    ``[python, -m, sglang.launch_server]``; tests pass a stand-in). ``pidfile``: None for the default
+    place (see :func:`servers_dir`), a path, or False for none.
     """
 
     def __init__(self, model_path, args=(), *, log_path, port: int | None = None, host: str = "127.0.0.1",
                  env: dict | None = None, wrapper=(), launcher=None, start_timeout: float = 900,
-                 stop_timeout: float = 30, wrapper_stop_timeout: float = 600, echo=print, name: str = "server"):
+                 stop_timeout: float = 30, wrapper_stop_timeout: float = 600, echo=print, name: str = "server",
+                 pidfile=None):
         args = [str(a) for a in args]
-        bad = [a for a in args if a.split("=")[0] in FORBIDDEN_FLAGS]
-        if bad and os.environ.get("HANDS_ON_ALLOW_NVLS") != "1":
+        bad = [a for a in args if a.split("=")[0] in procs.FORBIDDEN_FLAGS]
+        if bad and os.environ.get(procs.ALLOW_NVLS) != "1":
             raise SetupError(f"{bad[0]} turns NVLink multicast on (sets NCCL_NVLS_ENABLE=1); the workbook "
-                             "keeps it off. Set HANDS_ON_ALLOW_NVLS=1 if your machine allows it.")
+                             f"keeps it off. Set {procs.ALLOW_NVLS}=1 if your machine allows it.")
         self.model_path, self.args, self.host = str(model_path), args, host
         self.port_fixed = port is not None
-        self.port = port if port is not None else find_free_port(host)
+        self.port = port if port is not None else procs.free_port(host)
         self.log_path = Path(log_path)
+        nccl, self.env_notes = procs.nccl_env()
         offline = OFFLINE_ENV if Path(self.model_path).is_dir() else {}
-        self.env = {**os.environ, **SERVER_ENV, **offline, **{k: v for k, v in SAFE_ENV.items() if k not in os.environ},
-                    **(env or {})}
+        self.env = {**os.environ, **SERVER_ENV, **offline, **nccl, **(env or {})}
         self.wrapper = [str(w) for w in wrapper]
         self.launcher = list(launcher) if launcher else [sys.executable, "-m", "sglang.launch_server"]
         self.start_timeout, self.stop_timeout, self.wrapper_stop_timeout = start_timeout, stop_timeout, wrapper_stop_timeout
         self.echo, self.name = echo, name
-        self.proc: subprocess.Popen | None = None
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "server"
+        self.pidfile = (servers_dir() / f"{os.getpid()}-{safe}.pid" if pidfile is None
+                        else Path(pidfile) if pidfile else None)
+        self.group: procs.Group | None = None
         self.startup_s: float | None = None
         self.stop_report: dict = {}
-        self._log = None
-        self._old_handlers: dict = {}
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -222,21 +280,29 @@ class Server:
         return [*self.wrapper, *self.launcher, "--model-path", self.model_path, "--host", self.host,
                 "--port", str(self.port), *self.args]
 
+    @property
+    def proc(self):
+        """The Popen of the started command (None before start and after stop)."""
+        return self.group.proc if self.group else None
+
     def start(self) -> "Server":
-        if not port_free(self.host, self.port):
-            hint = "choose another with --port" if self.port_fixed else "it was free a moment ago"
+        if self.pidfile:
+            reap_servers(self.pidfile.parent, self.echo)       # servers a SIGKILLed run left behind
+        if not procs.port_free(self.host, self.port):
+            hint = "choose another with --port" if self.port_fixed else "the OS gave it a moment ago"
             raise SetupError(f"port {self.port} on {self.host} is already in use (another server running? "
                              f"`ss -ltnp | grep {self.port}`); {hint}")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
-        self._log.flush()
-        self._install_signal_handlers()
+        for n in self.env_notes:
+            self.echo(f"{self.name}: note: {n}")
+        self.group = procs.Group(self.cmd, self.log_path, env=self.env, name=self.name, pidfile=self.pidfile,
+                                 echo=self.echo, stop_timeout=self.stop_timeout)
         atexit.register(self.stop)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
         t0 = time.time()
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env, start_new_session=True)
+        try:
+            self.group.start()
+        except procs.ProcError as e:
+            raise ServerError(str(e)) from None
         self._wait_ready(t0)
         self.startup_s = time.time() - t0
         self.echo(f"{self.name}: ready after {self.startup_s:.0f} s (log: {self.log_path})")
@@ -245,7 +311,7 @@ class Server:
     def _wait_ready(self, t0: float) -> None:
         last_note = t0
         while True:
-            rc = self.proc.poll()
+            rc = self.group.poll()
             if rc is not None:
                 raise ServerError(f"{self.name} exited with code {rc} during start-up after {time.time() - t0:.0f} s. "
                                   f"Last log lines ({self.log_path}):\n{self.log_tail(15)}")
@@ -262,79 +328,67 @@ class Server:
             if now - last_note > 30:
                 last_note = now
                 self.echo(f"{self.name}: still starting ({now - t0:.0f} s): {self.log_tail(1)[:160]}")
-            time.sleep(1.0)
+            time.sleep(0.5)
 
     def stop(self) -> dict:
-        """Stop the whole process group (idempotent); returns what happened."""
-        if self.proc is None:
+        """Stop the whole process tree (idempotent); returns what happened. With a wrapper, the
+        application inside is signalled first and the wrapper gets time to write its report."""
+        g = self.group
+        if g is None or g.proc is None:
             return self.stop_report
-        proc, pgid, t0 = self.proc, self.proc.pid, time.time()
-        self.proc = None
-        members = set(group_pids(pgid)) | set(descendants(pgid)) | {pgid}
+        pgid = g.pid
+        members = set(procs.group_pids(pgid)) | set(procs.descendants(pgid)) | {pgid}
         try:
-            if self.wrapper and proc.poll() is None:   # let ncu/nsys finish: stop the app, wait for the tool
-                apps = app_pids(pgid, self.launcher[-1], members) or child_pids(pgid)
+            if self.wrapper and g.alive():
+                apps = self._app_pids(members) or procs.children(pgid)
                 self._log_tree(members, apps)
-                for c in apps:
-                    _kill(c, signal.SIGTERM)
+                for p in apps:
+                    try:
+                        os.kill(p, signal.SIGTERM)
+                    except (ProcessLookupError, PermissionError):
+                        pass
                 try:
-                    proc.wait(self.wrapper_stop_timeout)
+                    g.proc.wait(self.wrapper_stop_timeout)
                 except subprocess.TimeoutExpired:
-                    self.echo(f"{self.name}: wrapper still running after {self.wrapper_stop_timeout:.0f} s; killing it")
-            _killpg(pgid, signal.SIGTERM)
-            for p in members - set(group_pids(pgid)):      # descendants that left the group
-                _kill(p, signal.SIGTERM)
-            try:
-                proc.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                pass
-            if not _wait_gone(members, self.stop_timeout):
-                _killpg(pgid, signal.SIGKILL)
-                for p in members:
-                    _kill(p, signal.SIGKILL)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    pass
-                _wait_gone(members, 10)
-        except KeyboardInterrupt:       # a second Ctrl-C while stopping: no more patience
-            _killpg(pgid, signal.SIGKILL)
-            for p in members:
-                _kill(p, signal.SIGKILL)
-            raise
+                    self.echo(f"{self.name}: wrapper still running after {self.wrapper_stop_timeout:.0f} s; stopping it")
         finally:
-            left = [p for p in members if _alive(p)]
-            self.stop_report = {"stop_s": round(time.time() - t0, 1), "returncode": proc.returncode,
-                                "processes": len(members), "left_over": left,
-                                "gpu_left_over": _gpu_pids_left(members)}
-            if self._log:
-                self._log.close()
-                self._log = None
-            self._restore_signal_handlers()
+            rep = g.stop()
+            strays = [p for p in members if procs.alive(p)]    # left the tree when their parent (the app) exited
+            if strays:
+                rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout)
             try:
                 atexit.unregister(self.stop)
-            except Exception:
+            except Exception:  # noqa: BLE001 - interpreter shutting down
                 pass
+        self.stop_report = {**rep, "processes": len(members), "gpu_left_over": _gpu_pids_left(members)}
         gl = self.stop_report["gpu_left_over"]
-        self.echo(f"{self.name}: stopped ({len(members)} processes, {self.stop_report['stop_s']} s)"
-                  + (f" WARNING: processes still alive: {left}" if left else "")
+        self.echo(f"{self.name}: stopped ({len(members)} processes, {rep['stop_s']} s)"
+                  + (f" WARNING: processes still alive: {rep['left_over']}" if rep["left_over"] else "")
                   + (f" WARNING: still holding GPU memory: {gl}" if gl else ""))
         return self.stop_report
 
+    def _app_pids(self, members) -> list[int]:
+        """The server's own Python processes inside the wrapper (not the profiler, whose command line
+        also names the server): their arguments contain the launcher's last word."""
+        needle = self.launcher[-1]
+        out = []
+        for p in sorted(members - {self.group.pid}):
+            argv = procs.cmdline(p)
+            if argv and Path(argv[0]).name.startswith("python") and any(needle in a for a in argv[1:]):
+                out.append(p)
+        return out
+
     def _log_tree(self, pids, apps) -> None:
         """Write the wrapped process tree into the server log (which process got the SIGTERM)."""
-        if not self._log:
-            return
         lines = []
         for p in sorted(pids):
             try:
-                argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").replace("\0", " ")[:120]
                 pg = os.getpgid(p)
             except (OSError, ProcessLookupError):
                 continue
-            lines.append(f"#   pid {p} pgid {pg}{' <- SIGTERM' if p in apps else ''}: {argv}")
-        self._log.write(("# stopping the wrapped server; process tree:\n" + "\n".join(lines) + "\n").encode())
-        self._log.flush()
+            lines.append(f"#   pid {p} pgid {pg}{' <- SIGTERM' if p in apps else ''}: {' '.join(procs.cmdline(p))[:120]}")
+        with open(self.log_path, "ab") as f:
+            f.write(("# stopping the wrapped server; process tree:\n" + "\n".join(lines) + "\n").encode())
 
     def __enter__(self) -> "Server":
         try:
@@ -348,28 +402,7 @@ class Server:
         return False
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _install_signal_handlers(self):
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                    self._old_handlers[sig] = signal.signal(sig, on_term)
-            except (ValueError, OSError):
-                pass
-
-    def _restore_signal_handlers(self):
-        for sig, h in self._old_handlers.items():
-            try:
-                signal.signal(sig, h)
-            except (ValueError, OSError):
-                pass
-        self._old_handlers = {}
+        return self.group is not None and self.group.alive()
 
     # ------------------------------------------------------------------ the log
     def log_mark(self) -> int:
@@ -506,9 +539,27 @@ class Server:
         with ThreadPoolExecutor(max_workers=min(len(requests), max_workers)) as ex:
             return list(ex.map(one, enumerate(requests)))
 
-    # ------------------------------------------------------------------ torch profiler
+    def while_decoding(self, requests: list[dict], action, running: int | str, timeout: float = 300,
+                       stream: bool = False, stagger_s: float = 0.0):
+        """Send ``requests`` in the background, wait for the scheduler's first "Decode batch" line with
+        ``running`` (an int or a regex) running requests, call ``action()``, let the requests finish.
+        Returns (what action returned, the requests' results)."""
+        res, mark = {}, self.log_mark()
+        th = threading.Thread(target=lambda: res.update(out=self.generate_many(requests, stream=stream,
+                                                                               stagger_s=stagger_s)))
+        th.start()
+        try:
+            self.wait_log(rf"Decode batch(?: \[\d+\])?, #running-req: (?:{running}),", mark, timeout=timeout,
+                          while_alive=th)
+            got = action()
+        finally:
+            th.join()
+        return got, res.get("out", [])
+
+    # ------------------------------------------------------------------ SGLang's profiler endpoints
     def start_profile(self, output_dir, activities=("CPU", "GPU"), num_steps: int | None = None, **kw) -> str:
-        """POST /start_profile. Traces go to ``output_dir`` (an absolute path the server can write)."""
+        """POST /start_profile. Traces go to ``output_dir`` (an absolute path the server can write);
+        activities ["CUDA_PROFILER"] opens a cudaProfilerStart/Stop window instead (ncu, nsys)."""
         body = {"output_dir": str(Path(output_dir).resolve()), "activities": list(activities),
                 "with_stack": False, "record_shapes": False, **kw}
         if num_steps:
@@ -536,40 +587,17 @@ class Server:
             time.sleep(1.0)
         raise ServerError(f"no complete profiler trace in {d} after {timeout:.0f} s")
 
-
-def _killpg(pgid: int, sig) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill(pid: int, sig) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
+    def traced(self, output_dir, action, num_steps: int | None = None, ranks: int = 1):
+        """Run ``action()`` under SGLang's torch profiler (/start_profile, then /stop_profile, also when
+        ``action`` fails). Returns (the new trace files, one per rank, what ``action`` returned)."""
+        d = Path(output_dir)
+        before = list(d.glob("*.trace.json*")) if d.exists() else []
+        self.start_profile(d, num_steps=num_steps)
         try:
-            os.kill(pid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-
-
-def _wait_gone(pids, timeout: float) -> bool:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.2)
-    return not any(_alive(p) for p in pids)
+            out = action()
+        finally:
+            self.stop_profile()
+        return self.wait_traces(d, before, ranks=ranks), out
 
 
 def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
@@ -578,7 +606,7 @@ def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
     import shutil
     if not shutil.which("nvidia-smi") or not pids:
         return []
-    t0, held = time.time(), []
+    t0 = time.time()
     while True:
         try:
             out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
@@ -589,119 +617,6 @@ def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
         if not held or time.time() - t0 > wait_s:
             return held
         time.sleep(1.0)
-
-
-def run_tool(cmd: list[str], log_path, timeout: float | None = None, env: dict | None = None, echo=print) -> int:
-    """Run a command-line tool (bench_serving, bench_offline_throughput...) in its own process
-    group with its output in ``log_path``; the group is killed on timeout, error or Ctrl-C."""
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    echo(f"$ {shlex.join(cmd)[:300]}")
-    with open(log_path, "ab") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env={**os.environ, **SERVER_ENV, **(env or {})}, start_new_session=True)
-        try:
-            return p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise ServerError(f"{cmd[2] if len(cmd) > 2 else cmd[0]} did not finish within {timeout:.0f} s; "
-                              f"see {log_path}") from None
-        finally:
-            if p.poll() is None:
-                _killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    _killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-
-
-# ================================================================== scripts' shared options
-
-def add_model_args(p, backend_default: str | None = "flashinfer") -> None:
-    """The options every SGLang script takes: model (preset or real weights), backend, memory, port."""
-    from .models import PRESETS
-    g = p.add_argument_group("model and server")
-    g.add_argument("--preset", default="llama-3.1-8b", choices=sorted(PRESETS),
-                   help="dummy-weight architecture preset (default llama-3.1-8b; no download)")
-    g.add_argument("--model-path", default=None, help="a local model dir with real weights (load_format auto)")
-    if backend_default is not None:
-        g.add_argument("--backend", default=backend_default, choices=("flashinfer", "triton", "fa3"),
-                       help="attention backend (fa3 needs sgl_kernel.flash_attn; see 00_check_env)")
-    g.add_argument("--mem-fraction", type=float, default=0.8, help="--mem-fraction-static (default 0.8)")
-    g.add_argument("--port", type=int, default=None, help="server port (default: first free from 30000)")
-    g.add_argument("--server-arg", action="append", default=[], metavar="'--flag value'",
-                   help="extra launch_server flags, repeatable (e.g. --server-arg='--page-size 16')")
-    g.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health (default 900)")
-
-
-def model_and_flags(args) -> tuple[str, list[str]]:
-    """(model dir, base flags) from :func:`add_model_args` options: a dummy-weight preset unless
-    --model-path names real weights."""
-    from .models import write_model_dir
-    extra = [f for s in getattr(args, "server_arg", []) for f in shlex.split(s)]
-    if getattr(args, "quick", False) and not any("prefill-cuda-graph" in f for f in extra):
-        extra.append("--disable-prefill-cuda-graph")     # --quick: ~8 s less per server start (its capture)
-    if args.model_path:
-        return str(args.model_path), ["--mem-fraction-static", str(args.mem_fraction), *extra]
-    return str(write_model_dir(args.preset)), ["--load-format", "dummy", "--mem-fraction-static",
-                                               str(args.mem_fraction), *extra]
-
-
-def table(run, name: str, rows) -> bool:
-    """``run.table(name, rows)`` only when there are rows: an empty CSV has no header for
-    `make reports` to read, and the report block then keeps its last content instead."""
-    n = len(rows) if rows is not None else 0
-    if n:
-        run.table(name, rows)
-    else:
-        run.log(f"table {name}: no rows, not written")
-    return bool(n)
-
-
-def require_sglang() -> None:
-    """SetupError unless sglang is installed (found without importing it: the import takes ~8 s)."""
-    if not sglang_installed():
-        raise SetupError(f"Python package 'sglang' is not installed. Install it: {SGLANG_PIP}")
-
-
-def sglang_installed() -> bool:
-    """True when the real sglang package is importable. The workbook's own ``sglang/`` folder (no
-    __init__.py) is a namespace package from the repository root, which does not count."""
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        return False
-    return spec is not None and spec.origin not in (None, "namespace")
-
-
-def require_gpus(n: int = 1) -> int:
-    """SetupError unless ``n`` NVIDIA GPUs are visible (NVML / nvidia-smi; no torch import)."""
-    from .gpu import gpus
-    have = len(gpus())
-    if have == 0:
-        raise SetupError("No NVIDIA GPU visible (nvidia-smi / NVML found none). These experiments serve a model "
-                         "on an NVIDIA GPU (H100/H200 or similar).")
-    if have < n:
-        raise SetupError(f"This needs {n} GPUs; {have} visible (CUDA_VISIBLE_DEVICES limits what is visible).")
-    return have
-
-
-def random_ids(n: int, seed: int, lo: int = 1000, hi: int = 120000) -> list[int]:
-    """``n`` token ids from a seeded generator, away from special tokens (prompts that share nothing)."""
-    import random
-    r = random.Random(seed)
-    return [r.randrange(lo, hi) for _ in range(n)]
-
-
-def random_text(n_chars: int, seed: int) -> str:
-    """ASCII text of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer)."""
-    import random
-    r = random.Random(seed)
-    words = []
-    while sum(len(w) + 1 for w in words) < n_chars:
-        words.append("".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))))
-    return " ".join(words)[:n_chars]
 
 
 # ================================================================== scheduler log lines
@@ -877,7 +792,7 @@ def hit_rate(before: Metrics, after: Metrics) -> dict:
     """Prefix-cache hit rate between two scrapes, from the counters (never the cache_hit_rate gauge,
     which every decode report resets to 0): cached/prompt of finished requests (tokenizer side) and
     prefill_cache/(prefill_cache+prefill_compute) (scheduler side)."""
-    d = lambda n, **l: after.total(n, 0.0, **l) - before.total(n, 0.0, **l)
+    d = lambda n, **l: after.total(n, 0.0, **l) - before.total(n, 0.0, **l)  # noqa: E731
     cached, prompt = d("cached_tokens_total"), d("prompt_tokens_total")
     pc, pn = d("realtime_tokens_total", mode="prefill_cache"), d("realtime_tokens_total", mode="prefill_compute")
     return {"cached_tokens": cached, "prompt_tokens": prompt,
@@ -944,43 +859,32 @@ def bench_cmd(srv: Server, out_file, *, num_prompts: int, input_len: int, output
     return cmd + list(extra)
 
 
+def tool_env(model_path) -> dict:
+    """The environment of an SGLang CLI tool (bench_serving, bench_offline_throughput) next to a server."""
+    return {**SERVER_ENV, **(OFFLINE_ENV if Path(model_path).is_dir() else {})}
+
+
 def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, **kw) -> dict:
-    """Run bench_serving once; returns its result dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
+    """Run bench_serving once (in its own process group, common.procs.run_tool); returns its result
+    dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
     out_dir = Path(out_dir)
-    out_file = out_dir / f"{name}.jsonl"
-    if out_file.exists():
-        out_file.unlink()
+    out_file, log = out_dir / f"{name}.jsonl", out_dir / f"{name}.log"
+    out_file.unlink(missing_ok=True)
     t0 = time.time()
-    rc = run_tool(bench_cmd(srv, out_file, **kw), out_dir / f"{name}.log", timeout=timeout, echo=echo,
-                  env=OFFLINE_ENV if Path(srv.model_path).is_dir() else None)
+    rc = procs.run_tool(bench_cmd(srv, out_file, **kw), log, timeout=timeout, echo=echo,
+                        env=tool_env(srv.model_path), name=f"bench_serving {name}")
     if rc != 0 or not out_file.exists():
-        lines = [l for l in (out_dir / f"{name}.log").read_text(errors="replace").splitlines() if l.strip()]
+        lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()] if log.exists() else []
         raise ServerError(f"bench_serving {name} failed (rc={rc}): {lines[-1][:200] if lines else 'no output'} "
-                          f"(log: {out_dir / f'{name}.log'})\n" + "\n".join(lines[-8:]))
+                          f"(log: {log})\n" + "\n".join(lines[-8:]))
     rec = read_bench_jsonl(out_file)[-1]
     rec["_wall_s"] = time.time() - t0
     return rec
 
 
-# ================================================================== latency statistics
-
-def percentiles(values, qs=(50, 90, 99)) -> dict:
-    """{"p50": ..} with numpy's default 'linear' interpolation (what bench_serving reports); NaN if empty."""
-    v = sorted(float(x) for x in values if x is not None and not (isinstance(x, float) and math.isnan(x)))
-    out = {}
-    for q in qs:
-        if not v:
-            out[f"p{q:g}"] = math.nan
-            continue
-        pos = (len(v) - 1) * q / 100.0
-        lo = int(math.floor(pos))
-        hi = min(lo + 1, len(v) - 1)
-        out[f"p{q:g}"] = v[lo] + (v[hi] - v[lo]) * (pos - lo)
-    return out
-
-
 def latency_summary(results: list[dict]) -> dict:
-    """TTFT / ITL / e2e percentiles (ms) and throughput from :meth:`Server.generate_many` results."""
+    """TTFT / ITL / e2e percentiles (ms, common.stats.percentiles) and throughput from
+    :meth:`Server.generate_many` results."""
     ok = [r for r in results if "error" not in r]
     cl = [r["client"] for r in ok]
     out = {"requests": len(results), "failed": len(results) - len(ok)}
@@ -999,37 +903,15 @@ def latency_summary(results: list[dict]) -> dict:
                       ("e2e_ms", [c["e2e_s"] for c in cl])):
         vals = [v * 1e3 for v in vals if v is not None]
         if vals:
-            out.update({f"{p}_{key}": v for p, v in percentiles(vals).items()})
+            out.update({f"{p}_{key}": v for p, v in stats.percentiles(vals).items()})
     return out
 
 
-# ================================================================== traces: steps, kernels, joins
+# ================================================================== traces: steps and their kernels
 
+STEP_RANGE = r"^step\["                       # SGLang's forward-step range: step[EXTEND bs=1 toks=11]
+OUTER_RANGE = r"^scheduler\.run_batch$"       # the scheduler range around it (also holds the sampling kernels)
 STEP_RE = re.compile(r"^step\[(?P<mode>[A-Z_]+) bs=(?P<bs>\d+)(?: toks=(?P<toks>\d+))?\]$")
-
-_FAMILIES = [  # first match wins; case-insensitive; names as seen in SGLang 0.5.17 traces on H200
-    ("allreduce", r"allreduce|all_reduce|cross_device_reduce|one_?shot|two_?shot|nccl|custom_ar|AllGather|all_gather"),
-    ("attention", r"PrefillWithKVCache|BatchPrefillWith|BatchDecodeWith|MergeState|VariableLengthMergeStates|"
-                  r"^_fwd_kernel|^_fwd_grouped_kernel|flash_fwd|flash_attn|fmha|attention"),
-    ("gemm", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas|matmul"),
-    ("norm", r"RMSNorm|LayerNorm|rms_norm|layer_norm"),
-    ("rope", r"rope|rotary"),
-    ("activation", r"act_and_mul|silu|gelu"),
-    ("kv_store", r"store_kvcache|StoreKVCache|store_cache|set_kv"),
-    ("index", r"kv_indices|req_to_token|compute_position|DeviceScan"),
-    ("sampling", r"sampling|sampler|softmax|argmax|topk|top_k|top_p|gumbel"),
-    ("memory", r"memcpy|memset|CatArray|copy|indexSelect|gather|scatter"),
-    ("elementwise", r"elementwise|multi_tensor_apply|reduce_kernel|fill"),
-]
-_FAMILY_RX = [(f, re.compile(rx, re.I)) for f, rx in _FAMILIES]
-
-
-def kernel_family(name: str) -> str:
-    """A coarse kernel family for a kernel name (short or full): gemm, attention, norm, ..., other."""
-    for fam, rx in _FAMILY_RX:
-        if rx.search(name or ""):
-            return fam
-    return "other"
 
 
 def parse_step_name(name: str) -> dict | None:
@@ -1041,49 +923,46 @@ def parse_step_name(name: str) -> dict | None:
 
 
 def steps_from_trace(ev, kernel_rows: list | None = None) -> list[dict]:
-    """Forward steps of an SGLang torch-profiler trace (event table from common.trace) with their
-    kernels: mode, bs, toks, start_us, dur_us (GPU side when the trace projects the step onto the
-    GPU, else the CPU range), cpu_us (the CPU range), kernels, kernel_us, ``<family>_us`` per kernel
-    family, top, how (gpu-range | launch). With ``kernel_rows`` (a list) one row per kernel launch is
-    appended to it: step, mode, bs, short, family, dur_us.
+    """SGLang's forward steps in a torch-profiler trace (event table of common.trace) with their kernels.
 
-    The CPU ranges ``step[...]`` are the list of steps. Kernels belong to a step by the GPU-side
-    range of the same step when the trace has one for every step; otherwise by their launch (the
-    CUDA runtime call with the same correlation id) falling inside the CPU range.
+    The join is common.trace.kernels_in_ranges (a kernel belongs to the range its launch call started
+    in, same process and thread; CUDA-graph replays included). A step's kernels are those of the
+    ``scheduler.run_batch`` range around its ``step[...]`` range when the trace has one (it also holds
+    the sampling kernels, launched after the step range closes), else those of the step range.
+
+    Returns one dict per step: mode, bs, toks, name, start_us (first kernel, GPU clock), dur_us (GPU span:
+    first kernel start to last kernel end), cpu_us (the step range on the CPU), kernels, kernel_us,
+    ``<class>_us`` per common.trace.kernel_class, how (run_batch | step), top (3 largest kernels).
+    With ``kernel_rows`` (a list) one row per kernel is appended to it: step, mode, bs, kernel, class, dur_us.
     """
-    from .trace import kernels as _kernels
-    is_step = ev["name"].str.startswith("step[")
-    cpu = ev[(ev["kind"] == "user_annotation") & is_step].sort_values("ts_us")
-    gpu = ev[(ev["kind"] == "gpu_annotation") & is_step].sort_values("ts_us")
-    if cpu.empty:
-        cpu = gpu
-    k = _kernels(ev)
-    paired = len(gpu) == len(cpu) and list(gpu["name"]) == list(cpu["name"])
-    if not paired:
-        rt = ev[ev["kind"] == "runtime"][["ts_us", "correlation"]].dropna().rename(columns={"ts_us": "at_us"})
-        k = k.merge(rt.drop_duplicates("correlation"), on="correlation", how="left")
-    wins = gpu if paired else cpu
+    ua = ev[ev["kind"] == "user_annotation"]
+    steps = ua[ua["name"].str.match(STEP_RANGE)].sort_values("ts_us", kind="stable")
+    if steps.empty:
+        raise trace.TraceError("no step[...] range in the trace: was it written by SGLang's /start_profile?")
+    outer = ua[ua["name"].str.match(OUTER_RANGE)]
+    joins = {"step": trace.kernels_in_ranges(ev, STEP_RANGE, empty_rows=False)}
+    if len(outer):
+        joins["run_batch"] = trace.kernels_in_ranges(ev, OUTER_RANGE, empty_rows=False)
     out = []
-    for c, w in zip(cpu.itertuples(), wins.itertuples()):
-        meta = parse_step_name(c.name)
+    for s in steps.itertuples():
+        meta = parse_step_name(s.name)
         if meta is None:
             continue
-        if paired:
-            inside = k[(k["ts_us"] >= w.ts_us) & (k["ts_us"] < w.end_us)]
-            dur = float(w.dur_us)
-        else:
-            inside = k[(k["at_us"] >= c.ts_us) & (k["at_us"] < c.end_us)]
-            dur = float(inside["end_us"].max() - inside["ts_us"].min()) if len(inside) else 0.0
-        fams = inside["short"].map(kernel_family)
-        fam = inside.assign(f=fams).groupby("f")["dur_us"].sum()
-        top = inside.groupby("short")["dur_us"].sum().sort_values(ascending=False).head(3)
+        around = outer[(outer["ts_us"] <= s.ts_us) & (outer["end_us"] >= s.end_us) & (outer["tid"] == s.tid)]
+        how, start = ("run_batch", around["ts_us"].iloc[0]) if len(around) else ("step", s.ts_us)
+        j = joins[how]
+        inside = j[(j["range_ts_us"] == start) & (j["gpu_kind"] == "kernel")]
+        cls = inside["kernel"].map(trace.kernel_class)
+        by_cls = inside.assign(c=cls).groupby("c")["dur_us"].sum()
+        top = inside.groupby("kernel")["dur_us"].sum().sort_values(ascending=False).head(3)
         if kernel_rows is not None:
-            kernel_rows += [{"step": len(out), "mode": meta["mode"], "bs": meta["bs"], "short": s_, "family": f_,
-                             "dur_us": float(d_)} for s_, f_, d_ in zip(inside["short"], fams, inside["dur_us"])]
-        out.append({**meta, "name": c.name, "start_us": float(w.ts_us), "dur_us": dur, "cpu_us": float(c.dur_us),
-                    "kernels": int(len(inside)), "kernel_us": float(inside["dur_us"].sum()),
-                    **{f"{f}_us": float(v) for f, v in fam.items()}, "how": "gpu-range" if paired else "launch",
-                    "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
+            kernel_rows += [{"step": len(out), "mode": meta["mode"], "bs": meta["bs"], "kernel": k, "class": c,
+                             "dur_us": float(d)} for k, c, d in zip(inside["kernel"], cls, inside["dur_us"])]
+        span = float(inside["end_us"].max() - inside["ts_us"].min()) if len(inside) else 0.0
+        out.append({**meta, "name": s.name, "start_us": float(inside["ts_us"].min()) if len(inside) else float(s.ts_us),
+                    "dur_us": span, "cpu_us": float(s.dur_us), "kernels": int(len(inside)),
+                    "kernel_us": float(inside["dur_us"].sum()), **{f"{c}_us": float(v) for c, v in by_cls.items()},
+                    "how": how, "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
     return out
 
 
@@ -1093,6 +972,10 @@ def _sig_step(s: dict):
 
 def _sig_row(r: dict):
     return ("P", r["new_seq"], r["new_token"]) if r["kind"] == "prefill" else ("D", r["running_req"])
+
+
+LOG_FIELDS = ("time", "new_seq", "new_token", "cached_token", "running_req", "queue_req", "token_usage",
+              "num_token", "cuda_graph")
 
 
 def join_steps(steps: list[dict], rows: list[dict], min_match: float = 0.8) -> tuple[list[dict], dict]:
@@ -1118,7 +1001,5 @@ def join_steps(steps: list[dict], rows: list[dict], min_match: float = 0.8) -> t
     for i, s in enumerate(steps):
         j = (best_off or 0) + i
         r = rows[j] if info["ok"] and 0 <= j < len(rows) else {}
-        joined.append({**s, "log_match": bool(r) and lg[j] == st[i],
-                       **{f"log_{k}": r.get(k) for k in ("time", "new_seq", "new_token", "cached_token", "running_req",
-                                                         "queue_req", "token_usage", "cuda_graph")}})
+        joined.append({**s, "log_match": bool(r) and lg[j] == st[i], **{f"log_{k}": r.get(k) for k in LOG_FIELDS}})
     return joined, info

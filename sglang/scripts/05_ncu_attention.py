@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""05 · Nsight Compute on SGLang's attention kernels, inside a serving process.
+
+What it measures
+    The SGLang server itself runs under Nsight Compute (`ncu --target-processes all
+    --profile-from-start off --graph-profiling node --clock-control none --kernel-name
+    regex:<attention kernels>`), with SGLang's default CUDA graphs for prefill and decode: with
+    `--graph-profiling node` ncu profiles every kernel node of a graph replay like a launch (seen
+    on an H200: graphs on, /start_profile CUDA_PROFILER windows, 148 kernels profiled). No server
+    warm-up and a small KV pool (ncu saves and restores the memory a kernel may write for every
+    replay pass). The profiled windows are opened by SGLang itself: /start_profile
+    {"activities": ["CUDA_PROFILER"], "num_steps": N} brackets exactly the chosen forward steps with
+    cudaProfilerStart/Stop:
+      prefill: 3 prompts of --prefill-len tokens one after the other, nothing cached (3 EXTEND steps);
+      decode:  --decode-bs requests of --decode-kv tokens decoding together (3 DECODE steps).
+    By default the model keeps its real layer shapes but only --layers 2 layers
+    (--json-model-override-args): attention kernels see exactly the shapes of the full model,
+    and each step launches 2 per kernel instead of 32 (--layers 0 profiles the full model).
+    Per launch (common.ncu.summarize): time, DRAM bytes -> TB/s and % of the measured DRAM ceiling,
+    ncu's DRAM / SM / tensor-pipe %, achieved occupancy and its limiter, the top warp stalls with
+    what each means (common.ncu.STALL_MEANING); prefill attention FLOPs (common.flops) -> TFLOP/s and
+    % of the measured bf16 ceiling. Stage comes from the kernel name (FlashInfer ragged prefill vs
+    paged decode; Triton extend vs split-KV decode). Every launch is one repetition of a verdict.
+
+What the plan expected (hypotheses in H below, A100 figures as the sources)
+    * Decode attention (batch 32, KV 4096) is memory-bound: DRAM ~82% of peak, tensor pipe ~15%,
+      long-scoreboard the top stall.
+    * Prefill attention sits near the ridge point with much higher tensor-pipe activity; occupancy
+      ~47%, limited by shared memory (the limiter is a name: observed, not judged).
+
+Run
+    python sglang/scripts/05_ncu_attention.py --quick                 # flashinfer, ~2 min (or 05_ncu_attention.sh)
+    python sglang/scripts/05_ncu_attention.py                         # flashinfer + triton, longer shapes
+    python sglang/scripts/05_ncu_attention.py --quick --set full      # every ncu section (slower)
+    NCU=/usr/local/cuda/bin/ncu python sglang/scripts/05_ncu_attention.py --quick --layers 0
+Needs ncu on PATH (or NCU=/path/to/ncu) and permission to read GPU counters (root or
+NVreg_RestrictProfilingToAdminUsers=0).
+Writes sglang/results/05_ncu_attention/: attention_kernels.csv, stalls.csv, ncu_<backend>/ (raw CSV,
+ncu log), server_<backend>.log, story.txt, summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang as sg  # noqa: E402
+from common import cli, flops, gpu, ncu, story  # noqa: E402
+from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
+from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
+
+# decode steps per request: enough that the profiling window, opened over HTTP once the batch is
+# decoding, still finds steps to profile (3 of them are profiled; the rest only cost ~ms each)
+DECODE_NEW = 160
+PREFILL_STEPS, DECODE_STEPS = 3, 3
+KERNELS = {  # kernel-name regex per backend, and the stage each kernel belongs to
+    "flashinfer": ("PrefillWithKVCache|BatchPrefillWithPagedKVCache|BatchDecodeWithPagedKVCache|MergeState",
+                   {"PrefillWithKVCacheKernel": "prefill", "BatchPrefillWithPagedKVCacheKernel": "decode",
+                    "BatchDecodeWithPagedKVCacheKernel": "decode", "MergeStateKernel": "decode",
+                    "PersistentVariableLengthMergeStatesKernel": "decode"}),
+    "triton": ("_fwd_kernel|_fwd_grouped_kernel_stage1",
+               {"_fwd_kernel": "prefill", "_fwd_kernel_unified": "prefill", "_fwd_grouped_kernel_stage1": "decode",
+                "_fwd_kernel_stage1": "decode", "_fwd_kernel_stage2": "decode"}),
+    "fa3": ("flash_fwd|FlashAttn", {}),
+}
+PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 05"
+H = {
+    "dram": Hypothesis(
+        "decode-attention-memory-bound", "decode attention (batch 32, KV 4096) is memory-bound: DRAM above ~70% of "
+        "peak", "ncu DRAM throughput % of the main decode attention kernel (per profiled launch)", low=70, high=100,
+        unit="%", source=f"{PLAN}: 'DRAM above ~70% of peak (A100: 82%)'"),
+    "tensor": Hypothesis(
+        "decode-attention-tensor-low", "decode attention leaves the tensor pipe mostly idle", "tensor-pipe % of the "
+        "main decode attention kernel (per profiled launch)", low=0, high=30, unit="%",
+        source=f"{PLAN}: 'tensor pipe low (A100: 15%)', judged up to 30%"),
+    "stall": Hypothesis(
+        "decode-long-scoreboard", "long-scoreboard (waiting for a global memory load) is the top warp stall of "
+        "decode attention", "long_scoreboard share / the largest other stall's share (per profiled launch)", low=1,
+        source=f"{PLAN}: 'long-scoreboard the top stall' (A100)"),
+    "prefill_tc": Hypothesis(
+        "prefill-tensor-higher", "prefill attention has much higher tensor-pipe activity than decode",
+        "prefill tensor-pipe % / the decode kernel's median (per profiled prefill launch)", low=2,
+        source=f"{PLAN}: 'much higher tensor-pipe activity' (A100: 35% vs 15%), judged as >= 2x"),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help="flashinfer only, shorter prompts (~2 min)")
+    p.add_argument("--out", default=None, help="results folder (default sglang/results/05_ncu_attention)")
+    p.add_argument("--backends", type=cli.choices_list(*KERNELS), default=None,
+                   help="comma list (default: flashinfer; full run: flashinfer,triton)")
+    p.add_argument("--layers", type=cli.non_negative_int, default=2, help="layers kept (shapes unchanged); 0 = the full model")
+    p.add_argument("--prefill-len", type=cli.positive_int, default=None, help="prefill prompt tokens (quick 4096, full 8192)")
+    p.add_argument("--decode-bs", type=cli.positive_int, default=32, help="decode batch size (default 32)")
+    p.add_argument("--decode-kv", type=cli.positive_int, default=None, help="decode context tokens (quick 2048, full 4096)")
+    p.add_argument("--set", dest="section_set", default=None, help="ncu section set (e.g. full); default: summary metrics")
+    p.add_argument("--launch-count", type=cli.positive_int, default=200, help="safety cap on profiled launches (default 200)")
+    sg.add_model_args(p, backend_default=None)
+    return p.parse_args(argv)
+
+
+def stage_of(kernel: str, backend: str) -> str:
+    return KERNELS.get(backend, ("", {}))[1].get(kernel, "unknown")
+
+
+def profile_backend(args, backend, model_dir, base, sh, pk, run):
+    """One server under ncu: a prefill window and a decode window; the per-launch summary."""
+    Lp, B, Lkv = args.prefill_len, args.decode_bs, args.decode_kv
+    out_dir = run.dir / f"ncu_{backend}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_file = out_dir / "ncu_log.txt"
+    wrapper = ncu.build_cmd([], log_file=log_file, kernel=KERNELS[backend][0], launch_count=args.launch_count,
+                            metrics=None if args.section_set else "summary", section_set=args.section_set,
+                            extra=["--profile-from-start", "off", "--graph-profiling", "node"])
+    pool = Lp + B * (Lkv + DECODE_NEW + 16) + 4096
+    fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, max_total_tokens=pool, log_level="info",
+                         decode_log_interval=1,
+                         json_model_override_args={"num_hidden_layers": args.layers} if args.layers else None)
+    prof = run.dir / "profiles"
+    with sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{backend}.log"), echo=run.log,
+                   wrapper=wrapper, start_timeout=max(args.start_timeout, 1800), env={"SGLANG_LOG_MS": "1"},
+                   name=f"server[{backend} under ncu]") as srv:
+        out = srv.generate(input_ids=sg.random_ids(16, 1), sampling_params={**sg.GREEDY, "max_new_tokens": 2})
+        if out["meta_info"]["completion_tokens"] != 2:     # not profiled: the window is closed
+            raise RuntimeError("sanity request came back wrong")
+        run.log(f"sanity: 2 tokens back ✅  All results match. Profiling prefill, then decode ({sg.graphs_text(fl)}).")
+        srv.flush_cache()
+        srv.start_profile(prof, activities=["CUDA_PROFILER"], num_steps=PREFILL_STEPS)
+        for i in range(PREFILL_STEPS):
+            srv.generate(input_ids=sg.random_ids(Lp, 2 + i), sampling_params={**sg.GREEDY, "max_new_tokens": 1})
+        srv.stop_profile()
+        reqs = [{"input_ids": sg.random_ids(Lkv, 100 + i), "sampling_params": {**sg.GREEDY, "max_new_tokens": DECODE_NEW}}
+                for i in range(B)]
+
+        def window():
+            srv.start_profile(prof, activities=["CUDA_PROFILER"], num_steps=DECODE_STEPS)
+            time.sleep(1.0)
+            srv.stop_profile()
+        srv.while_decoding(reqs, window, running=B, timeout=900)
+    # the server has exited; ncu printed its CSV into its log file (common.ncu.read_log)
+    df = ncu.read_log(log_file, out_dir / "ncu.csv", extra_log=run.dir / f"server_{backend}.log",
+                      what=f"{backend} attention kernels")
+    s = ncu.summarize(df, peaks=pk)
+    if s.attrs.get("missing_metrics"):
+        run.note(f"{backend}: ncu collected no {', '.join(s.attrs['missing_metrics'])}")
+    s.insert(0, "backend", backend)
+    s.insert(1, "stage", [stage_of(k, backend) for k in s["kernel"]])
+    fl_one = flops.prefill_flops([Lp], [Lp], sh["hq"], sh["d"])          # one layer's causal prefill attention
+    s["tflop_s"] = [fl_one / (t * 1e-6) / 1e12 if st == "prefill" and t else None for st, t in zip(s["stage"], s["time_us"])]
+    s["pct_peak_tflops"] = [100 * x / pk["bf16_tflops"] if x else None for x in s["tflop_s"]]
+    s["shape"] = [f"prefill {Lp} tok" if st == "prefill" else f"decode bs {B} kv {Lkv}" for st in s["stage"]]
+    s["graphs"] = sg.graphs_text(fl)
+    return s
+
+
+def stall_lead(row) -> float:
+    """long_scoreboard's stall share over the largest other reason's (>= 1: it is the top stall)."""
+    vals = {c[6:-4]: row[c] for c in row.index if c.startswith("stall_") and c.endswith("_pct") and row[c] == row[c]}
+    other = max((v for r, v in vals.items() if r != "long_scoreboard"), default=0.0)
+    ls = vals.get("long_scoreboard", 0.0)
+    return ls / max(other, 1e-9) if ls or other else float("nan")
+
+
+def verdicts(run, s, args) -> None:
+    """On FlashInfer where present (the default backend here): every profiled launch is a repetition."""
+    main_b = "flashinfer" if "flashinfer" in set(s["backend"]) else s["backend"].iloc[0]
+    one = s[s["backend"] == main_b]
+    dec = one[(one["stage"] == "decode") & one["kernel"].str.contains("Paged|_fwd_grouped|Decode")]
+    if len(dec):     # the decode kernel with the most time: the one that reads the KV cache
+        dec = dec[dec["kernel"] == dec.groupby("kernel")["time_us"].sum().idxmax()]
+    pre = one[one["stage"] == "prefill"]
+    if len(dec):
+        d = dec.iloc[0]
+        run.headline(decode_attention_dram_pct=float(dec["dram_pct"].median()),
+                     decode_attention_tb_s=float(dec["dram_tb_s"].median()))
+        ev = f"attention_kernels.csv ({d['kernel']}, batch {args.decode_bs}, KV {args.decode_kv})"
+        run.judge(H["dram"], list(dec["dram_pct"]), evidence=ev, detail=f"{story.fmt(dec['dram_tb_s'].median())} TB/s = "
+                  f"{story.fmt(dec['pct_peak_dram'].median())}% of the measured DRAM ceiling; {ncu.bound_why(d.to_dict())}")
+        run.judge(H["tensor"], list(dec["tensor_pct"]), evidence=ev)
+        run.judge(H["stall"], [stall_lead(r) for _, r in dec.iterrows()], evidence="stalls.csv",
+                  detail=f"top stalls: {d['top_stalls'] or '-'}")
+    if len(pre) and len(dec):
+        p = pre.sort_values("time_us", ascending=False).iloc[0]
+        dt = float(dec["tensor_pct"].median())
+        run.headline(prefill_attention_tensor_pct=float(pre["tensor_pct"].median()),
+                     prefill_attention_tflop_s=float(pre["tflop_s"].median()))
+        run.judge(H["prefill_tc"], [x / max(dt, 1e-9) for x in pre["tensor_pct"]], evidence="attention_kernels.csv",
+                  detail=f"{p['kernel']}: {story.fmt(p['tflop_s'])} TFLOP/s = {story.fmt(p['pct_peak_tflops'])}% of the "
+                  f"measured bf16 ceiling; decode tensor {dt:.0f}%")
+        run.observe("prefill attention occupancy is limited by shared memory or registers (A100: 47%, shared memory; "
+                    "the limiter is a name: observed, not judged)",
+                    f"achieved occupancy {p['occupancy_pct']:.0f}%, limiter {p['limiter']}",
+                    "confirmed" if any(x in str(p["limiter"]) for x in ("shared_mem", "registers")) else "refuted",
+                    "attention_kernels.csv")
+
+
+def tell(s, pk, layers) -> str:
+    """Each backend and stage: its kernels on the counters, and what their top stall means."""
+    items = []
+    for (b, st), g in s.groupby(["backend", "stage"], sort=False):
+        rows = g.to_dict("records")
+        tops = sorted({ncu.top_stall(r) for r in rows} - {""})
+        items.append((f"{b} — {st} ({rows[0]['graphs']})", [(story.kernel_line(r), []) for r in rows[:6]]
+                      + [(f"top stall {t}: {ncu.STALL_MEANING.get(t, '?')}", []) for t in tops]))
+    return story.tree(f"ATTENTION ON THE COUNTERS — {pk['gpu']} (DRAM ceiling {pk['dram_tb_s']:.2f} TB/s, "
+                      f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s); layers kept: {layers or 'all'}", items)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sg.require_sglang()
+    cli.check_gpus_for(1)
+    require_tool(os.environ.get("NCU", "ncu"), "Nsight Compute ships with the CUDA toolkit (e.g. /usr/local/cuda/bin); "
+                 "add it to PATH or set NCU=/path/to/ncu.")
+    pd, = require_modules(("pandas", None))
+    args.prefill_len = args.prefill_len or (4096 if args.quick else 8192)
+    args.decode_kv = args.decode_kv or (2048 if args.quick else 4096)
+    backends = args.backends or (["flashinfer"] if args.quick else ["flashinfer", "triton"])
+    model_dir, base = sg.model_and_flags(args)
+    sh = sg.model_shape(model_dir)
+    with Run(__file__, args, out=args.out) as run:
+        pk = gpu.peaks()
+        frames = []
+        for b in backends:
+            try:
+                frames.append(profile_backend(args, b, model_dir, base, sh, pk, run))
+                run.log(f"{b}: {len(frames[-1])} attention launches profiled")
+            except SetupError:
+                raise
+            except Exception as e:  # noqa: BLE001 - one backend fails, the other goes on
+                run.point_error({"backend": b}, e)
+        if not frames:
+            raise RuntimeError("no backend was profiled; see point_errors")
+        s = pd.concat(frames, ignore_index=True)
+        cols = ["backend", "stage", "shape", "kernel", "launch", "time_us", "dram_tb_s", "pct_peak_dram", "dram_pct",
+                "sm_pct", "tensor_pct", "tflop_s", "pct_peak_tflops", "occupancy_pct", "theoretical_occupancy_pct",
+                "limiter", "regs_per_thread", "top_stalls"]
+        sg.table(run, "attention_kernels", s[[x for x in cols if x in s.columns]])
+        sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [x for x in s.columns if x.startswith("stall_")]])
+        verdicts(run, s, args)
+        run.story(tell(s, pk, args.layers))
+        print(run.summary["story"])
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""07 · Tensor parallelism on one node (2-8 GPUs): latency, throughput, all-reduce share.
+
+What it measures (dummy weights; one SGLang server per configuration, SGLang's default CUDA graphs)
+    Llama-3.1-8B at TP = 1, 2, 4 and Llama-3.1-70B at TP = 2, 4 (--quick: 8B at TP 1, 2). For each:
+      * batch-1 latency: TTFT and ITL of one streamed request (512 in, 128 out); the ITL is judged on
+        the bootstrap interval of its 127 samples;
+      * a traced decode window (batch 16, 1024-token contexts, 8 steps, torch profiler on every rank):
+        per decode step the GPU time, the time in all-reduce kernels vs compute, and which all-reduce
+        kernels ran (SGLang's custom all-reduce vs NCCL); each step is one sample;
+      * throughput at --request-rate inf (sglang.benchmark.serving).
+    Then the same at the largest TP that fits with --disable-custom-all-reduce (NCCL only), run
+    right after the custom all-reduce configuration it is compared with.
+    The GPU topology (`nvidia-smi topo -m`) and NUMA layout are saved with the results.
+    --configs given on the command line must fit the visible GPUs (checked before any server starts);
+    of the default configurations, those needing more GPUs than visible are skipped with a note. A rank
+    that dies ends its configuration with the server's last log lines; the whole process group is
+    stopped either way. NVLink multicast stays off (common.procs.nccl_env: NCCL_NVLS_ENABLE=0,
+    TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; --enable-nccl-nvls / --enable-symm-mem refused).
+
+What the plan expected (hypotheses in H below, with ranges and sources)
+    * The communication/compute ratio is the thing to measure; TP over NVLink all-reduces fast.
+      Restated: decode ITL improves sub-linearly with TP; the all-reduce share of a decode step
+      grows with TP; decode all-reduces use the custom kernel (a name: observed, not judged);
+      --disable-custom-all-reduce slows small-batch decode.
+
+Run
+    python sglang/scripts/07_tp_scaling.py --quick        # 8B at TP 1, 2 (needs 2 GPUs), ~4 min
+    python sglang/scripts/07_tp_scaling.py                # 8B TP 1/2/4 + 70B TP 2/4 (runs what fits)
+    python sglang/scripts/07_tp_scaling.py --configs 'llama-3.1-70b:2,4'
+    python sglang/scripts/07_tp_scaling.py --configs 'llama-3.1-8b:1,4;llama-3.1-70b:4' --time-budget 8
+    python sglang/scripts/07_tp_scaling.py --configs 'llama-3.1-70b:2' --no-nccl-compare --merge OLD_DIR
+    python sglang/scripts/07_tp_scaling.py --reanalyse sglang/results/07_tp_scaling   # no GPU
+Writes sglang/results/07_tp_scaling/: tp_runs.csv, allreduce_kernels.csv, topology.txt, tp_scaling.png,
+server_*.log, bench/, profiles/, story.txt, summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang as sg  # noqa: E402
+from common import cli, gpu, procs, stats, story, trace  # noqa: E402
+from common.checks import SetupError, require_modules, run_main  # noqa: E402
+from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
+
+FULL_CONFIGS = "llama-3.1-8b:1,2,4;llama-3.1-70b:2,4"
+QUICK_CONFIGS = "llama-3.1-8b:1,2"
+DECODE_BS, DECODE_STEPS = 16, 8
+PLAN = "sglang/reports/plan.md, experiment 07"
+H = {
+    "sublinear": Hypothesis(
+        "tp-itl-sublinear", "decode ITL improves with TP, but sub-linearly", "batch-1 ITL speed-up from the smallest "
+        "to the largest TP (ratio of bootstrap intervals of the ITL samples); confirmed between 1 and the ideal",
+        low=1, source=f"{PLAN}: 'decode ITL improves sub-linearly with TP'"),
+    "share": Hypothesis(
+        "tp-allreduce-share-grows", "the all-reduce share of a decode step grows with TP", "smallest rise of the "
+        "all-reduce share between consecutive TP sizes (intervals over the traced steps)", low=0, unit=" pp",
+        source=f"{PLAN}: 'the all-reduce share of a decode step grows with TP'"),
+    "nccl_itl": Hypothesis(
+        "nccl-only-slower", "--disable-custom-all-reduce (NCCL only) makes small-batch decode slower",
+        "batch-1 ITL NCCL only / custom all-reduce (ratio of bootstrap intervals)", low=1,
+        source=f"{PLAN}: '--disable-custom-all-reduce slows small-batch decode'"),
+    "nccl_ar": Hypothesis(
+        "custom-ar-less-time", "the custom all-reduce spends less GPU time per decode step than NCCL's (batch 16)",
+        "all-reduce us per decode step, NCCL only / custom (ratio of intervals over the traced steps)", low=1,
+        source=f"{PLAN}: 'decode all-reduces use the custom kernel'"),
+}
+
+
+def configs(text: str) -> list[tuple[str, int]]:
+    """argparse type: 'llama-3.1-8b:1,2;llama-3.1-70b:2' -> [('llama-3.1-8b', 1), ('llama-3.1-8b', 2), ('llama-3.1-70b', 2)]."""
+    out = []
+    for part in filter(None, (x.strip() for x in str(text).split(";"))):
+        preset, sep, tps = part.partition(":")
+        try:
+            if not sep:
+                raise argparse.ArgumentTypeError("no ':tp,tp' part")
+            out += [(cli.preset(preset.strip()), t) for t in cli.positive_ints(tps)]
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"bad entry {part!r} ({e}); expected 'preset:tp,tp;preset:tp'") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"no configuration in {text!r}; expected 'preset:tp,tp;preset:tp'")
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--quick", action="store_true", help=f"configs {QUICK_CONFIGS!r}, fewer requests")
+    p.add_argument("--out", default=None, help="results folder (default sglang/results/07_tp_scaling)")
+    p.add_argument("--configs", type=configs, default=None,
+                   help=f"'preset:tp,tp;preset:tp' (default {FULL_CONFIGS!r}); each TP must fit the visible GPUs")
+    p.add_argument("--no-nccl-compare", action="store_true", help="skip the --disable-custom-all-reduce run")
+    p.add_argument("--reanalyse", metavar="DIR", default=None,
+                   help="no GPU, no server: redo tables, verdicts and story from the CSVs an earlier run left in DIR")
+    p.add_argument("--merge", metavar="DIR", default=None,
+                   help="also report the configurations an earlier run recorded in DIR (its tp_runs.csv), each row "
+                        "marked with the date and commit it was measured at; configurations measured now replace them")
+    p.add_argument("--time-budget", type=cli.positive_float, default=None, metavar="MIN",
+                   help="start no further configuration once it would likely end past MIN minutes (the ones "
+                        "left are noted as skipped; the run still finishes with what it measured)")
+    sg.add_model_args(p, preset=False, mem_fraction=0.85, start_timeout=1800)
+    return p.parse_args(argv)
+
+
+def fitting(wanted, explicit: bool) -> tuple[int, list, list]:
+    """(visible GPUs, configurations that fit, those that do not). Configurations named with --configs must
+    all fit (SetupError before any server starts); of the defaults at least one must."""
+    sizes = [t for _, t in wanted]
+    have = cli.check_gpus_for(max(sizes) if explicit else min(sizes),
+                              f"--configs {', '.join(f'{p}:{t}' for p, t in wanted)}" if explicit else "07_tp_scaling")
+    return have, [c for c in wanted if c[1] <= have], [c for c in wanted if c[1] > have]
+
+
+# ------------------------------------------------------------------ intervals kept in the rows
+
+def iv_cols(name: str, values) -> dict:
+    """``name`` (the median) and its interval (common.stats.interval) as row columns."""
+    iv = stats.interval(values)
+    return {name: iv.point, f"{name}_lo": iv.lo, f"{name}_hi": iv.hi, f"{name}_n": iv.n}
+
+
+def iv_of(row, name: str) -> stats.Interval:
+    """The interval of ``name`` kept in a row; a row of an older run without one is a single sample."""
+    v = row.get(name)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return stats.Interval(math.nan, math.nan, math.nan, 0, "none")
+    lo, hi, n = row.get(f"{name}_lo"), row.get(f"{name}_hi"), row.get(f"{name}_n")
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return stats.Interval(float(v), float(v), float(v), 1, "single")
+    return stats.Interval(float(v), float(lo), float(hi), int(n), "kept")
+
+
+def difference(a: stats.Interval, b: stats.Interval) -> stats.Interval:
+    """a - b from two independent intervals (worst-case bounds)."""
+    return stats.Interval(a.point - b.point, a.lo - b.hi, a.hi - b.lo, min(a.n, b.n), "difference")
+
+
+# ------------------------------------------------------------------ measure
+
+def measure(srv, tp: int, run, prof_dir: Path, quick: bool) -> tuple[dict, list]:
+    one = srv.generate(input_ids=sg.random_ids(512, 1), stream=True, sampling_params={**sg.GREEDY, "max_new_tokens": 128})
+    if one["meta_info"]["completion_tokens"] != 128:
+        raise RuntimeError(f"sanity: {one['meta_info']['completion_tokens']} tokens instead of 128")
+    row = {"ttft_b1_ms": one["client"]["ttft_s"] * 1e3, **iv_cols("itl_b1_ms", [x * 1e3 for x in one["client"]["itl_s"]])}
+    srv.flush_cache()
+    reqs = [{"input_ids": sg.random_ids(1024, 10 + i), "sampling_params": {**sg.GREEDY, "max_new_tokens": 64}}
+            for i in range(DECODE_BS)]
+    (files, _), _ = srv.while_decoding(reqs, lambda: srv.traced(prof_dir, lambda: time.sleep(0.5), num_steps=DECODE_STEPS,
+                                                                ranks=tp), running=DECODE_BS, timeout=600)
+    rank0 = next((f for f in files if "-TP-0" in f.name), files[0])
+    krows: list = []
+    steps = [s for s in sg.steps_from_trace(trace.read_chrome_trace(rank0), krows) if s["mode"] == "DECODE"]
+    ar = [k for k in krows if k["mode"] == "DECODE" and k["class"] == "allreduce"]
+    row.update(decode_bs=DECODE_BS, decode_step_gpu_ms=statistics.median(s["dur_us"] for s in steps) / 1e3 if steps else None,
+               kernel_us_per_step=statistics.median(s["kernel_us"] for s in steps) if steps else math.nan,
+               **iv_cols("allreduce_us_per_step", [s.get("allreduce_us", 0.0) for s in steps]),
+               **iv_cols("allreduce_share_pct", [100 * s.get("allreduce_us", 0.0) / s["kernel_us"] for s in steps
+                                                 if s["kernel_us"]]),
+               allreduce_launches_per_step=len(ar) / max(len(steps), 1),
+               allreduce_kernels=";".join(sorted({k["kernel"] for k in ar})) or "-", trace_files=len(files))
+    srv.flush_cache()
+    rec = sg.run_bench(srv, run.dir / "bench", f"tp{tp}_{int(time.time())}", num_prompts=64 if quick else 256,
+                       input_len=1024, output_len=128 if quick else 256, rate="inf", echo=run.log, timeout=1800)
+    row.update(output_throughput=rec["output_throughput"], ttft_p50_ms=rec["median_ttft_ms"],
+               itl_p50_ms=rec["median_itl_ms"], itl_p99_ms=rec["p99_itl_ms"])
+    return row, [{"kernel": k["kernel"]} for k in ar]
+
+
+def run_plan(fits, no_nccl: bool) -> list[tuple[str, int, bool]]:
+    """Every fitting configuration with custom all-reduce; NCCL only right after the largest TP."""
+    plan = [(p, t, False) for p, t in fits]
+    largest = max(t for _, t in fits)
+    if not no_nccl and largest >= 2:
+        at = next(i for i, (_p, t, _n) in enumerate(plan) if t == largest)
+        plan.insert(at + 1, (plan[at][0], largest, True))
+    return plan
+
+
+def measure_all(args, plan, run) -> tuple[list, list]:
+    runs, ar_rows, t_start, took = [], [], time.time(), []
+    for preset, tp, no_car in plan:
+        label, tag = f"{preset} TP={tp}{' NCCL only' if no_car else ''}", f"{preset}_tp{tp}{'_nccl' if no_car else ''}"
+        guess = statistics.mean(took) if took else 120.0
+        if args.time_budget and time.time() - t_start + guess > 60 * args.time_budget:
+            run.note(f"{label}: skipped, the --time-budget of {args.time_budget:g} min would be exceeded "
+                     f"(a configuration took {guess:.0f} s so far)")
+            continue
+        t_cfg = time.time()
+        try:
+            model_dir, base = sg.model_and_flags(args, preset=preset)
+            fl = base + sg.flags(tp_size=tp, attention_backend=args.backend, enable_metrics=True, log_level="info",
+                                 decode_log_interval=1, cuda_graph_max_bs_decode=64 if args.quick else None,
+                                 disable_custom_all_reduce=no_car)
+            with sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{tag}.log"), echo=run.log,
+                           start_timeout=args.start_timeout, env=sg.TRACE_ENV, name=f"server[{label}]") as srv:
+                row, ar = measure(srv, tp, run, run.dir / "profiles" / tag, args.quick)
+                row = {"model": preset, "tp": tp, "custom_allreduce": not no_car, "start_s": srv.startup_s, **row}
+            runs.append(row)
+            ar_rows += [{"model": preset, "tp": tp, "custom_allreduce": not no_car, **a} for a in ar]
+            run.log(f"{label}: ITL b1 {row['itl_b1_ms']:.2f} ms, decode step {story.fmt(row['decode_step_gpu_ms'])} ms, "
+                    f"all-reduce {story.fmt(row['allreduce_share_pct'])}% ({row['allreduce_kernels']}), "
+                    f"{row['output_throughput']:.0f} out tok/s")
+        except Exception as e:  # noqa: BLE001 - a configuration fails (a rank died): the others go on
+            run.point_error({"model": preset, "tp": tp, "custom_allreduce": not no_car}, e)
+        took.append(time.time() - t_cfg)
+    return runs, ar_rows
+
+
+# ------------------------------------------------------------------ tables, figure, verdicts, story
+
+def is_allgather(kernel: str) -> bool:
+    """The logits all-gather (vocab-parallel lm_head) shares the collective class with all-reduce."""
+    return bool(re.search(r"all_?gather", kernel, re.I))
+
+
+def figure(run, df) -> None:
+    """Batch-1 ITL and throughput at rate inf against TP size, one line per model (custom all-reduce)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from common import plots
+    car = df[df["custom_allreduce"]]
+    sty = plots.styles(sorted(set(car["model"])))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for m, g in car.groupby("model"):
+        g = g.sort_values("tp")
+        col, mk = sty[m]
+        a1.plot(g["tp"], g["itl_b1_ms"], marker=mk, color=col, label=m)
+        a2.plot(g["tp"], g["output_throughput"], marker=mk, color=col, label=m)
+    a1.set(xlabel="TP size", ylabel="ITL at batch 1 (ms)", title="latency")
+    a2.set(xlabel="TP size", ylabel="output tok/s at rate inf", title="throughput")
+    for a in (a1, a2):
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    run.figure("tp_scaling", fig)
+
+
+def verdicts(run, df, links: dict) -> None:
+    car = df[df["custom_allreduce"]]
+    for m, g in car.groupby("model"):
+        rows = g.sort_values("tp").to_dict("records")
+        if len(rows) < 2:
+            continue
+        lo, hi = rows[0], rows[-1]
+        ideal = hi["tp"] / lo["tp"]
+        run.judge(dataclasses.replace(H["sublinear"], high=ideal), stats.ratio_interval(iv_of(lo, "itl_b1_ms"),
+                  iv_of(hi, "itl_b1_ms")), evidence="tp_runs.csv", detail=f"{m} TP {lo['tp']} -> {hi['tp']}: ITL "
+                  f"{lo['itl_b1_ms']:.2f} -> {hi['itl_b1_ms']:.2f} ms (ideal x{ideal:.0f})")
+        diffs = [difference(iv_of(b, "allreduce_share_pct"), iv_of(a, "allreduce_share_pct")) for a, b in zip(rows, rows[1:])]
+        run.judge(H["share"], min(diffs, key=lambda d: d.lo), evidence="tp_runs.csv", detail=f"{m}: " + " -> ".join(
+            f"TP {r['tp']}: {story.fmt(r['allreduce_share_pct'])}%" for r in rows))
+    multi = car[car["tp"] >= 2]
+    if len(multi):
+        seen = set(";".join(multi["allreduce_kernels"]).split(";")) - {"-"}
+        ar, ag = sorted(k for k in seen if not is_allgather(k)), sorted(k for k in seen if is_allgather(k))
+        run.observe("decode all-reduces (small messages) use SGLang's custom all-reduce kernel, not NCCL "
+                    "(kernel names: observed, not judged; the logits all-gather is a different collective)",
+                    f"all-reduce kernels in decode steps: {', '.join(ar) or '-'}; all-gather: {', '.join(ag) or '-'}",
+                    "confirmed" if ar and not any("nccl" in k.lower() for k in ar) else "refuted", "allreduce_kernels.csv")
+    for n in df[~df["custom_allreduce"]].to_dict("records")[:1]:
+        c = car[(car["model"] == n["model"]) & (car["tp"] == n["tp"])].to_dict("records")
+        if not c:
+            continue
+        c = c[0]
+        where = f"{n['model']} TP {n['tp']}"
+        run.judge(H["nccl_itl"], stats.ratio_interval(iv_of(n, "itl_b1_ms"), iv_of(c, "itl_b1_ms")), evidence="tp_runs.csv",
+                  detail=f"{where}: ITL b1 {c['itl_b1_ms']:.2f} ms (custom) vs {n['itl_b1_ms']:.2f} ms (NCCL)")
+        run.judge(H["nccl_ar"], stats.ratio_interval(iv_of(n, "allreduce_us_per_step"), iv_of(c, "allreduce_us_per_step")),
+                  evidence="tp_runs.csv", detail=f"{where}: collectives {story.fmt(c['allreduce_us_per_step'])} us/step "
+                  f"({story.fmt(c['allreduce_share_pct'])}%) custom vs {story.fmt(n['allreduce_us_per_step'])} us/step "
+                  f"({story.fmt(n['allreduce_share_pct'])}%) NCCL only")
+    pairs = {tuple(sorted(k.split("-"))): v for k, v in links.items()}     # topo -m lists each pair twice
+    nv = [v for v in pairs.values() if v.startswith("NV")]
+    run.observe("the plan's box mixed NVLink pairs and PCIe across NUMA nodes; here the topology is recorded",
+                f"{len(nv)} of {len(pairs)} GPU pairs on NVLink ({', '.join(sorted(set(pairs.values()))) or 'one GPU'})",
+                "inconclusive" if not pairs else ("confirmed" if 0 < len(nv) < len(pairs) else "refuted"), "topology.txt")
+
+
+def report(run, df, akd, links: dict, have: int, gpu_name: str) -> None:
+    """Tables, figure, verdicts and story from the per-configuration rows (``df``) and the collective
+    kernels seen in the traced decode steps (``akd``: model, tp, custom_allreduce, kernel)."""
+    sg.table(run, "tp_runs", df)
+    if len(akd) and "launches" not in akd.columns:
+        akd = akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+    sg.table(run, "allreduce_kernels", akd)
+    runs = df.to_dict("records")
+    for r in runs:
+        run.headline(**{f"itl_b1_ms_{r['model']}_tp{r['tp']}{'' if r['custom_allreduce'] else '_nccl'}": r["itl_b1_ms"]})
+    car = df[df["custom_allreduce"]].sort_values("tp")
+    if len(car) and car["tp"].iloc[-1] >= 2:
+        top = car.iloc[-1]
+        run.headline(**{f"allreduce_share_pct_{top['model']}_tp{top['tp']}": top["allreduce_share_pct"]})
+    figure(run, df)
+    verdicts(run, df, links)
+
+    def when(r):
+        m = r.get("measured")
+        return "" if not isinstance(m, str) or m == "this run" else f"; measured {m}"
+    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if r['custom_allreduce'] else 'NCCL only'} (start {r['start_s']:.0f} s{when(r)})",
+              [(f"batch 1: TTFT {r['ttft_b1_ms']:.1f} ms, ITL {iv_of(r, 'itl_b1_ms').fmt(3, 'ms')}", []),
+               (f"decode bs {r['decode_bs']}: step {story.fmt(r['decode_step_gpu_ms'])} ms GPU, all-reduce "
+                f"{story.fmt(r['allreduce_us_per_step'])} us/step = {story.fmt(r['allreduce_share_pct'])}% "
+                f"({story.fmt(r['allreduce_launches_per_step'])} launches: {r['allreduce_kernels']})", []),
+               (f"rate inf: {r['output_throughput']:.0f} out tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, ITL p50 "
+                f"{r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms", [])]) for r in runs]
+    items.append((f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:8]) or 'single GPU'}", []))
+    run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu_name}", items))
+    print(run.summary["story"])
+
+
+# ------------------------------------------------------------------ earlier runs: merge, reanalyse
+
+def load_merge(src: Path, pd) -> tuple:
+    """An earlier run's rows (tp_runs.csv, allreduce_kernels.csv) with a ``measured`` column
+    (its date and commit) and that run's summary; a missing DIR or CSV is a one-line error."""
+    src = Path(src).resolve()
+    if not (src / "tp_runs.csv").exists():
+        raise SetupError(f"--merge {src}: no tp_runs.csv there (written by 07_tp_scaling.py)")
+    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prov = prev.get("provenance") or {}
+    git = prov.get("git") or {}
+    tag = f"{str(prov.get('date_utc', '?'))[:16]} @ {git.get('commit', '?')}" if prov else src.name
+    df = pd.read_csv(src / "tp_runs.csv")
+    akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
+    if "measured" not in df.columns:
+        df["measured"] = tag
+    df["measured"] = [tag if m == "this run" or not isinstance(m, str) else m for m in df["measured"]]  # a merged run's own rows
+    return df, akd, prev
+
+
+def merge_rows(now, before, key=("model", "tp", "custom_allreduce")):
+    """``now`` plus the rows of ``before`` whose configuration was not measured now."""
+    import pandas as pd
+    if before is None or not len(before):
+        return now
+    if not len(now):
+        return before
+    have = set(map(tuple, now[list(key)].astype(str).values))
+    keep = before[[tuple(r) not in have for r in before[list(key)].astype(str).values]]
+    return pd.concat([now, keep], ignore_index=True)
+
+
+def main_reanalyse(args) -> int:
+    """Tables, verdicts and story again from an earlier run's CSVs (no GPU, no server)."""
+    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    src = Path(args.reanalyse).resolve()
+    if not (src / "tp_runs.csv").exists():
+        raise SetupError(f"{src}: no tp_runs.csv to re-analyse (written by 07_tp_scaling.py)")
+    df = pd.read_csv(src / "tp_runs.csv")
+    akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
+    topo_text = (src / "topology.txt").read_text() if (src / "topology.txt").exists() else ""
+    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    keep = {f.name: f.read_bytes() for f in src.iterdir() if f.is_file() and f.suffix in (".log", ".txt")
+            and f.name not in ("log.txt", "story.txt")}
+    with Run(__file__, args, out=args.out) as run:
+        run.reanalysis_of(prev, src)
+        for n in prev.get("notes", []):
+            if "skipped" in n:
+                run.note(n)
+        for name, data in keep.items():
+            run.path(name).write_bytes(data)
+        have = (prev.get("provenance") or {}).get("gpu_count") or int(df["tp"].max())
+        report(run, df, akd, gpu.parse_topo(topo_text).get("links", {}) if topo_text else {}, have,
+               (prev.get("provenance") or {}).get("gpu") or "GPU")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
+    sg.require_sglang()
+    wanted = args.configs or configs(QUICK_CONFIGS if args.quick else FULL_CONFIGS)
+    have, fits, skipped = fitting(wanted, explicit=args.configs is not None)
+    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    merged = load_merge(args.merge, pd) if args.merge else None
+    with Run(__file__, args, out=args.out) as run:
+        if merged is not None:
+            run.note(f"rows of configurations not measured in this run come from {Path(args.merge).resolve()} "
+                     f"(their 'measured' column: {', '.join(sorted(set(merged[0]['measured'])))})")
+        for p, t in skipped:
+            run.note(f"{p} at TP={t} needs {t} GPUs; {have} visible: skipped")
+        topo = gpu.topology()
+        run.path("topology.txt").write_text(topo.get("text") or "nvidia-smi topo -m unavailable")
+        env, notes = procs.nccl_env()
+        run.log(f"{have} GPU(s); links {sorted(set(topo.get('links', {}).values())) or '-'}; servers get "
+                + " ".join(f"{k}={v}" for k, v in env.items()) + "".join(f"; {n}" for n in notes))
+        runs, ar_rows = measure_all(args, run_plan(fits, args.no_nccl_compare), run)
+        if not runs:
+            raise RuntimeError("no configuration ran; see point_errors and server_*.log")
+        df, akd = pd.DataFrame(runs), pd.DataFrame(ar_rows)
+        df["measured"] = "this run"
+        if len(akd):
+            akd = akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+        if merged is not None:
+            old_akd = merged[1]
+            if len(old_akd) and "launches" not in old_akd.columns:
+                old_akd = old_akd.groupby(["model", "tp", "custom_allreduce", "kernel"]).size().rename("launches").reset_index()
+            df, akd = merge_rows(df, merged[0]), merge_rows(akd, old_akd)
+        report(run, df, akd, topo.get("links", {}), have, gpu.gpus()[0]["name"])
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

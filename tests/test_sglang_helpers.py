@@ -1,0 +1,447 @@
+"""sglang/scripts/_sglang.py: the SGLang server manager and the parsers of what the server says.
+
+Fixtures (tests/fixtures/, all from one H200 on 2026-11-21/23, SGLang 0.5.17, Llama-3.1-8B config with
+dummy weights; made by shared/device/probes/sgl_server_probe.py, sgl_load_probe.sh and the story probe):
+  sglang_server_log_under_load_llama8b_dummy_h200.log   launch_server --log-level info under two
+        bench_serving runs: 150 "Prefill batch", 9 "Decode batch", 1 retraction line (as recorded)
+  sglang_server_metrics_llama8b_dummy_h200.txt          GET /metrics after 4 requests
+  sglang_server_metrics_after_load_h200.txt             GET /metrics after both load runs
+  sglang_bench_serving_{gsp_8x16,random_ids_rate32}_h200.jsonl   sglang.benchmark.serving --output-file
+  sglang_server_trace_llama8b_h200_cut.json             the server's /start_profile trace (one
+        step[EXTEND bs=1 toks=11] inside scheduler.run_batch) cut to its first 200 kernels, the CUDA
+        runtime calls that launched them, the user annotations and the metadata
+  torch_trace_sglang_extend_step_h200_cut{,160}.json    the same kind of trace, cut differently (memcpys kept)
+  sglang_story_trace_graphs_llama8b_h200_cut.json.gz    /start_profile trace with CUDA graphs on (prefill and
+        decode): two scheduler.run_batch ranges around step[EXTEND bs=1 toks=512] and step[DECODE bs=1],
+        graph-replay kernels sharing their cudaGraphLaunch's correlation id (see tests/test_timeline.py)
+Known-bad inputs are real lines/files damaged on purpose inside the tests. Servers here are the
+stand-in tests/sglang_fake_server.py on 127.0.0.1, on a port the OS chose (never a fixed one).
+"""
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from common import procs, stats, trace
+from common.checks import SetupError
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "sglang" / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import _sglang as sg  # noqa: E402
+from _sglang import ParseError, Server, ServerError  # noqa: E402
+
+FAKE = Path(__file__).resolve().parent / "sglang_fake_server.py"
+LOG = "sglang_server_log_under_load_llama8b_dummy_h200.log"
+GRAPHS = "sglang_story_trace_graphs_llama8b_h200_cut.json.gz"
+
+
+# ------------------------------------------------------------------ scheduler log lines
+
+def test_batch_log_counts_and_fields(fixture_path):
+    rows = sg.parse_batch_log(fixture_path(LOG).read_text())
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("prefill") == 150 and kinds.count("decode") == 9 and kinds.count("retract") == 1
+    first = rows[0]   # the server warm-up: "The capital city of France is" = 30 byte tokens
+    assert first["kind"] == "prefill" and first["new_seq"] == 1 and first["new_token"] == 30
+    assert first["cached_token"] == 0 and first["cuda_graph"] is True and first["input_tput"] == pytest.approx(22.66)
+    full = [r for r in rows if r["kind"] == "decode" and r["running_req"] == 181]
+    assert full and full[0]["num_token"] == 777258 and full[0]["token_usage"] == pytest.approx(0.99)
+    assert full[0]["queue_req"] == 75 and full[0]["gen_tput"] == pytest.approx(322.14)
+    r = next(r for r in rows if r["kind"] == "retract")
+    assert (r["retracted"], r["gained"], r["ratio_before"], r["ratio_after"]) == (1, 3707, 0.5977, 0.9531)
+    assert all(rows[i]["ts"] <= rows[i + 1]["ts"] for i in range(len(rows) - 1))
+    assert sum(sg.is_probe(r) for r in rows) >= 1          # a /health generation probe is in there
+
+
+def test_batch_log_ms_tp_and_iter_variants(fixture_path):
+    line = next(l for l in fixture_path(LOG).read_text().splitlines() if "Decode batch" in l)
+    ms = line.replace("11:36:41]", "11:36:41.250 TP0]", 1).replace("Decode batch,", "Decode batch [42],", 1)
+    r = sg.parse_batch_log(ms + "\n")[0]
+    assert r["tp"] == 0 and r["iter"] == 42 and r["time"].endswith(".250")
+    assert r["ts"] - int(r["ts"]) == pytest.approx(0.25)
+    prefixed = "INFO uvicorn | " + line   # lines may carry another logger's prefix
+    assert sg.parse_batch_log(prefixed + "\n")[0]["kind"] == "decode"
+
+
+def test_batch_log_known_bad_fails_loudly(fixture_path):
+    line = next(l for l in fixture_path(LOG).read_text().splitlines() if "Prefill batch" in l)
+    cut = line[:line.index("token usage")]          # a line cut in the middle, then more lines follow
+    with pytest.raises(ParseError, match="does not parse"):
+        sg.parse_batch_log(f"{line}\n{cut}\n{line}\n")
+    assert len(sg.parse_batch_log(f"{line}\n{cut}")) == 1   # ... but a last line still being written is fine
+    assert len(sg.parse_batch_log(f"{cut}\n", strict=False)) == 0
+    with pytest.raises(ParseError):
+        sg.parse_batch_log(b"bytes are not text")
+
+
+# ------------------------------------------------------------------ /metrics
+
+def test_metrics_totals_labels_histograms(fixture_path):
+    m = sg.parse_metrics(fixture_path("sglang_server_metrics_llama8b_dummy_h200.txt").read_text())
+    assert m.total("sglang:cached_tokens_total") == 4081 and m.total("prompt_tokens_total") == 6156
+    big = sg.parse_metrics(fixture_path("sglang_server_metrics_after_load_h200.txt").read_text())
+    assert big.total("prompt_tokens_total") == 30 + 1.713926e06             # summed over is_streaming
+    assert big.total("prompt_tokens_total", is_streaming="true") == 1.713926e06
+    assert big.get("realtime_tokens_total", mode="prefill_cache") == 544480
+    assert big.total("evicted_tokens_total") == 416239
+    assert big.get("max_total_num_tokens") == 788603
+    with pytest.raises(KeyError):
+        big.get("realtime_tokens_total")                 # three modes match: ambiguous
+    with pytest.raises(KeyError, match="enable-metrics"):
+        big.total("no_such_metric")
+    assert big.total("no_such_metric", 0.0) == 0.0
+    h = big.histogram("time_to_first_token_seconds")
+    assert h["count"] > 0 and h["buckets"][-1][0] == math.inf and h["buckets"][-1][1] == h["count"]
+    assert all(a[1] <= b[1] for a, b in zip(h["buckets"], h["buckets"][1:]))
+
+
+def test_hit_rate_from_counter_deltas(fixture_path):
+    text = fixture_path("sglang_server_metrics_after_load_h200.txt").read_text()
+    after = sg.parse_metrics(text)
+    zero = sg.parse_metrics("\n".join(l if l.startswith("#") or not l.strip() else l.rsplit(" ", 1)[0] + " 0.0"
+                                      for l in text.splitlines()))
+    h = sg.hit_rate(zero, after)
+    assert h["hit_rate_requests"] == pytest.approx(544475 / 1713956)
+    assert h["hit_rate_scheduler"] == pytest.approx(544480 / (544480 + 1.175719e06))
+    assert h["evicted_tokens"] == 416239 and h["retracted_requests"] == 1
+    same = sg.hit_rate(after, after)
+    assert math.isnan(same["hit_rate_requests"]) and same["evicted_tokens"] == 0
+
+
+def test_metrics_known_bad_fails_loudly(fixture_path):
+    lines = fixture_path("sglang_server_metrics_llama8b_dummy_h200.txt").read_text().splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("sglang:cached_tokens_total"))
+    broken = lines[:i] + [lines[i].replace('="device"', "=device")] + lines[i + 1:]
+    with pytest.raises(ParseError, match=f"line {i + 1}"):
+        sg.parse_metrics("\n".join(broken))
+    with pytest.raises(ParseError, match="enable-metrics"):
+        sg.parse_metrics("# only comments\n")
+    with pytest.raises(ParseError):
+        sg.parse_metrics("sglang:x 1.0.0\n")
+
+
+# ------------------------------------------------------------------ bench_serving output
+
+def test_bench_jsonl(fixture_path):
+    gsp = sg.read_bench_jsonl(fixture_path("sglang_bench_serving_gsp_8x16_h200.jsonl"))
+    assert len(gsp) == 1 and gsp[0]["completed"] == 128 and math.isinf(gsp[0]["request_rate"])
+    h = sg.bench_headline(gsp[0])
+    assert "server_info" not in h and h["total_throughput"] == pytest.approx(137633.7622875021)
+    rid = sg.bench_headline(sg.read_bench_jsonl(fixture_path("sglang_bench_serving_random_ids_rate32_h200.jsonl"))[0])
+    assert rid["request_rate"] == 32.0 and rid["median_itl_ms"] < rid["p99_itl_ms"]
+
+
+def test_bench_known_bad(fixture_path, tmp_path):
+    text = fixture_path("sglang_bench_serving_gsp_8x16_h200.jsonl").read_text()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(text + text[: len(text) // 2])    # a second run cut while it was being appended
+    with pytest.raises(ParseError, match="line 2"):
+        sg.read_bench_jsonl(cut)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"backend": "engine", "output_throughput": 1.0}) + "\n")
+    with pytest.raises(ParseError, match="not a bench_serving result"):
+        sg.read_bench_jsonl(other)
+    with pytest.raises(ParseError, match="no bench_serving output"):
+        sg.read_bench_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_bench_cmd_keeps_lengths_fixed():
+    class S:   # no socket is opened: only the command line is built
+        host, port, model_path = "127.0.0.1", 12345, "/m"
+    cmd = sg.bench_cmd(S(), "/o.jsonl", num_prompts=8, input_len=512, output_len=64, rate=4)
+    assert cmd[1:3] == ["-m", "sglang.benchmark.serving"] and "--tokenize-prompt" in cmd
+    assert cmd[cmd.index("--random-range-ratio") + 1] == "1.0" and cmd[cmd.index("--request-rate") + 1] == "4"
+    gsp = sg.bench_cmd(S(), "/o.jsonl", num_prompts=8, input_len=1, output_len=1, dataset="generated-shared-prefix")
+    assert "--tokenize-prompt" not in gsp                  # bench_serving asserts against it for GSP
+
+
+def test_latency_summary_uses_the_common_percentiles():
+    res = [{"meta_info": {"prompt_tokens": 10, "completion_tokens": 4, "cached_tokens": 5},
+            "client": {"t_send": 0.0, "t_done": 2.0, "e2e_s": 2.0, "ttft_s": 0.5, "itl_s": [0.1, 0.2, 0.3]}},
+           {"meta_info": {"prompt_tokens": 10, "completion_tokens": 4, "cached_tokens": 0},
+            "client": {"t_send": 1.0, "t_done": 4.0, "e2e_s": 3.0, "ttft_s": 1.5, "itl_s": [0.1]}},
+           {"error": "HTTP 500"}]
+    s = sg.latency_summary(res)
+    assert s["failed"] == 1 and s["wall_s"] == 4.0 and s["output_throughput"] == 2.0
+    assert s["hit_rate"] == 0.25 and s["p50_ttft_ms"] == pytest.approx(1000.0)
+    assert s["p50_itl_ms"] == pytest.approx(150.0)
+    assert s["p99_itl_ms"] == pytest.approx(stats.percentiles([100, 200, 300, 100])["p99"])
+    assert sg.latency_summary([{"error": "x"}])["failed"] == 1
+
+
+# ------------------------------------------------------------------ traces: steps through common.trace.kernels_in_ranges
+
+def test_steps_from_the_server_trace_use_the_run_batch_range(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
+    rows = []
+    steps = sg.steps_from_trace(ev, rows)
+    assert [(s["mode"], s["bs"], s["toks"]) for s in steps] == [("EXTEND", 1, 11)]
+    s = steps[0]
+    assert s["how"] == "run_batch" and s["kernels"] == len(rows) > 150 and s["cpu_us"] > 0
+    assert s["gemm_us"] > s["attention_us"] > 0 and s["kernel_us"] == pytest.approx(sum(r["dur_us"] for r in rows))
+    assert {r["class"] for r in rows} >= {"gemm", "attention", "norm", "rope", "activation", "kv_store"}
+    # the same join as common.trace.kernels_in_ranges on the outer range
+    j = trace.kernels_in_ranges(ev, r"^scheduler\.run_batch$", empty_rows=False)
+    assert s["kernels"] == int((j["gpu_kind"] == "kernel").sum())
+    # without the outer range the step's own range is joined
+    inner = sg.steps_from_trace(ev[ev["name"] != "scheduler.run_batch"])
+    assert inner[0]["how"] == "step" and inner[0]["kernels"] <= s["kernels"] and inner[0]["gemm_us"] > 0
+    assert sg.parse_step_name("step[DECODE bs=32]") == {"mode": "DECODE", "bs": 32, "toks": None}
+    assert sg.parse_step_name("scheduler.run_batch") is None
+
+
+def test_steps_with_cuda_graph_replays(fixture_path):
+    """CUDA graphs on: the decode step is one graph replay whose kernels share its cudaGraphLaunch's
+    correlation id; the sampling kernels sit in scheduler.run_batch after the step range closes."""
+    ev = trace.read_chrome_trace(fixture_path(GRAPHS))
+    rows = []
+    steps = sg.steps_from_trace(ev, rows)
+    assert [(s["mode"], s["bs"], s["toks"], s["how"]) for s in steps] == [("EXTEND", 1, 512, "run_batch"),
+                                                                          ("DECODE", 1, None, "run_batch")]
+    pre, dec = steps
+    assert (pre["kernels"], dec["kernels"]) == (382, 431)      # every kernel of each run_batch, graphs included
+    inner = trace.kernels_in_ranges(ev, r"^step\[DECODE", empty_rows=False)
+    assert int((inner["gpu_kind"] == "kernel").sum()) == 425      # the step range alone misses the sampling kernels
+    after_step = {r["kernel"] for r in rows if r["step"] == 1} - set(inner["kernel"])
+    assert "reduce_kernel" in {r["kernel"] for r in rows if r["step"] == 1} and after_step
+    assert dec["gemm_us"] > dec["attention_us"] > 0 and pre["gemm_us"] > pre["attention_us"] > 0
+    assert 0 < dec["dur_us"] < pre["dur_us"] and dec["cpu_us"] < pre["cpu_us"]
+    assert sum(r["step"] == 1 for r in rows) == dec["kernels"]
+
+
+def test_steps_from_a_trace_without_steps_is_a_clear_error(fixture_path):
+    ev = trace.read_chrome_trace(fixture_path("torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json"))
+    with pytest.raises(trace.TraceError, match="no step"):
+        sg.steps_from_trace(ev)
+
+
+@pytest.mark.parametrize("name", ["torch_trace_sglang_extend_step_h200_cut.json",
+                                  "torch_trace_sglang_extend_step_h200_cut160.json"])
+def test_steps_on_the_other_sglang_fixtures(fixture_path, name):
+    ev = trace.read_chrome_trace(fixture_path(name))
+    (s,) = sg.steps_from_trace(ev)
+    assert (s["mode"], s["toks"], s["how"]) == ("EXTEND", 11, "run_batch") and s["kernels"] > 0
+    assert s["kernels"] == int((trace.kernels_in_ranges(ev, r"^scheduler\.run_batch$", empty_rows=False)["gpu_kind"]
+                                == "kernel").sum())
+
+
+def test_join_steps_with_real_log(fixture_path):
+    rows = [r for r in sg.parse_batch_log(fixture_path(LOG).read_text()) if r["kind"] != "retract"]
+    window = rows[40:60]
+    steps = [{"mode": "EXTEND", "bs": r["new_seq"], "toks": r["new_token"]} if r["kind"] == "prefill"
+             else {"mode": "DECODE", "bs": r["running_req"], "toks": None} for r in window]
+    steps[5] = {**steps[5], "bs": steps[5]["bs"] + 1}                 # one step that disagrees
+    joined, info = sg.join_steps(steps, rows)
+    assert info["ok"] and info["offset"] == 40 and info["matched"] == len(steps) - 1
+    assert joined[0]["log_cached_token"] == window[0].get("cached_token")
+    assert joined[5]["log_match"] is False and joined[6]["log_match"] is True
+    assert "log_num_token" in joined[0]
+    _, bad = sg.join_steps([{"mode": "EXTEND", "bs": 999, "toks": 7}] * 10, rows)
+    assert not bad["ok"]
+
+
+# ------------------------------------------------------------------ flags, options, small helpers
+
+def test_flags_and_forbidden_flags(tmp_path):
+    assert sg.flags(tp_size=2, enable_metrics=True, disable_radix_cache=False, port=None,
+                    json_model_override_args={"num_hidden_layers": 2}) == \
+        ["--tp-size", "2", "--enable-metrics", "--json-model-override-args", '{"num_hidden_layers": 2}']
+    with pytest.raises(SetupError, match="multicast"):
+        Server("m", ["--enable-nccl-nvls"], log_path=tmp_path / "l")
+    assert len(sg.random_text(77, 1)) == 77 and sg.random_text(77, 1) == sg.random_text(77, 1)
+    assert sg.random_ids(5, 1) == sg.random_ids(5, 1) != sg.random_ids(5, 2)
+
+
+def test_default_server_config_keeps_cuda_graphs(tmp_path, monkeypatch):
+    """No --quick shortcut: every server runs SGLang's default CUDA graphs (prefill and decode)."""
+    import argparse
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    sg.add_model_args(p)
+    args = p.parse_args(["--quick", "--server-arg=--page-size 16", "--mem-fraction", "0.5"])
+    model_dir, base = sg.model_and_flags(args)
+    assert Path(model_dir, "config.json").is_file() and not any("cuda-graph" in f for f in base)
+    assert base == ["--load-format", "dummy", "--mem-fraction-static", "0.5", "--page-size", "16"]
+    assert sg.graphs_text(base) == "CUDA graphs: prefill on, decode on — SGLang's defaults"
+    assert sg.graphs_text(["--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", "64"]) == \
+        "CUDA graphs: prefill off, decode on (decode captured up to bs 64)"
+    assert sg.model_and_flags(args, preset="tiny-llama")[0].endswith("tiny-llama")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--server-arg=--enable-nccl-nvls"])
+
+
+# ------------------------------------------------------------------ the server manager (a stand-in server)
+
+def fake(tmp_path, *extra, **kw):
+    kw.setdefault("start_timeout", 30)
+    kw.setdefault("stop_timeout", 3)
+    kw.setdefault("pidfile", tmp_path / "servers" / "server.pid")
+    return Server("dummy-model", list(extra), log_path=tmp_path / "server.log", launcher=[sys.executable, str(FAKE)],
+                  echo=lambda *_: None, **kw)
+
+
+def test_server_starts_serves_and_stops_its_whole_group(tmp_path):
+    srv = fake(tmp_path, "--spawn-child", "--ready-after", "0.5")
+    assert srv.port != 30000 and srv.host == "127.0.0.1"             # a port the OS chose
+    with srv:
+        assert srv.alive() and srv.pidfile.is_file()
+        assert json.loads(srv.pidfile.read_text())["owner"] == os.getpid()
+        pgid = srv.proc.pid
+        time.sleep(0.3)
+        members = procs.group_pids(pgid)
+        assert len(members) >= 2                      # server + its child
+        out = srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5})
+        assert out["meta_info"]["completion_tokens"] == 5 and out["client"]["e2e_s"] > 0
+        st = srv.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5}, stream=True)
+        assert st["meta_info"]["completion_tokens"] == 5 and len(st["client"]["itl_s"]) == 4 and st["client"]["ttft_s"] > 0
+        many = srv.generate_many([{"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}] * 6, stream=True)
+        assert sg.latency_summary(many)["completion_tokens"] == 12
+        assert srv.metrics().total("cached_tokens_total") == 4
+        srv.flush_cache()
+        assert "fake server" in srv.log_since(0)
+    assert srv.stop_report["left_over"] == [] and not any(procs.alive(p) for p in members)
+    assert procs.port_free("127.0.0.1", srv.port) and not srv.pidfile.exists()
+
+
+def test_a_given_port_in_use_is_a_setup_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(SetupError, match=f"port {port}.*in use"):
+            with fake(tmp_path, port=port):
+                pass
+
+
+def test_server_dying_during_startup_shows_its_log(tmp_path):
+    with pytest.raises(ServerError, match="exited with code 3(.|\n)*CUDA out of memory"):
+        with fake(tmp_path, "--die-after", "0.5", "--no-health"):
+            pass
+
+
+def test_start_timeout_stops_everything(tmp_path):
+    srv = fake(tmp_path, "--no-health", "--spawn-child", start_timeout=2)
+    with pytest.raises(ServerError, match="not healthy after 2 s"):
+        srv.__enter__()
+    assert srv.proc is None and srv.stop_report["left_over"] == []
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
+    srv = fake(tmp_path, "--ignore-term", "--spawn-child", stop_timeout=1)
+    with srv:
+        pass
+    assert srv.stop_report["left_over"] == [] and srv.stop_report["returncode"] == -signal.SIGKILL
+
+
+def test_ctrl_c_inside_the_block_stops_the_server(tmp_path):
+    srv = fake(tmp_path, "--spawn-child")
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            time.sleep(0.3)
+            members = procs.group_pids(srv.proc.pid)
+            raise KeyboardInterrupt
+    assert not any(procs.alive(p) for p in members)
+
+
+def test_wrapper_gets_to_write_its_report(tmp_path):
+    report = tmp_path / "report.txt"
+    srv = fake(tmp_path, "--spawn-child", wrapper=[sys.executable, str(FAKE), "--wrapper", str(report), "--"],
+               wrapper_stop_timeout=20)
+    with srv:
+        assert srv.generate(input_ids=[1], sampling_params={"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+    assert report.read_text().startswith("app exited")        # the app was stopped first, the tool finished
+    assert srv.stop_report["left_over"] == []
+
+
+def test_wrapper_that_moves_the_app_to_its_own_session(tmp_path):
+    """The app is out of the wrapper's process group (killpg cannot reach it): it is still found,
+    stopped first, the report gets written, and nothing is left running."""
+    report = tmp_path / "report.txt"
+    srv = fake(tmp_path, "--spawn-child", wrapper=[sys.executable, str(FAKE), "--wrapper-setsid", str(report), "--"],
+               wrapper_stop_timeout=20)
+    with srv:
+        pgid = srv.proc.pid
+        time.sleep(0.3)
+        below = procs.descendants(pgid)
+        assert len(below) >= 2 and not set(below) & set(procs.group_pids(pgid))   # app + its child, elsewhere
+    assert report.read_text().startswith("app exited")
+    assert srv.stop_report["left_over"] == [] and not any(procs.alive(p) for p in below)
+    assert "<- SIGTERM" in (tmp_path / "server.log").read_text()
+
+
+def test_sigterm_to_the_script_stops_the_server(tmp_path):
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("SIGTERM already handled by the test runner")
+    srv = fake(tmp_path, "--spawn-child")
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            time.sleep(0.3)
+            members = procs.group_pids(srv.proc.pid)
+            os.kill(os.getpid(), signal.SIGTERM)      # e.g. `timeout` or a job scheduler ending the script
+            time.sleep(5)
+    assert not any(procs.alive(p) for p in members)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # the handler was put back
+
+
+# ------------------------------------------------------------------ a server left behind by a SIGKILLed run
+
+RUN = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {scripts!r})
+    import _sglang as sg
+    srv = sg.Server("dummy-model", ["--spawn-child"], log_path={log!r}, launcher=[sys.executable, {fake!r}],
+                    echo=lambda m: print(m, flush=True), start_timeout=30, stop_timeout=3)
+    srv.start()
+    print("SERVER", srv.group.pid, srv.port, srv.pidfile, flush=True)
+    time.sleep(60)
+""")
+
+
+def _start_run(tmp_path, env):
+    """A script (its own stem: killed_run) that starts a fake server and waits; returns (proc, server pid, pidfile)."""
+    script = tmp_path / "killed_run.py"
+    script.write_text(RUN.format(scripts=str(SCRIPTS), log=str(tmp_path / "server.log"), fake=str(FAKE)))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        line = p.stdout.readline()
+        if line.startswith("SERVER "):
+            _, pid, _port, pidfile = line.split()
+            return p, int(pid), Path(pidfile)
+    p.kill()
+    raise AssertionError("the run did not start its server")
+
+
+def test_a_server_left_by_a_sigkilled_run_is_found_and_stopped(tmp_path):
+    env = {**os.environ, "HANDS_ON_CACHE": str(tmp_path / "cache")}
+    run, server, pidfile = _start_run(tmp_path, env)
+    try:
+        assert pidfile.parent == tmp_path / "cache" / "servers" / "killed_run" and pidfile.is_file()
+        # a second server of the same script while that run is alive: its server is left alone
+        with fake(tmp_path / "b", pidfile=pidfile.parent / "other.pid"):
+            assert procs.alive(server)
+        run.send_signal(signal.SIGKILL)                         # no handler runs: the server stays behind
+        run.wait(10)
+        time.sleep(0.2)
+        assert procs.alive(server) and pidfile.is_file()
+        said = []
+        srv = fake(tmp_path / "c", pidfile=pidfile.parent / "next.pid")
+        srv.echo = said.append
+        with srv:                                               # the next run of the script finds it and stops it
+            assert not procs.alive(server) and not pidfile.exists()
+        assert any("left behind by a killed run" in m for m in said)
+    finally:
+        if procs.alive(run.pid):
+            run.kill()
+        if procs.alive(server):
+            os.killpg(server, signal.SIGKILL)                  # the group this test's run started
+        run.stdout.close()
