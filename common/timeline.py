@@ -4,7 +4,7 @@
     kt = add_work(kt, cfg, steps, ceilings)            # FLOPs / bytes by role -> TFLOP/s, TB/s, % of ceiling
     kt, info = attach_counters(kt, ncu_rows, windows)  # Nsight Compute counters on every kernel of a step kind
     tree = layer_tree(kt, step=0)                       # one layer + the once-per-step kernels, shares of the step
-    write_perfetto("story.json", kt, steps, requests, counters)   # Chrome JSON for ui.perfetto.dev (<= 5 MB)
+    write_perfetto_fit("story.json", kt, steps=spans, requests=reqs, counters=tracks)   # ui.perfetto.dev, <= 5 MB
 
 The kernel table ``kt`` has one row per GPU kernel of a traced step: step (0-based), step_name and the
 fields ``parse`` returns for it (mode, bs, toks ...), order, kernel, cls (common.trace.kernel_class),
@@ -369,3 +369,18 @@ def write_perfetto(path, events, meta: dict | None = None, max_bytes: int = 5 <<
     p = Path(path)
     p.write_text(text)
     return p
+
+
+def write_perfetto_fit(path, kt, max_bytes: int = 5 << 20, **kw) -> dict:
+    """perfetto_events + write_perfetto, keeping as many whole steps as fit in ``max_bytes`` (a kernel
+    event with its counters is ~400 bytes): tries 12,000 kernels, then halves. Returns the metadata."""
+    n = 12000
+    while True:
+        ev, meta = perfetto_events(kt, max_kernels=n, **kw)
+        try:
+            write_perfetto(path, ev, meta, max_bytes=max_bytes)
+            return meta
+        except ValueError:
+            if n < 500:
+                raise
+            n //= 2
