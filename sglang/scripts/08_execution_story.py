@@ -87,6 +87,9 @@ H = {  # the plan's expectations, restated for one H100/H200 (sglang/reports/pla
     "observer": Hypothesis("observer-effect", "the torch profiler changes the decode step it watches by < 5%",
                            "traced / untraced ITL - 1 (median per run)", low=-5, high=5, unit="%",
                            source="issue 14 target: story step times within 5% of untraced"),
+    "observer_ttft": Hypothesis("observer-effect-ttft", "the torch profiler changes the first token's latency by < 5%",
+                                "traced / untraced TTFT - 1 (one request, per run)", low=-5, high=5, unit="%",
+                                source="issue 14 target, applied to the prefill step as well"),
     "usage": Hypothesis("pressure-usage", "under pressure the KV pool fills (token usage near 1.0)",
                         "max token usage of the scheduler's steps in the pressure run(s)", low=0.9, high=1.0,
                         source="PLAN.md Experiment 5: continuous batching under memory pressure"),
@@ -114,15 +117,11 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------ phase 1-2: the stories
 
 def backend_choice() -> tuple[str | None, str]:
-    """(--attention-backend to pass or None for SGLang's default, why)."""
-    import importlib.util
-    try:
-        fa3 = importlib.util.find_spec("sgl_kernel.flash_attn") is not None
-    except (ImportError, ValueError):
-        fa3 = False
-    if fa3:
+    """(--attention-backend to pass, or None for SGLang's own default; why)."""
+    ok, why = sg.fa3_usable()
+    if ok:
         return None, "SGLang's default on Hopper (FA3: sgl_kernel.flash_attn imports)"
-    return "flashinfer", "FlashInfer: sgl_kernel.flash_attn does not import here, so SGLang's Hopper default (FA3) cannot run"
+    return "flashinfer", f"FlashInfer: SGLang's Hopper default (FA3) cannot run here ({why})"
 
 
 def one_request(srv, seed, P):
@@ -141,10 +140,12 @@ def client_figures(results, log_text) -> dict:
     """Client TTFT / ITL medians and the scheduler's decode step time (gaps between its decode lines)."""
     ok = [r["client"] for r in results if "error" not in r]
     dec = [r for r in sg.parse_batch_log(log_text) if r["kind"] == "decode"]
+    # the log's timestamps have ms resolution: the mean gap over many steps of one batch size is exact enough,
+    # a median of whole milliseconds is not
     gaps = [(b["ts"] - a["ts"]) * 1e3 for a, b in zip(dec, dec[1:]) if a["running_req"] == b["running_req"]]
     return {"ttft_ms": statistics.median(c["ttft_s"] for c in ok) * 1e3,
             "itl_ms": statistics.median(x for c in ok for x in c["itl_s"]) * 1e3,
-            "log_step_ms": statistics.median(gaps) if gaps else math.nan, "requests": len(ok)}
+            "log_step_ms": statistics.fmean(gaps) if gaps else math.nan, "requests": len(ok)}
 
 
 def serve_story(srv, run, name, send, P, prof_dir):
@@ -230,8 +231,13 @@ def pressure(srv, run, P):
     srv.flush_cache()
     mark = srv.log_mark()
     with GpuMemory() as mem:
-        long = threading.Thread(target=lambda: srv.generate(input_ids=sg.random_ids(P["long_prompt"], 77),
-                                                            sampling_params={**SP, "max_new_tokens": 8}))
+        def long_prompt():       # once the load runs (the pool is filling): a prompt longer than a prefill chunk
+            try:
+                srv.wait_log(r"Decode batch(?: \[\d+\])?, #running-req: (?:[89]|\d\d+),", mark, timeout=300)
+            except sg.ServerError:
+                return
+            srv.generate(input_ids=sg.random_ids(P["long_prompt"], 77), sampling_params={**SP, "max_new_tokens": 8})
+        long = threading.Thread(target=long_prompt)
         long.start()
         rec = sg.run_bench(srv, run.dir / "bench", "pressure", num_prompts=P["load_n"], input_len=P["load_in"],
                            output_len=P["load_out"], rate=P["load_rate"], echo=run.log)
@@ -366,6 +372,9 @@ def judge_all(run, data):
     base = statistics.median(r["itl_ms"] for r in obs if r["story"] == "one" and not r["traced"])
     run.judge(H["observer"], [100 * (r["itl_ms"] / base - 1) for r in obs if r["story"] == "one" and r["traced"]],
               evidence="observer.csv (one request: ITL of each traced run against the untraced median)")
+    base = statistics.median(r["ttft_ms"] for r in obs if r["story"] == "one" and not r["traced"])
+    run.judge(H["observer_ttft"], [100 * (r["ttft_ms"] / base - 1) for r in obs if r["story"] == "one" and r["traced"]],
+              evidence="observer.csv (one request: TTFT of each traced run against the untraced median)")
     use = [r.get("token_usage") or 0 for r in data["pressure"] if r["kind"] in ("prefill", "decode")]
     top = sorted(use)[-max(3, len(use) // 20):]                            # the top 5% of the steps
     run.judge(H["usage"], top, evidence="pressure_steps.csv: token usage of the fullest scheduler steps")
@@ -577,29 +586,44 @@ def pressure_figure(rows, mem):
     plt = _plt()
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
     steps = [r for r in rows if r["kind"] in ("prefill", "decode")]
+    # start at the load: after the longest idle gap (the benchmark client's own start-up) when there is one
+    gaps = [(b["ts"] - a["ts"], i + 1) for i, (a, b) in enumerate(zip(steps, steps[1:]))]
+    cut = max(gaps)[1] if gaps and max(gaps)[0] > 2.0 else 0
+    steps = steps[cut:]
     t0 = steps[0]["ts"] if steps else 0
+    rows = [r for r in rows if r["ts"] >= t0]
     t = [r["ts"] - t0 for r in steps]
     a1.plot(t, [r.get("running_req") for r in steps], label="running", color="tab:blue")
     a1.plot(t, [r.get("queue_req") for r in steps], label="queued", color="tab:orange")
     for r in rows:
         if r["kind"] == "retract":
             a1.axvline(r["ts"] - t0, color="tab:red", lw=0.8)
-        elif r["kind"] == "prefill" and (r.get("new_token") or 0) >= 8192:
+        elif is_chunk(r):
             a1.axvline(r["ts"] - t0, color="tab:purple", lw=0.8, ls=":")
     ax = a1.twinx()
     ax.plot(t, [r.get("token_usage") for r in steps], color="tab:green", lw=0.8)
     ax.set_ylabel("token usage", color="tab:green")
     a1.set_ylabel("requests")
     a1.legend(fontsize=7, loc="upper left", title="red: retraction, purple: chunked prefill", title_fontsize=7)
-    a2.scatter(t, [r.get("step_wall_ms") for r in steps], s=3, c=["tab:red" if r["kind"] == "prefill" else "tab:blue"
-                                                                  for r in steps])
+    a2.scatter(t, [min(r.get("step_wall_ms") or 0, 1000) for r in steps], s=3,
+               c=["tab:red" if r["kind"] == "prefill" else "tab:blue" for r in steps])
     a2.set_ylabel("step wall time (ms)\nred: prefill")
+    mem = [m for m in mem or [] if m[0] >= t0]
     if mem:
         ax2 = a2.twinx()
         ax2.plot([m[0] - t0 for m in mem], [m[1] for m in mem], color="grey", lw=0.8)
         ax2.set_ylabel("GPU memory used (GB)", color="grey")
-    a2.set_xlabel("time since the first scheduler step (s)")
+    a2.set_xlabel("time since the load's first scheduler step (s)")
     return fig
+
+
+CHUNK = 8192     # SGLang's default chunked_prefill_size on H100/H200 (the server_args line of server.log says so)
+
+
+def is_chunk(row) -> bool:
+    """A scheduler line that is one chunk of a prompt longer than a prefill chunk: one new request whose new
+    tokens fill the whole chunk."""
+    return row["kind"] == "prefill" and row.get("new_seq") == 1 and (row.get("new_token") or 0) >= CHUNK
 
 
 def cache_figure(cache, P):
@@ -609,11 +633,11 @@ def cache_figure(cache, P):
     fig, ax = plt.subplots(figsize=(8, 3.2))
     col = {"hit": "tab:green", "miss": "tab:grey", "evicted": "tab:red"}
     for c in cache:
-        ax.bar(c["request"], c["api_cached"], color=col[c["outcome"]])
-        ax.bar(c["request"], c["prompt"] - c["api_cached"], bottom=c["api_cached"], color="none", edgecolor="k", lw=0.3)
+        ax.bar(c["request"], c["prompt"], color=col[c["outcome"]], alpha=0.35)          # the whole prompt
+        ax.bar(c["request"], c["api_cached"], color=col[c["outcome"]])                 # the cached part
         ax.text(c["request"], c["prompt"] * 1.01, str(c["group"]), ha="center", fontsize=6)
     ax.set_xlabel("request (in order; the number on top is its prefix group)")
-    ax.set_ylabel("prompt tokens (filled: cached)")
+    ax.set_ylabel("prompt tokens (solid: cached)")
     ax.set_title(f"{P['groups']} prefixes of {P['prefix']} tokens, pool {P['pool']} tokens: green hit, red evicted, "
                  "grey first use", fontsize=8)
     return fig
@@ -670,7 +694,7 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
         (f"max running {max((r.get('running_req') or 0) for r in pr)}, max queued {max((r.get('queue_req') or 0) for r in pr)}, "
          f"max token usage {f(max((r.get('token_usage') or 0) for r in pr))}, retractions "
          f"{sum(r.get('retracted') or 0 for r in pr if r['kind'] == 'retract')}, chunked prefill lines "
-         f"{sum(1 for r in pr if r['kind'] == 'prefill' and (r.get('new_token') or 0) >= 8192)}", [])]))
+         f"{sum(1 for r in pr if is_chunk(r))}", [])]))
     items.append(("the cache over time (per request: hit / miss / evicted)", [
         (" ".join(f"{c['group']}{c['outcome'][0]}" for c in data["cache"]), [])]))
     return story.tree(f"EXECUTION STORY — {pk['gpu']} (DRAM ceiling {f(pk['dram_tb_s'])} TB/s, bf16 "

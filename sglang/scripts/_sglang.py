@@ -148,6 +148,22 @@ def model_and_flags(args, preset: str | None = None) -> tuple[str, list[str]]:
     return str(write_model_dir(preset or args.preset)), ["--load-format", "dummy", *mem, *extra]
 
 
+def fa3_usable(timeout: float = 120) -> tuple[bool, str]:
+    """Whether SGLang's FA3 backend can run here: `import sgl_kernel.flash_attn` in a child process (the
+    module may exist and raise on import, as in a trimmed sgl_kernel; the import also loads torch, so a
+    child keeps this process free of CUDA). Returns (usable, the reason in a few words)."""
+    import subprocess
+    try:
+        p = subprocess.run([sys.executable, "-c", "import sgl_kernel.flash_attn"], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"importing sgl_kernel.flash_attn took over {timeout:.0f} s"
+    if p.returncode == 0:
+        return True, "sgl_kernel.flash_attn imports"
+    last = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    return False, (last[-1][:160] if last else f"exit code {p.returncode}")
+
+
 def graphs_text(server_flags) -> str:
     """Which CUDA graphs a server with ``server_flags`` captures, for the stories."""
     f = set(server_flags)
