@@ -1,5 +1,6 @@
-"""CPU tests of mini-sglang/scripts/_msgl.py: byte/FLOP formulas, launch geometry, bus bandwidth,
-kernel order from real traces, radix workloads, and the multi-rank runner.
+"""CPU tests of mini-sglang/scripts/_msgl.py: mini-SGLang's own facts (launch geometry, template arguments, vocab
+shards, coalescing from ncu rows, radix workloads, the multi-rank runner) and the little the scripts add on top of
+common/ (facts as verdicts, the ceiling premise, calls inside ranges of the common event table).
 
 Fixtures (real tool output, H200):
   torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json  shared; see fixtures/README.md
@@ -9,23 +10,34 @@ Fixtures (real tool output, H200):
       160th kernel, the GPU events with those correlation ids (CUDA-graph replays share one),
       the two user_annotation ranges and the metadata rows; events themselves unchanged.
   ncu_raw_fullset_flashinfer_5kernels_h200.csv  shared; see fixtures/README.md
+The byte and FLOP formulas the scripts use live in common/flops.py (tests/test_flops.py); the range -> kernel
+join and the layer assignment in common/trace.py (tests/test_trace.py).
 """
-import json
 import math
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mini-sglang" / "scripts"))
 import _msgl as m  # noqa: E402
-from common.trace import TraceError  # noqa: E402
+from common import trace  # noqa: E402
+from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 MATMUL_TRACE = FIX / "torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json"
 SGL_TRACE = FIX / "torch_trace_sglang_extend_step_h200_cut160.json"
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = Run(ROOT / "mini-sglang" / "scripts" / "01_test_kernels.py", {}, out=tmp_path / "run", quiet=True)
+    yield r
+    r.finish()
 
 
 # ------------------------------------------------------------------ launch geometry
@@ -61,18 +73,15 @@ def test_store_launch(row, lane, steps):
     assert g["grid"] == 4 and g["launches"] == 1 and g["warps_per_token"] == 1
 
 
-# ------------------------------------------------------------------ bytes and FLOPs
-def test_index_bytes_plain_and_masked():
-    b = m.index_bytes(64, 8192, 4)
-    assert b == {"read": 64 * 8192 + 256, "write": 64 * 8192, "total": 2 * 64 * 8192 + 256}
-    half = m.index_bytes(64, 8192, 8, tokens_in=32)        # masked: foreign rows are only written
-    assert half["read"] == 32 * 8192 + 64 * 8 and half["write"] == 64 * 8192
-
-
-def test_store_bytes():
-    b = m.store_bytes(8192, 2048, 4)
-    assert b["read"] == 2 * 8192 * 2048 + 8192 * 4
-    assert b["write"] == 2 * 8192 * 2048
+def test_index_template_arguments():
+    # the committed 02 run read "template <128, 1, false, 8192, 4, int>" from the demangled name (analysis.md)
+    for name in ("void index_kernel<128u, 1u, false, 8192u, 4u, int>(IndexParams)",
+                 "void index_kernel<128, 1, false, 8192, 4, int>(IndexParams)"):
+        t = m.index_template(name)
+        assert (t["threads"], t["min_blocks"], t["pdl"], t["row_bytes"], t["splits"], t["id_type"]) == \
+            (128, 1, "false", 8192, 4, "int")
+    assert m.index_template("void store_kv_cache<2048u>(StoreParams)") is None
+    assert m.threads_launched("64x1x1", "128x1x1") == 8192 and m.threads_launched(None, "128x1x1") == 0
 
 
 def test_vocab_shard_covers_the_vocab_exactly():
@@ -86,95 +95,67 @@ def test_vocab_shard_covers_the_vocab_exactly():
         m.vocab_shard(100, 2, 2)
 
 
-def _brute_flops(q_lens, kv_lens, hq, d):
-    total = 0
-    for q, kv in zip(q_lens, kv_lens):
-        p = kv - q
-        for i in range(q):
-            total += 4 * hq * d * (p + i + 1)
-    return total
-
-
-def test_prefill_flops_match_a_brute_force_count():
-    for q, kv in (([7], [7]), ([5, 3], [9, 3]), ([1], [4096])):
-        assert m.prefill_attn_flops(q, kv, 32, 128) == _brute_flops(q, kv, 32, 128)
-    with pytest.raises(ValueError):
-        m.prefill_attn_flops([10], [5], 32, 128)
-
-
-def test_decode_bytes():
-    # batch 32 x kv 4096, Llama-3.1-8B heads: K+V rows dominate
-    b = m.decode_attn_bytes([4096] * 32, 32, 8, 128)
-    kv = 32 * 4096 * 2 * 8 * 128 * 2
-    assert b == kv + 32 * 4096 * 4 + 32 * 2 * 32 * 128 * 2
-
-
-def test_bus_bandwidth_nccl_convention():
-    alg, bus = m.bus_bandwidth(1e9, 0.01, 2)
-    assert alg == pytest.approx(100.0) and bus == pytest.approx(100.0)
-    assert m.bus_bandwidth(1e9, 0.01, 4)[1] == pytest.approx(150.0)
-    assert m.bus_bandwidth(1e9, 0.01, 8)[1] == pytest.approx(175.0)
-    assert m.bus_bandwidth(1e9, 0.01, 4, op="all_gather")[1] == pytest.approx(75.0)
-    with pytest.raises(ValueError):
-        m.bus_bandwidth(1e9, 0.0, 2)
-
-
-# ------------------------------------------------------------------ traces
-def test_launches_by_range_on_aten_ops():
-    rows = m.launches_by_range(MATMUL_TRACE, r"^aten::mm$")
-    assert len(rows) == 6
-    for i in range(3):
-        mine = [r for r in rows if r["range_index"] == i]
-        assert [r["kind"] for r in mine] == ["memset", "kernel"]
-        k = mine[1]
-        assert k["short"].startswith("nvjet_sm90") and k["grid"] == "2x66x1" and k["block"] == "384x1x1"
-        assert m.threads_launched(k["grid"], k["block"]) == 2 * 66 * 384
-    # FlashInfer kernels are launched outside any aten op: they belong to no aten::mm range
-    assert not any("RMSNorm" in r["name"] for r in rows)
-
-
-def test_launches_by_range_follows_cuda_graph_replays_and_finds_the_layer():
-    rows = m.launches_by_range(SGL_TRACE, r"^step\[")
-    names = [r["short"] for r in rows if r["kind"] == "kernel"]
-    assert len(names) == 165
-    # kernels replayed from a CUDA graph share the launch's correlation id: all must be there
-    assert names.count("FusedAddRMSNormKernel") >= 10
-    period, block, start = m.kernel_period(names, anchor="RMSNorm")
-    assert period == 18
-    assert block[0] == "FusedAddRMSNormKernel"
-    assert block.count("store_kvcache") == 1 and block.count("BatchPrefillWithPagedKVCacheKernel") == 1
-    assert [r["order"] for r in rows[:5]] == [0, 1, 2, 3, 4]
-
-
-def test_kernel_period_needs_repeats():
-    assert m.kernel_period(["a", "b", "c", "d", "e", "f"]) == (None, [], None)
-    p, block, _ = m.kernel_period(list("xy") + list("abcd") * 5)
-    assert p == 4 and sorted(block) == list("abcd")
-
-
-def test_bad_traces_fail_loudly(tmp_path):
-    with pytest.raises(TraceError):
-        m.launches_by_range(FIX / "bad_torch_trace_empty.json", ".")
-    cut = tmp_path / "cut.json"
-    cut.write_text(MATMUL_TRACE.read_text()[:20000])          # a trace cut while it was written
-    with pytest.raises(TraceError):
-        m.launches_by_range(cut, ".")
-    cpu_only = tmp_path / "cpu_only.json"
-    ev = [e for e in json.loads(MATMUL_TRACE.read_text())["traceEvents"] if e.get("cat") == "cpu_op"]
-    cpu_only.write_text(json.dumps({"traceEvents": ev}))
-    with pytest.raises(TraceError, match="no GPU events"):
-        m.launches_by_range(cpu_only, ".")
-
-
 def test_ncu_coalescing_on_a_real_full_set_csv():
     from common.ncu import read_raw
     df = read_raw(FIX / "ncu_raw_fullset_flashinfer_5kernels_h200.csv")
-    rows = df.to_dict("records")
-    norm = [r for r in rows if "RMSNormKernel" in r["Kernel Name"]]
+    norm = [r for r in df.to_dict("records") if "RMSNormKernel" in r["Kernel Name"]]
     assert len(norm) == 2
     for r in norm:   # 16-B vector loads: 32 lanes x 16 B = 512 B = 16 sectors per request
         assert m.ncu_coalescing(r)["ld_sectors_per_request"] == pytest.approx(16.0)
     assert math.isnan(m.ncu_coalescing({})["st_sectors_per_request"])
+
+
+# ------------------------------------------------------------------ traces: the common join, calls inside ranges
+def test_launches_per_aten_op_through_the_common_join():
+    """What 01/03 read from their traces: kernels per call with grid x block, via common.trace.kernels_in_ranges."""
+    j = trace.kernels_in_ranges(trace.read_chrome_trace(MATMUL_TRACE), r"^aten::mm$", kinds=("cpu_op",),
+                                empty_rows=False)
+    assert len(j) == 6 and sorted(set(j["range_index"])) == [0, 1, 2]
+    for _i, g in j.groupby("range_index"):
+        assert list(g["gpu_kind"]) == ["memset", "kernel"]
+        k = g.iloc[1]
+        assert k["kernel"].startswith("nvjet_sm90") and k["grid"] == "2x66x1" and k["block"] == "384x1x1"
+        assert m.threads_launched(k["grid"], k["block"]) == 2 * 66 * 384
+    assert not j["full_name"].str.contains("RMSNorm").any()     # launched outside any aten::mm
+
+
+def test_calls_in_ranges_on_the_common_event_table():
+    ev = trace.read_chrome_trace(MATMUL_TRACE)
+    assert m.calls_in_ranges(ev, r"^aten::mm$", r"^cudaMemsetAsync$", kinds=("cpu_op",)) == [("aten::mm", 1)] * 3
+    # the SGLang extend step replays a piecewise CUDA graph: graph launches inside the step range
+    (name, n), = m.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^cudaGraphLaunch$")
+    assert name.startswith("step[EXTEND") and n >= 8
+    # ranges inside ranges (08: Layer_i inside a step): none in a graph replay
+    assert m.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^Layer_", inner=("user_annotation",)) \
+        == [(name, 0)]
+
+
+# ------------------------------------------------------------------ verdicts: facts and the ceiling premise
+H = Hypothesis("x-two-launches", "store makes two launches per call", "launches per traced call", low=2, high=2,
+               source="the plan")
+
+
+def test_a_fact_on_every_observation(run):
+    assert m.fact(run, H, [True, True, True], "launches.csv") == "confirmed"
+    assert m.fact(run, H, [False] * 3, "launches.csv", detail="[1] per call") == "refuted"
+    assert m.fact(run, H, [True, False, True], "launches.csv") == "inconclusive"       # mixed: not decided
+    assert m.fact(run, H, [], "launches.csv") == "inconclusive"                        # nothing observed
+    assert m.fact(run, H, [True] * 3, "checks.csv", premise="PyNCCL needs two GPUs; 1 visible") == "inconclusive"
+    obs = run.summary["observations"]
+    assert "holds in 2 of 3" in obs[2]["observed"] and "premise failed: PyNCCL needs two GPUs" in obs[4]["observed"]
+    assert obs[0]["expected"].startswith("store makes two launches per call") and "[2, 2]" in obs[0]["expected"]
+
+
+def test_the_ceiling_premise():
+    assert m.within_ceiling([62.6, 99.7, float("nan"), None]) is True
+    why = m.within_ceiling([99.6, 102.1])
+    assert isinstance(why, str) and why.startswith("102% of the measured DRAM ceiling") and "--refresh" in why
+
+
+def test_argv_of_rebuilds_the_childs_points():
+    a = SimpleNamespace(quick=True, rows=["2048", "256"], model="llama-3.1-8b", prompt_len=512, ncu=False, tokens=None)
+    assert m.argv_of(a, ("quick", "rows", "model", "prompt_len", "ncu", "tokens")) == \
+        ["--quick", "--rows", "2048,256", "--model", "llama-3.1-8b", "--prompt-len", "512"]
 
 
 # ------------------------------------------------------------------ radix workloads
@@ -246,9 +227,9 @@ def test_run_ranks_results_survive_an_object_that_crashes_when_freed(tmp_path):
     assert [r["rank"] for r in res] == [0, 1]
 
 
-def test_run_ranks_collects_results(tmp_path):
+def test_run_ranks_collects_results_on_an_os_chosen_port(tmp_path):
     res = m.run_ranks(_ok_target, 2, (10,), tmp_path, timeout_s=60)
-    assert [r["value"] for r in res] == [10, 11] and res[0]["port"] == res[1]["port"]
+    assert [r["value"] for r in res] == [10, 11] and res[0]["port"] == res[1]["port"] > 1024
 
 
 def test_run_ranks_stops_everyone_when_one_rank_dies(tmp_path):
@@ -261,13 +242,6 @@ def test_run_ranks_stops_everyone_when_one_rank_dies(tmp_path):
 def test_run_ranks_times_out(tmp_path):
     with pytest.raises(RuntimeError, match="did not finish within 2 s"):
         m.run_ranks(_fail_target, 1, (), tmp_path, timeout_s=2)
-
-
-def test_runtime_calls_in_ranges():
-    assert m.runtime_calls_in_ranges(MATMUL_TRACE, r"^aten::mm$", r"^cudaMemsetAsync$") == [("aten::mm", 1)] * 3
-    # the SGLang extend step replays a piecewise CUDA graph: graph launches inside the step range
-    (name, n), = m.runtime_calls_in_ranges(SGL_TRACE, r"^step\[", r"^cudaGraphLaunch$")
-    assert name.startswith("step[EXTEND") and n >= 8
 
 
 def test_short_error_picks_the_build_error_line():

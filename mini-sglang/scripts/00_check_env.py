@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""00 · Environment: GPU, topology, CUDA, mini-SGLang version, JIT readiness, caches, measured peaks.
+"""00 · Environment: GPU, topology, CUDA, mini-SGLang version, JIT readiness, caches, measured ceilings.
 
 What it measures
     Everything the later mini-SGLang scripts rely on, so a failure there can be traced back here:
@@ -8,23 +8,24 @@ What it measures
     declares); the tvm-ffi JIT toolchain (nvcc, ninja, host c++, the target architecture) and its
     cache (~/.cache/tvm-ffi or $TVM_FFI_CACHE_DIR) with the mini-SGLang modules already built;
     FlashInfer's JIT cache; which attention backends mini-SGLang can use on this GPU; the NCCL
-    version and whether `-lnccl` can link PyNCCL; ncu/nsys; and the measured copy bandwidth and
-    bf16 GEMM throughput that every "% of peak" in this track divides by.
-    Then it calls index, store and the radix compare once (building them if needed), times how a
-    fresh process loads the cached index module, and (full run) builds PyNCCL.
+    version and whether `-lnccl` can link PyNCCL; ncu/nsys; and the measured ceilings every "% of
+    peak" in this track divides by (common.gpu.peaks: DRAM = best of several streaming probes far above
+    L2, bf16 = best over a GEMM shape sweep; cached per GPU, the same set every system reads; peaks.csv).
+    Then it calls index (8 KiB rows), store (2 KiB and 256-B rows) and the radix compare once (building
+    them if needed), times how 3 fresh processes load the cached index module, and (full run) builds PyNCCL.
 
-What the plan expected (hypotheses)
+What the plan expected (hypotheses: H_* below)
     * JIT readiness: the index/store kernels compile on first use (nvcc via tvm-ffi) and are
-      cached, so a second process loads them in milliseconds.
+      cached, so a second process loads them in milliseconds (judged: < 500 ms in 3 fresh processes).
     * Radix and PyNCCL are "AOT" modules. Reading kernel/utils.py:load_aot says they are compiled
       on first use too, just from fixed sources; this run shows which.
 
 Run
-    python mini-sglang/scripts/00_check_env.py --quick     # ~30 s; skips the PyNCCL build and the ncu probe
+    python mini-sglang/scripts/00_check_env.py --quick     # ~40 s; skips the PyNCCL build and the ncu probe
     python mini-sglang/scripts/00_check_env.py             # full: + PyNCCL build (-lnccl), ncu counter probe
     (no ncu/nsys variant: this script checks that ncu and nsys work)
-Writes mini-sglang/results/00_check_env/: gpus.csv, packages.csv, jit_cache.csv, flashinfer_cache.csv,
-backends.csv, story.txt, summary.json (refreshes reports/environment.md).
+Writes mini-sglang/results/00_check_env/: gpus.csv, packages.csv, peaks.csv, jit_cache.csv, flashinfer_cache.csv,
+backends.csv, profilers.json, story.txt, summary.json (refreshes reports/environment.md).
 """
 from __future__ import annotations
 
@@ -32,26 +33,45 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _msgl  # noqa: E402
+from _msgl import REPEATS  # noqa: E402
 from common import gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-import _msgl  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
-INDEX_ROW, STORE_ROW = 8192, 2048   # Llama-3.1-8B: hidden 4096 bf16; 8 KV heads x 128 x bf16
+INDEX_ROW = 8192                      # Llama-3.1-8B embedding row: hidden 4096 bf16
+STORE_ROWS = (2048, 256)              # Llama-3.1-8B KV rows: 8 KV heads x 128 x bf16 (TP1), 1 head (TP8)
+PLAN = "PLAN.md session 2 / mini-sglang/reports/plan.md (00)"
+
+H_JIT = Hypothesis("jit-first-use", "index/store compile on first use (nvcc via tvm-ffi) and are cached per row size",
+                   f"each JIT module called here (index {INDEX_ROW} B, store {STORE_ROWS[0]} B and {STORE_ROWS[1]} B rows) "
+                   "built in the tvm-ffi cache after its first call", source=f"{PLAN}: 'JIT readiness (tvm-ffi, nvcc)'")
+H_RELOAD = Hypothesis("jit-reload-ms", "a second process loads a cached module in milliseconds",
+                      f"ms for a fresh process to load the cached index module (torch import excluded), {REPEATS} "
+                      "fresh processes", high=500, unit=" ms",
+                      source=f"{PLAN}: 'cached, so a second process loads them in milliseconds', read as < 500 ms")
+H_AOT = Hypothesis("aot-prebuilt", "radix (and PyNCCL) are AOT modules, prebuilt before first use",
+                   "each AOT-listed module used here (radix; PyNCCL in the full run) absent from the JIT cache's "
+                   "first-use builds", source="seed 002 kernel catalog ('CPU AOT', 'CUDA AOT'); kernel/utils.py:load_aot")
+H_PYNCCL = Hypothesis("pynccl-builds", "PyNCCL builds here (nvcc + -lnccl; needs NCCL >= 2.27 at run time)",
+                      "the PyNCCL module builds and loads", source=f"{PLAN} (05 needs it); analysis.md §3")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="skip the PyNCCL build and the ncu counter probe (~30 s)")
+    p.add_argument("--quick", action="store_true", help="skip the PyNCCL build and the ncu counter probe (~40 s)")
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/00_check_env)")
     return p.parse_args(argv)
 
@@ -71,6 +91,10 @@ def jit_cache_rows(root: Path) -> list[dict]:
                      "size_kb": round(sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) / 1024, 1),
                      "modified_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.stat().st_mtime))})
     return rows
+
+
+def built(rows, module: str, args_prefix: str = "") -> list[dict]:
+    return [r for r in rows if r["module"] == module and r["built"] and r["template_args"].startswith(args_prefix)]
 
 
 def tool(name: str, args=("--version",)) -> dict:
@@ -106,11 +130,11 @@ def libnccl_for_link() -> dict:
         wheel = str(Path(list(nn.__path__)[0]) / "lib")
     except ImportError:
         pass
-    return {"libnccl.so on the linker path": hit, "nvidia-nccl wheel lib dir": wheel}
+    return {"linker": hit, "wheel": wheel}
 
 
-def reload_time_in_new_process(row_bytes: int, splits: int) -> float | None:
-    """Seconds a fresh Python process needs to load the (cached) index module, torch import excluded."""
+def reload_ms(row_bytes: int, splits: int) -> float | None:
+    """Milliseconds a fresh Python process needs to load the (cached) index module, torch import excluded."""
     code = ("import time,torch; from minisgl.kernel.index import _jit_index_module as j; t=time.perf_counter(); "
             f"j({row_bytes}, num_splits={splits}); print('LOAD', time.perf_counter()-t)")
     try:
@@ -118,175 +142,185 @@ def reload_time_in_new_process(row_bytes: int, splits: int) -> float | None:
     except subprocess.TimeoutExpired:
         return None
     m = re.search(r"LOAD ([\d.e-]+)", p.stdout)
-    return float(m.group(1)) if m else None
+    return float(m.group(1)) * 1e3 if m else None
+
+
+def software(run, x):
+    """Versions, pins, the JIT toolchain and the mini-SGLang source (packages.csv)."""
+    torch, prov = x.torch, run.summary["provenance"]
+    x.fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    x.tvm_ffi = require_module("tvm_ffi", "pip install apache-tvm-ffi==0.1.11")
+    x.kernel = _msgl.require_minisgl("minisgl.kernel")
+    x.src = _msgl.source_root()
+    x.commit = prov["packages"].get("minisgl") or (gpu.minisgl_commit(x.src.parents[1]) if x.src else "unknown")
+    x.nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    x.tools = [tool("nvcc"), tool("ninja"), tool(os.environ.get("CXX", "c++")), tool("nvidia-smi", ("--version",))]
+    x.arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST") or f"{x.cc} (from nvidia-smi compute_cap)"
+    pkgs = [{"package": k, "version": v} for k, v in prov["packages"].items()]
+    pkgs += [{"package": "apache-tvm-ffi (import)", "version": getattr(x.tvm_ffi, "__version__", "?")},
+             {"package": "NCCL (torch)", "version": x.nccl}, {"package": "minisgl source", "version": str(x.src)},
+             {"package": "minisgl declared pins", "version": declared_pins()},
+             {"package": "tvm-ffi CUDA target", "version": x.arch}]
+    pkgs += [{"package": f"tool: {t['tool']}", "version": f"{t['version']} ({t['path']})" if t["path"] else "MISSING"}
+             for t in x.tools]
+    run.table("packages", pkgs)
+    missing = [t["tool"] for t in x.tools[:3] if not t["path"]]
+    if missing:
+        run.note(f"JIT toolchain incomplete: {', '.join(missing)} not on PATH; index/store builds will fail")
+
+
+def jit_calls(run, x):
+    """Index, store (two row sizes) and radix once each, checked against torch; then what the cache holds."""
+    torch, K = x.torch, x.kernel
+    x.root = tvm_cache_root()
+    before = {r["folder"] for r in jit_cache_rows(x.root)}
+    run.log(f"tvm-ffi cache {x.root}: {len(before)} mini-SGLang module folder(s) before this run")
+    w = torch.randn(1024, INDEX_ROW // 2, device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 1024, (64,), device="cuda", dtype=torch.int32)
+    out, t_index = _msgl.first_call(lambda: K.indexing(w, ids), f"index ({INDEX_ROW}-B rows)")
+    checks = {"index": bool(torch.equal(out, torch.nn.functional.embedding(ids.long(), w)))}
+    x.first = {"index": t_index}
+    for row in STORE_ROWS:
+        kv = torch.randn(2, 4096, row // 2, device="cuda", dtype=torch.bfloat16)
+        loc = torch.randperm(4096, device="cuda")[:64].to(torch.int32)
+        k, v = torch.randn(64, row // 2, device="cuda", dtype=torch.bfloat16), torch.randn(64, row // 2, device="cuda",
+                                                                                          dtype=torch.bfloat16)
+        _, x.first[f"store {row}"] = _msgl.first_call(lambda: K.store_cache(kv[0], kv[1], loc, k, v), f"store ({row}-B rows)")
+        checks[f"store {row}"] = bool(torch.equal(kv[0][loc.long()], k) and torch.equal(kv[1][loc.long()], v))
+    a = torch.arange(4096, dtype=torch.int32)
+    b = a.clone()
+    b[3000] = -1
+    res, x.first["radix"] = _msgl.first_call(lambda: K.fast_compare_key(a, b), "radix (host c++)")
+    checks["radix"] = int(res) == 3000
+    torch.cuda.synchronize()
+    run.log("first calls: " + ", ".join(f"{k} {x.first[k]:.2f} s ({'ok' if checks[k] else 'WRONG'})" for k in checks))
+    if not all(checks.values()):
+        raise RuntimeError("a mini-SGLang kernel disagrees with its torch reference; run 01_test_kernels.py")
+    x.reload = [reload_ms(INDEX_ROW, _msgl.index_splits(INDEX_ROW)) for _ in range(REPEATS)]
+    run.log(f"{REPEATS} fresh processes load the cached index module in {x.reload} ms (torch import excluded)")
+    x.nccl_link, x.t_nccl, x.nccl_err = libnccl_for_link(), None, None
+    if not x.args.quick:
+        run.log("building PyNCCL (nvcc + -lnccl) ...")
+        try:
+            from minisgl.kernel.pynccl import _load_nccl_module
+            _, x.t_nccl = _msgl.first_call(_load_nccl_module, "pynccl")
+        except Exception as e:  # a failed build is a finding here, not a crash
+            x.nccl_err = str(e).splitlines()[0][:240]
+            run.log(f"[ERROR] PyNCCL build: {x.nccl_err}")
+    x.jit = [{**r, "new_in_this_run": r["folder"] not in before} for r in jit_cache_rows(x.root)]
+    x.radix_cached_before = any(f.startswith("minisgl__radix") for f in before)
+    run.table("jit_cache", x.jit)
+
+
+def caches_and_backends(run, x):
+    """FlashInfer's JIT cache; the attention backends mini-SGLang offers here (engine/engine.py:_adjust_config,
+    attention/__init__.py)."""
+    try:
+        from flashinfer.jit import env as fi_env
+        x.fi_dir = Path(fi_env.FLASHINFER_JIT_DIR)
+    except Exception:
+        x.fi_dir = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home())) / ".cache" / "flashinfer"
+    x.fi_rows = [{"module": d.name, "built": bool(list(d.glob("*.so")))} for d in sorted(x.fi_dir.glob("*"))
+                 if d.is_dir()] if x.fi_dir.is_dir() else []
+    run.table("flashinfer_cache", x.fi_rows or [{"module": "(empty)", "built": False}])
+    try:
+        import sgl_kernel.flash_attn  # noqa: F401
+        fa_ok, fa_why = True, "sgl_kernel.flash_attn imports"
+    except Exception as e:
+        fa_ok, fa_why = False, f"sgl_kernel.flash_attn: {e.__class__.__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    major = x.props.major
+    auto = "trtllm" if major == 10 else ("fa,fi" if major == 9 else "fi")
+    auto_ok = auto == "fi" or (auto == "fa,fi" and fa_ok) or (auto == "trtllm" and major == 10)
+    x.backends = [{"backend": "fi", "usable": True, "why": f"flashinfer {x.fi.__version__}"},
+                  {"backend": "fa", "usable": fa_ok and major >= 9, "why": fa_why},
+                  {"backend": "trtllm", "usable": major == 10, "why": "needs sm100 (Blackwell)"},
+                  {"backend": f"auto -> {auto}", "usable": auto_ok, "why": "what LLM(...) picks without attention_backend="}]
+    run.table("backends", x.backends)
+    if not auto_ok:
+        run.note(f"the default attention backend ({auto}) is not usable here: pass attention_backend='fi'")
+
+
+def judge(run, x):
+    """The JIT facts (one observation per module), the reload time (3 fresh processes), the AOT claim."""
+    idx = _msgl.index_splits(INDEX_ROW)
+    mods = {"index": built(x.jit, "index", f"{INDEX_ROW}_{idx}_128_1_false"),
+            **{f"store {r}": built(x.jit, "store", f"{r}_") for r in STORE_ROWS}}
+    _msgl.fact(run, H_JIT, [bool(v) for v in mods.values()], "jit_cache.csv",
+               detail="; ".join(f"{k}: {', '.join(r['folder'] for r in v) or 'not in the cache'} (first call "
+                                f"{x.first[k]:.2f} s)" for k, v in mods.items()))
+    run.judge(H_RELOAD, x.reload, evidence="log.txt (reload_ms in 3 fresh processes)", digits=3)
+    aot = {"radix": bool(built(x.jit, "radix"))}
+    if not x.args.quick:   # a failed PyNCCL build was a build at first use too: not prebuilt either
+        aot["pynccl"] = bool(built(x.jit, "pynccl")) or x.nccl_err is not None
+    _msgl.fact(run, H_AOT, [not v for v in aot.values()], "jit_cache.csv",
+               detail="; ".join(f"{k} {'built by tvm-ffi at first use' if v else 'not in the JIT cache'}" for k, v in aot.items())
+               + (" (radix was already cached before this run)" if x.radix_cached_before else ""))
+    if not x.args.quick:
+        _msgl.fact(run, H_PYNCCL, x.nccl_err is None, "log.txt",
+                   detail=f"build {'ok in %.1f s' % x.t_nccl if x.nccl_err is None else 'FAILED: ' + x.nccl_err}; torch "
+                          f"NCCL {x.nccl}; libnccl.so for the linker: {x.nccl_link['linker'] or 'not found'}")
+
+
+def tell(run, x) -> str:
+    prov, pk, props = run.summary["provenance"], x.pk, x.props
+    links = ", ".join(f"{k} {v}" for k, v in list(x.topo.get("links", {}).items())[: 2 * len(x.gpus)]) or "single GPU"
+    ncu_d, nsys_d = x.prof.get("ncu", {}), x.prof.get("nsys", {})
+    reload = ", ".join("?" if v is None else f"{v:.0f}" for v in x.reload)
+    items = [
+        (f"GPUs: {len(x.gpus)} x {prov['gpu']} · driver {prov['driver']} · CUDA {x.torch.version.cuda} · "
+         f"{props.multi_processor_count} SMs · cc {x.cc} · L2 {prov.get('l2_mb')} MB", [(f"links: {links}", [])]),
+        (f"software: torch {x.torch.__version__} · flashinfer {x.fi.__version__} · tvm-ffi "
+         f"{getattr(x.tvm_ffi, '__version__', '?')} · NCCL {x.nccl}", [(f"mini-SGLang {x.commit} from {x.src}", []),
+                                                                      (f"declared pins: {declared_pins()}", [])]),
+        ("JIT toolchain: " + " · ".join(f"{t['tool']} {t['version'] or 'MISSING'}" for t in x.tools[:3])
+         + f" · target {x.arch}", []),
+        (f"tvm-ffi cache {x.root}: {len(x.jit)} mini-SGLang module(s)", [
+            ("first calls: " + ", ".join(f"{k} {v:.2f} s" for k, v in x.first.items()), []),
+            (f"a fresh process loads the cached index module in {reload} ms", []),
+            (("pynccl: " + ("built in %.1f s" % x.t_nccl if x.nccl_err is None else "FAILED " + x.nccl_err))
+             if not x.args.quick else "pynccl: not built (--quick)", []),
+            (f"libnccl.so for -lnccl: {x.nccl_link['linker'] or 'not found'}; wheel lib dir: {x.nccl_link['wheel']}", [])]),
+        (f"FlashInfer JIT cache {x.fi_dir}: {len(x.fi_rows)} module(s)", []),
+        ("attention backends: " + " · ".join(f"{b['backend']} {'yes' if b['usable'] else 'no'}" for b in x.backends), []),
+        (f"profilers: ncu {ncu_d.get('version') or 'missing'} (counters: {ncu_d.get('counters', 'not probed')}) · "
+         f"nsys {nsys_d.get('version') or 'missing -> torch.profiler fallback'}", []),
+        (f"measured ceilings ({pk.get('source')}): DRAM {pk['dram_tb_s']:.2f} TB/s · bf16 {pk['bf16_tflops']:.0f} "
+         f"TFLOP/s (datasheet {(pk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, "
+         f"{(pk.get('datasheet') or {}).get('bf16_tflops', '?')} TFLOP/s); every probe in peaks.csv", []),
+    ]
+    return story.tree(f"ENVIRONMENT for mini-SGLang — {prov['gpu']}", items)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
+    props = torch.cuda.get_device_properties(0)
+    x = SimpleNamespace(args=args, torch=torch, props=props, cc=f"{props.major}.{props.minor}")
     with Run(__file__, args, out=args.out) as run:
+        # ---- check: the machine, the software, the ceilings every % divides by
         prov = run.summary["provenance"]
-        g = gpu.gpus()
-        run.table("gpus", g or [{"name": torch.cuda.get_device_name(0)}])
-        topo = gpu.topology()
-        props = torch.cuda.get_device_properties(0)
-        cc = f"{props.major}.{props.minor}"
-        run.log(f"{len(g)} GPU(s): {prov['gpu']}, driver {prov['driver']}, CUDA runtime {torch.version.cuda}, "
-                f"{props.multi_processor_count} SMs, compute capability {cc}")
-        nccl_v = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
-
-        # ---- software
-        fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
-        tvm_ffi = require_module("tvm_ffi", "pip install apache-tvm-ffi==0.1.11")
-        kernel = _msgl.require_minisgl("minisgl.kernel")
-        src = _msgl.source_root()
-        commit = prov["packages"].get("minisgl") or (gpu.minisgl_commit(src.parents[1]) if src else "unknown")
-        pkgs = [{"package": k, "version": v} for k, v in prov["packages"].items()]
-        pkgs += [{"package": "apache-tvm-ffi (import)", "version": getattr(tvm_ffi, "__version__", "?")},
-                 {"package": "NCCL (torch)", "version": nccl_v},
-                 {"package": "minisgl source", "version": str(src) if src else "?"},
-                 {"package": "minisgl declared pins", "version": declared_pins()}]
-        tools = [tool("nvcc"), tool("ninja"), tool(os.environ.get("CXX", "c++")), tool("nvidia-smi", ("--version",))]
-        for t in tools:
-            pkgs.append({"package": f"tool: {t['tool']}", "version": f"{t['version']} ({t['path']})" if t["path"] else "MISSING"})
-        arch = os.environ.get("TVM_FFI_CUDA_ARCH_LIST") or f"{cc} (from nvidia-smi compute_cap)"
-        pkgs.append({"package": "tvm-ffi CUDA target", "version": arch})
-        run.table("packages", pkgs)
-        missing = [t["tool"] for t in tools[:3] if not t["path"]]
-        if missing:
-            run.note(f"JIT toolchain incomplete: {', '.join(missing)} not on PATH; index/store builds will fail")
-
-        # ---- JIT: call each custom module once; see what the cache holds afterwards
-        root = tvm_cache_root()
-        before = {r["folder"] for r in jit_cache_rows(root)}
-        run.log(f"tvm-ffi cache {root}: {len(before)} mini-SGLang module folder(s) before this run")
-        w = torch.randn(1024, INDEX_ROW // 2, device="cuda", dtype=torch.bfloat16)
-        ids = torch.randint(0, 1024, (64,), device="cuda", dtype=torch.int32)
-        out, t_index = _msgl.first_call(lambda: kernel.indexing(w, ids), "index (8192-B rows)")
-        ok_index = bool(torch.equal(out, torch.nn.functional.embedding(ids.long(), w)))
-        kv = torch.randn(2, 4096, STORE_ROW // 2, device="cuda", dtype=torch.bfloat16)
-        loc = torch.randperm(4096, device="cuda")[:64].to(torch.int32)
-        k = torch.randn(64, STORE_ROW // 2, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        _, t_store = _msgl.first_call(lambda: kernel.store_cache(kv[0], kv[1], loc, k, v), "store (2048-B rows)")
-        ok_store = bool(torch.equal(kv[0][loc.long()], k) and torch.equal(kv[1][loc.long()], v))
-        a = torch.arange(4096, dtype=torch.int32)
-        b = a.clone()
-        b[3000] = -1
-        res, t_radix = _msgl.first_call(lambda: kernel.fast_compare_key(a, b), "radix (host c++)")
-        ok_radix = int(res) == 3000
-        torch.cuda.synchronize()
-        run.log(f"first calls: index {t_index:.2f} s ({'ok' if ok_index else 'WRONG'}), store {t_store:.2f} s "
-                f"({'ok' if ok_store else 'WRONG'}), radix {t_radix:.2f} s ({'ok' if ok_radix else 'WRONG'})")
-        if not (ok_index and ok_store and ok_radix):
-            raise RuntimeError("a mini-SGLang kernel disagrees with its torch reference; run 01_test_kernels.py")
-        t_reload = reload_time_in_new_process(INDEX_ROW, _msgl.index_splits(INDEX_ROW))
-        run.log(f"a fresh process loads the cached index module in "
-                f"{'?' if t_reload is None else f'{t_reload * 1e3:.1f} ms'} (torch import excluded)")
-
-        nccl_link = libnccl_for_link()
-        t_nccl, nccl_err = None, None
-        if not args.quick:
-            run.log("building PyNCCL (nvcc + -lnccl) ...")
-            try:
-                from minisgl.kernel.pynccl import _load_nccl_module
-                _, t_nccl = _msgl.first_call(_load_nccl_module, "pynccl")
-            except Exception as e:  # a failed build is a finding here, not a crash
-                nccl_err = str(e).splitlines()[0][:240]
-                run.log(f"[ERROR] PyNCCL build: {nccl_err}")
-        jit = jit_cache_rows(root)
-        for r in jit:
-            r["new_in_this_run"] = r["folder"] not in before
-        run.table("jit_cache", jit)
-
-        # ---- FlashInfer's own JIT cache
-        try:
-            from flashinfer.jit import env as fi_env
-            fi_dir = Path(fi_env.FLASHINFER_JIT_DIR)
-        except Exception:
-            fi_dir = Path(os.environ.get("FLASHINFER_WORKSPACE_BASE", Path.home())) / ".cache" / "flashinfer"
-        fi_rows = [{"module": d.name, "built": bool(list(d.glob("*.so")))} for d in sorted(fi_dir.glob("*"))
-                   if d.is_dir()] if fi_dir.is_dir() else []
-        run.table("flashinfer_cache", fi_rows or [{"module": "(empty)", "built": False}])
-
-        # ---- attention backends mini-SGLang offers here (engine/engine.py:_adjust_config, attention/__init__.py)
-        try:
-            import sgl_kernel.flash_attn  # noqa: F401
-            fa_ok, fa_why = True, "sgl_kernel.flash_attn imports"
-        except Exception as e:
-            fa_ok, fa_why = False, f"sgl_kernel.flash_attn: {e.__class__.__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-        sm100 = props.major == 10
-        auto = "trtllm" if sm100 else ("fa,fi" if props.major == 9 else "fi")
-        auto_ok = auto == "fi" or (auto == "fa,fi" and fa_ok) or (auto == "trtllm" and sm100)
-        backends = [{"backend": "fi", "usable": True, "why": f"flashinfer {fi.__version__}"},
-                    {"backend": "fa", "usable": fa_ok and props.major >= 9, "why": fa_why},
-                    {"backend": "trtllm", "usable": sm100, "why": "needs sm100 (Blackwell)"},
-                    {"backend": f"auto -> {auto}", "usable": auto_ok, "why": "what LLM(...) picks without attention_backend="}]
-        run.table("backends", backends)
-        if not backends[-1]["usable"]:
-            run.note(f"the default attention backend ({auto}) is not usable here: pass attention_backend='fi'")
-
-        # ---- profilers and peaks
-        prof = profilers(probe=not args.quick)
-        pk = gpu.peaks()
-        ds = pk.get("datasheet") or {}
-        run.headline(gpu=prov["gpu"], gpu_count=len(g), sm_count=props.multi_processor_count, nccl=nccl_v,
-                     minisgl_commit=commit, copy_tb_s=pk["dram_tb_s"], bf16_tflops=pk["bf16_tflops"],
-                     index_first_call_s=t_index, store_first_call_s=t_store, radix_first_call_s=t_radix,
-                     index_reload_ms=None if t_reload is None else t_reload * 1e3)
-
+        x.gpus, x.topo = gpu.gpus(), gpu.topology()
+        run.table("gpus", x.gpus or [{"name": torch.cuda.get_device_name(0)}])
+        run.log(f"{len(x.gpus)} GPU(s): {prov['gpu']}, driver {prov['driver']}, CUDA runtime {torch.version.cuda}, "
+                f"{props.multi_processor_count} SMs, compute capability {x.cc}")
+        software(run, x)
+        x.pk = gpu.peaks(quick=args.quick)
+        run.table("peaks", gpu.ceilings_table(x.pk))
+        # ---- measure: first calls (JIT), fresh-process loads, caches, backends, profilers
+        jit_calls(run, x)
+        caches_and_backends(run, x)
+        x.prof = profilers(probe=not args.quick)
+        run.json("profilers", x.prof)
         # ---- verdicts
-        def built(mod, args_=""):
-            return [r for r in jit if r["module"] == mod and r["built"] and r["template_args"].startswith(args_)]
-        idx_mod = built("index", f"{INDEX_ROW}_{_msgl.index_splits(INDEX_ROW)}_128_1_false")
-        run.observe("index/store compile on first use (nvcc via tvm-ffi) and are cached per row size",
-                    f"cache holds {', '.join(r['folder'] for r in idx_mod + built('store', str(STORE_ROW))) or 'nothing'}; "
-                    f"first calls in this process: index {t_index:.2f} s, store {t_store:.2f} s",
-                    "confirmed" if idx_mod and built("store", str(STORE_ROW)) else "refuted", "jit_cache.csv")
-        if t_reload is not None:
-            run.observe("a second process loads a cached module in milliseconds",
-                        f"fresh process: {t_reload * 1e3:.1f} ms to load the index module (threshold 500 ms)",
-                        "confirmed" if t_reload < 0.5 else "refuted", "log.txt")
-        run.observe("radix (and PyNCCL) are AOT modules, prebuilt before first use",
-                    f"radix lives in {', '.join(r['folder'] for r in built('radix')) or '(not found)'} of the JIT "
-                    f"cache; first call {t_radix:.2f} s" + ("" if "minisgl__radix" not in " ".join(before)
-                                                          else " (already cached before this run)"),
-                    "refuted" if built("radix") else "inconclusive", "jit_cache.csv")
-        if not args.quick:
-            run.observe("PyNCCL builds here (nvcc + -lnccl; needs NCCL >= 2.27 at run time)",
-                        f"build {'ok in %.1f s' % t_nccl if nccl_err is None else 'FAILED: ' + nccl_err}; torch NCCL "
-                        f"{nccl_v}; libnccl.so for the linker: {nccl_link['libnccl.so on the linker path'] or 'not found'}",
-                        "confirmed" if nccl_err is None else "refuted", "log.txt")
-
-        # ---- story
-        links = ", ".join(f"{k} {v}" for k, v in list(topo.get("links", {}).items())[: 2 * len(g)]) or "single GPU"
-        ncu_d, nsys_d = prof.get("ncu", {}), prof.get("nsys", {})
-        items = [
-            (f"GPUs: {len(g)} x {prov['gpu']} · driver {prov['driver']} · CUDA {torch.version.cuda} · "
-             f"{props.multi_processor_count} SMs · cc {cc} · L2 {prov.get('l2_mb')} MB", [(f"links: {links}", [])]),
-            (f"software: torch {torch.__version__} · flashinfer {fi.__version__} · tvm-ffi "
-             f"{getattr(tvm_ffi, '__version__', '?')} · NCCL {nccl_v}", [(f"mini-SGLang {commit} from {src}", []),
-                                                                        (f"declared pins: {declared_pins()}", [])]),
-            ("JIT toolchain: " + " · ".join(f"{t['tool']} {t['version'] or 'MISSING'}" for t in tools[:3])
-             + f" · target {arch}", []),
-            (f"tvm-ffi cache {root}: {len(jit)} mini-SGLang module(s)", [
-                (f"index {INDEX_ROW} B: first call {t_index:.2f} s; new process load "
-                 f"{'?' if t_reload is None else f'{t_reload * 1e3:.1f} ms'}", []),
-                (f"store {STORE_ROW} B: {t_store:.2f} s · radix (host c++): {t_radix:.2f} s", []),
-                (("pynccl: " + ("built in %.1f s" % t_nccl if nccl_err is None else "FAILED " + nccl_err))
-                 if not args.quick else "pynccl: not built (--quick)", []),
-                (f"libnccl.so for -lnccl: {nccl_link['libnccl.so on the linker path'] or 'not found'}; wheel lib "
-                 f"dir: {nccl_link['nvidia-nccl wheel lib dir']}", [])]),
-            (f"FlashInfer JIT cache {fi_dir}: {len(fi_rows)} module(s)", []),
-            ("attention backends: " + " · ".join(f"{b['backend']} {'yes' if b['usable'] else 'no'}" for b in backends), []),
-            (f"profilers: ncu {ncu_d.get('version') or 'missing'} (counters: {ncu_d.get('counters', 'not probed')}) · "
-             f"nsys {nsys_d.get('version') or 'missing -> torch.profiler fallback'}", []),
-            (f"measured peaks: copy {pk['dram_tb_s']:.2f} TB/s (datasheet {ds.get('dram_tb_s', '?')}) · bf16 GEMM "
-             f"{pk['bf16_tflops']:.0f} TFLOP/s (datasheet {ds.get('bf16_tflops', '?')})", []),
-        ]
-        run.json("profilers", prof)
-        run.story(story.tree(f"ENVIRONMENT for mini-SGLang — {prov['gpu']}", items))
+        judge(run, x)
+        run.headline(gpu=prov["gpu"], gpu_count=len(x.gpus), sm_count=props.multi_processor_count, nccl=x.nccl,
+                     minisgl_commit=x.commit, dram_tb_s=x.pk["dram_tb_s"], bf16_tflops=x.pk["bf16_tflops"],
+                     ceilings_source=x.pk.get("source"), index_first_call_s=x.first["index"],
+                     store_first_call_s=x.first[f"store {STORE_ROWS[0]}"], radix_first_call_s=x.first["radix"],
+                     index_reload_ms=statistics.median(x.reload) if None not in x.reload else None)
+        # ---- the story
+        run.story(tell(run, x))
         print(run.summary["story"])
     return 0
 

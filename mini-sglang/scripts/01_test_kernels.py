@@ -15,20 +15,24 @@ What it measures
               dtypes and non-contiguous input must raise.
       pynccl  (two or more GPUs) all-reduce (sum; bf16, fp16) through the symmetric-buffer path and
               the direct path, and all-gather, across 2 spawned ranks, vs the arithmetic answer.
-    Then one call of each wrapper (and of the plain-torch equivalent) under torch.profiler: which
-    kernels launch, in what order, with which grid and block (kernels per call, warps per token).
+    Then each wrapper (and its plain-torch equivalent) 3 times under torch.profiler (common.trace.capture_calls;
+    kernels joined to their call by common.trace.kernels_in_ranges): which kernels launch, in what order,
+    with which grid and block (kernels per call, warps per token).
 
-What the plan expected (hypotheses)
+What the plan expected (hypotheses: H_* below, judged on every traced call)
     * Store: "K copy, V copy in a separate kernel launch, 2 sync points". The code (store.cu:41-49)
       copies both in one launch. The trace counts the launches.
     * Index: "1 warp per token", "fixed 256 threads". The code (index.py:41-47, index.cu:135-137)
       uses num_splits warps per token in 128-thread blocks. The trace's grid x block says which.
+    * All custom kernels match torch references (success criterion; PyNCCL needs 2 GPUs: on one GPU that
+      part is a failed premise and the verdict says so).
 
 Run
     python mini-sglang/scripts/01_test_kernels.py --quick     # ~30 s: fewer shapes, no rejected-row build
     python mini-sglang/scripts/01_test_kernels.py             # every case; PyNCCL when >= 2 GPUs
-    ./mini-sglang/scripts/ncu_profile.sh --kernel 'index_kernel|store_kv_cache' -- \
-        python mini-sglang/scripts/01_test_kernels.py --quick  # every checked launch under ncu
+    python mini-sglang/scripts/01_test_kernels.py --kernels index,store   # a subset
+    ./mini-sglang/scripts/ncu_profile.sh --kernel index --name checks -- \\
+        python mini-sglang/scripts/01_test_kernels.py --quick --kernels index,store   # every checked launch under ncu
 Writes mini-sglang/results/01_test_kernels/: checks.csv, launches.csv, trace.json, story.txt, summary.json.
 """
 from __future__ import annotations
@@ -36,23 +40,50 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import story  # noqa: E402
-from common.checks import require_gpu, run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
 import _msgl  # noqa: E402
+from _msgl import REPEATS  # noqa: E402
+from common import cli, procs, story, trace  # noqa: E402
+from common.checks import require_gpu, run_main  # noqa: E402
+from common.results import Run  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
 HIDDEN, VOCAB = 4096, 128256          # Llama-3.1-8B embedding
 QKV_Q = 32 * 128                      # query width in the fused QKV buffer (the engine's layout)
+KERNELS = ("index", "store", "radix", "pynccl")
+CALL_STORE, CALL_INDEX, CALL_MASK = "call: store_cache L=64 row=2048B", "call: indexing L=64 D=4096 bf16 int32", \
+    "call: indexing TP2 rank1 vocab_range L=64"
+
+PLAN = "PLAN.md session 2 / mini-sglang/reports/plan.md (01)"
+H_STORE_LAUNCHES = Hypothesis("store-two-launches", "store: K and V copied by two separate kernel launches (2 sync points)",
+                              f"kernel launches per store_cache call (torch.profiler, {REPEATS} traced calls)",
+                              low=2, high=2, source="seed 002 / PLAN.md session 2: 'K copy ... V copy in a separate "
+                              "kernel launch, 2 kernel launches'")
+H_WARP = Hypothesis("index-one-warp", "index: 1 warp per token (64 warps for 64 tokens)",
+                    f"warps per token of one indexing() call at 64 tokens (trace grid x block / 32 / 64), {REPEATS} "
+                    "traced calls", low=1, high=1, source="seed 002 / PLAN.md session 2: '64 warps (1 per token)'")
+H_BLOCK = Hypothesis("index-256-threads", "index: fixed 256 threads per block",
+                     f"threads per block of index_kernel (trace), {REPEATS} traced calls", low=256, high=256,
+                     source="seed 002: 'Fixed 256 threads'")
+H_MASK = Hypothesis("index-masked-kernel", "TP embedding uses a separate masked kernel that zero-fills foreign ids",
+                    "each traced vocab_range call launched a masked kernel, and every masked case matched",
+                    source=f"{PLAN}: 'masked vs plain'")
+H_MATCH = Hypothesis("kernels-match", "index, store and radix match their torch references exactly",
+                     "every case of the families run here bit-identical", source=f"{PLAN}: correctness first")
+H_ALL = Hypothesis("all-kernels-match", "all custom kernels match torch references (success criterion)",
+                   "every case of index, store, radix and PyNCCL bit-identical",
+                   source="mini-sglang/reports/plan.md success criteria: 'All four custom kernels ... pass correctness'")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes, no rejected-row build (~30 s)")
+    p.add_argument("--kernels", type=cli.choices_list(*KERNELS), default=list(KERNELS),
+                   help="kernel families to check (default index,store,radix,pynccl; pynccl needs 2 GPUs)")
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/01_test_kernels)")
     return p.parse_args(argv)
 
@@ -66,9 +97,12 @@ class Checks:
         if not ok:
             self.run.log(f"MISMATCH {kernel}: {case} {detail}")
 
+    def of(self, *kernels) -> list[bool]:
+        return [r["ok"] for r in self.rows if r["kernel"] in kernels]
+
     def summary(self, kernel):
-        mine = [r for r in self.rows if r["kernel"] == kernel]
-        return f"{sum(r['ok'] for r in mine)}/{len(mine)} cases"
+        mine = self.of(kernel)
+        return f"{sum(mine)}/{len(mine)} cases"
 
 
 def check_index(torch, K, chk, quick):
@@ -186,9 +220,26 @@ def nccl_worker(rank, world, port, buffers):
     return rows
 
 
-def trace_calls(torch, K, run):
-    """One call of each wrapper and of its plain-torch counterpart under torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
+def check_pynccl(run, chk, ngpu) -> str | bool:
+    """PyNCCL on 2 ranks when two GPUs are visible; True, or why it did not run (the premise of H_ALL)."""
+    if ngpu < 2:
+        run.note(f"pynccl: not run, {ngpu} GPU visible (needs two GPUs of one host)")
+        return f"PyNCCL needs two GPUs of one host; {ngpu} visible here, so its cases were not run"
+    run.log("pynccl: 2 ranks, symmetric-buffer and direct paths")
+    procs.apply_nccl_env(run.log)
+    try:
+        res = _msgl.run_ranks(nccl_worker, 2, ((64 << 20, 0),), run.dir / "ranks", timeout_s=240, log=run.log)
+        for rank, rows in enumerate(res):
+            for r in rows:
+                chk.add("pynccl", f"rank{rank} {r['case']}", r["ok"])
+    except RuntimeError as e:
+        chk.add("pynccl", "2-rank run", False, str(e)[:240])
+    return True
+
+
+def trace_calls(torch, K, run, kernels):
+    """Each wrapper of ``kernels`` (index, store) and its plain-torch counterpart REPEATS times under torch.profiler
+    (common.trace.capture_calls); one row per launch (common.trace.kernels_in_ranges), or None when none was asked for."""
     w = torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, VOCAB, (64,), device="cuda", dtype=torch.int32)
     s, n = _msgl.vocab_shard(VOCAB, 2, 1)
@@ -199,28 +250,66 @@ def trace_calls(torch, K, run):
     loc = torch.randperm(65536, device="cuda")[:64].to(torch.int32)
     loc64 = loc.long()   # torch indexing wants int64: converted outside the traced call
     kc, vc = kv[0], kv[1]
-    calls = {
-        "call: indexing L=64 D=4096 bf16 int32": lambda: K.indexing(w, ids),
-        "call: indexing TP2 rank1 vocab_range L=64": lambda: K.indexing(local, ids, vocab_range=(s, n)),
-        "call: torch F.embedding L=64": lambda: torch.nn.functional.embedding(ids, w),
-        "call: store_cache L=64 row=2048B": lambda: K.store_cache(kc, vc, loc, k, v),
-        "call: torch index_put K and V L=64": lambda: (kc.index_put_((loc64,), k), vc.index_put_((loc64,), v)),
-    }
-    for fn in calls.values():   # warm: JIT loads and allocations are not part of the picture
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for name, fn in calls.items():
-            with nvtx_range(name):
-                fn()
-        torch.cuda.synchronize()
-    path = run.path("trace.json")
-    prof.export_chrome_trace(str(path))
-    rows = _msgl.launches_by_range(path, r"^call: ")
-    for r in rows:
-        r["threads"] = _msgl.threads_launched(r["grid"], r["block"])
-        r["warps_per_token"] = r["threads"] / 32 / 64 if r["threads"] else None
-    return rows
+    calls = {"index": [(CALL_INDEX, lambda: K.indexing(w, ids)),
+                       (CALL_MASK, lambda: K.indexing(local, ids, vocab_range=(s, n))),
+                       ("call: torch F.embedding L=64", lambda: torch.nn.functional.embedding(ids, w))],
+             "store": [(CALL_STORE, lambda: K.store_cache(kc, vc, loc, k, v)),
+                       ("call: torch index_put K and V L=64",
+                        lambda: (kc.index_put_((loc64,), k), vc.index_put_((loc64,), v)))]}
+    calls = [c for fam in ("index", "store") if fam in kernels for c in calls[fam]]
+    if not calls:
+        return None
+    path = trace.capture_calls(torch, calls, run.path("trace.json"), reps=REPEATS)
+    j = trace.kernels_in_ranges(trace.read_chrome_trace(path), r"^call: ", empty_rows=False)
+    j["threads"] = [_msgl.threads_launched(g, b) for g, b in zip(j["grid"], j["block"])]
+    j["warps_per_token"] = j["threads"] / 32 / 64
+    return j
+
+
+def per_call(j, label: str, what: str = "kernel"):
+    """The kernels (gpu_kind ``what``) of each traced call of ``label``: a list per call, in launch order."""
+    k = j[(j["label"] == label) & (j["gpu_kind"] == what)]
+    return [g.to_dict("records") for _c, g in k.groupby("call", sort=True)]
+
+
+def judge(run, x):
+    j, chk = x.launches, x.chk
+    if "store" in x.args.kernels:
+        st = per_call(j, CALL_STORE)
+        run.judge(H_STORE_LAUNCHES, [len(c) for c in st], evidence="launches.csv",
+                  detail=f"{', '.join(dict.fromkeys(r['kernel'] for c in st for r in c))}; plain torch index_put of K "
+                         f"and V: {[len(c) for c in per_call(j, 'call: torch index_put K and V L=64')]} launches")
+    if "index" in x.args.kernels:
+        ix = per_call(j, CALL_INDEX)
+        first = ix[0][0] if ix and ix[0] else {}
+        run.judge(H_WARP, [c[0]["warps_per_token"] for c in ix if c], evidence="launches.csv",
+                  detail=f"grid {first.get('grid')} x block {first.get('block')}; our reading of index.py: "
+                         f"{_msgl.index_launch(64, HIDDEN * 2)['warps_per_token']} warps per token")
+        run.judge(H_BLOCK, [int(str(c[0]["block"]).split("x")[0]) for c in ix if c and c[0]["block"]],
+                  evidence="launches.csv")
+        mk = per_call(j, CALL_MASK)
+        _msgl.fact(run, H_MASK, [bool(c) and "masked" in c[0]["kernel"] for c in mk] + chk.of("index (vocab mask)"),
+                   "launches.csv, checks.csv", detail=f"vocab_range call launched "
+                   f"{', '.join(dict.fromkeys(r['kernel'] for c in mk for r in c)) or 'nothing'}; masked cases "
+                   f"{chk.summary('index (vocab mask)')}")
+    fams = [k for k in ("index", "index (vocab mask)", "store", "radix") if chk.of(k)]
+    _msgl.fact(run, H_MATCH, chk.of(*fams), "checks.csv", detail="; ".join(f"{k}: {chk.summary(k)}" for k in fams))
+    premise = x.pynccl if "pynccl" in x.args.kernels else "pynccl not selected (--kernels)"
+    _msgl.fact(run, H_ALL, chk.of(*fams, "pynccl"), "checks.csv", premise=premise,
+               detail="; ".join(f"{k}: {chk.summary(k)}" for k in fams + ["pynccl"] if chk.of(k)))
+
+
+def tell(x) -> str:
+    items = [(f"{k}: {x.chk.summary(k)} exact", []) for k in ("index", "index (vocab mask)", "store", "radix", "pynccl")
+             if x.chk.of(k)]
+    if x.launches is None:
+        return story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items)
+    first = x.launches[x.launches["call"] == 0]
+    calls = [(label[6:], [(f"#{int(r['order'])} {r['gpu_kind']} {r['kernel']} grid {r['grid'] or '-'} block "
+                           f"{r['block'] or '-'} {r['dur_us']:.1f} us", []) for r in g.to_dict("records")])
+             for label, g in first.groupby("label", sort=False)]
+    items.append((f"launches per call (torch.profiler, GPU order; call #0 of {REPEATS})", calls))
+    return story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items)
 
 
 def main(argv=None) -> int:
@@ -228,76 +317,41 @@ def main(argv=None) -> int:
     K = _msgl.require_minisgl("minisgl.kernel")
     import torch
     ngpu = require_gpu(torch)
+    x = SimpleNamespace(args=args, pynccl="pynccl not selected (--kernels)")
     with Run(__file__, args, out=args.out) as run:
-        chk = Checks(run)
-        run.log("index: plain and vocab-masked lookups vs F.embedding (first call may JIT-build)")
-        _msgl.first_call(lambda: K.indexing(torch.zeros(8, HIDDEN, device="cuda", dtype=torch.bfloat16),
-                                            torch.zeros(1, dtype=torch.int32, device="cuda")), "index")
-        check_index(torch, K, chk, args.quick)
-        run.log("store: KV scatter vs indexing the caches")
-        check_store(torch, K, chk, args.quick)
-        run.log("radix: fast_compare_key vs a Python first-mismatch")
-        check_radix(torch, K, chk)
-        if ngpu >= 2:
-            run.log("pynccl: 2 ranks, symmetric-buffer and direct paths")
-            _msgl.apply_nccl_safe_env(run.log)
-            try:
-                res = _msgl.run_ranks(nccl_worker, 2, ((64 << 20, 0),), run.dir / "ranks", timeout_s=240, log=run.log)
-                for rank, rows in enumerate(res):
-                    for r in rows:
-                        chk.add("pynccl", f"rank{rank} {r['case']}", r["ok"])
-            except RuntimeError as e:
-                chk.add("pynccl", "2-rank run", False, str(e)[:240])
-        else:
-            run.note("pynccl: skipped, one GPU visible (needs two; run on a 2-GPU machine)")
+        # ---- correctness first, every family asked for
+        x.chk = chk = Checks(run)
+        if "index" in args.kernels:
+            run.log("index: plain and vocab-masked lookups vs F.embedding (first call may JIT-build)")
+            _msgl.first_call(lambda: K.indexing(torch.zeros(8, HIDDEN, device="cuda", dtype=torch.bfloat16),
+                                                torch.zeros(1, dtype=torch.int32, device="cuda")), "index")
+            check_index(torch, K, chk, args.quick)
+        if "store" in args.kernels:
+            run.log("store: KV scatter vs indexing the caches")
+            check_store(torch, K, chk, args.quick)
+        if "radix" in args.kernels:
+            run.log("radix: fast_compare_key vs a Python first-mismatch")
+            check_radix(torch, K, chk)
+        if "pynccl" in args.kernels:
+            x.pynccl = check_pynccl(run, chk, ngpu)
         run.table("checks", chk.rows)
         bad = [r for r in chk.rows if not r["ok"]]
         if bad:
             raise RuntimeError(f"{len(bad)} check(s) failed, first: {bad[0]['kernel']} {bad[0]['case']}")
-        run.log("All results match. Tracing one call of each.")
-
-        rows = trace_calls(torch, K, run)
-        run.table("launches", rows)
-        by = {}
-        for r in rows:
-            by.setdefault(r["range"], []).append(r)
-        kern = lambda name: [r for r in by.get(name, []) if r["kind"] == "kernel"]
-        st = kern("call: store_cache L=64 row=2048B")
-        ix = kern("call: indexing L=64 D=4096 bf16 int32")
-        mk = kern("call: indexing TP2 rank1 vocab_range L=64")
-        tp = kern("call: torch index_put K and V L=64")
-        run.headline(checks_passed=len(chk.rows), store_launches_per_call=len(st),
-                     index_warps_per_token=ix[0]["warps_per_token"] if ix else None,
-                     index_block_threads=int(ix[0]["block"].split("x")[0]) if ix and ix[0]["block"] else None)
-        run.observe("store: K and V copied by two separate kernel launches (2 sync points)",
-                    f"one store_cache call launched {len(st)} kernel(s): {', '.join(r['short'] for r in st)}; "
-                    f"plain torch index_put of K and V launched {len(tp)}",
-                    "refuted" if len(st) == 1 else "confirmed" if len(st) == 2 else "inconclusive", "launches.csv")
-        if ix:
-            wpt, blk = ix[0]["warps_per_token"], ix[0]["block"]
-            run.observe("index: 1 warp per token (64 warps for 64 tokens)",
-                        f"grid {ix[0]['grid']} x block {blk} = {wpt:g} warps per token "
-                        f"(our reading of index.py: {_msgl.index_launch(64, HIDDEN * 2)['warps_per_token']})",
-                        "confirmed" if wpt == 1 else "refuted", "launches.csv")
-            run.observe("index: fixed 256 threads per block", f"block {blk}",
-                        "confirmed" if blk.startswith("256x") else "refuted", "launches.csv")
-        run.observe("TP embedding uses a separate masked kernel that zero-fills foreign ids",
-                    f"vocab_range call launched {', '.join(r['short'] for r in mk) or 'nothing'}; masked outputs "
-                    f"matched the reference and summed to the full lookup ({chk.summary('index (vocab mask)')})",
-                    "confirmed" if mk and "masked" in mk[0]["short"] else "refuted", "checks.csv")
-        run.observe("all custom kernels match torch references (success criterion)",
-                    "; ".join(f"{k}: {chk.summary(k)}" for k in ("index", "index (vocab mask)", "store", "radix", "pynccl")
-                              if any(r["kernel"] == k for r in chk.rows)) + ("" if ngpu >= 2 else "; pynccl not run (1 GPU)"),
-                    "confirmed" if ngpu >= 2 else "inconclusive", "checks.csv")
-
-        items = [(f"{k}: {chk.summary(k)} exact", []) for k in ("index", "index (vocab mask)", "store", "radix", "pynccl")
-                 if any(r["kernel"] == k for r in chk.rows)]
-        calls = []
-        for name, rs in by.items():
-            calls.append((name[6:], [(f"#{r['order']} {r['kind']} {r['short']} grid {r['grid'] or '-'} block "
-                                      f"{r['block'] or '-'} {r['dur_us']:.1f} us", []) for r in rs]))
-        items.append(("launches per call (torch.profiler, GPU order)", calls))
-        run.story(story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items))
+        run.log(f"All results match. Tracing each call {REPEATS} times.")
+        # ---- measure: which kernels each call launches
+        x.launches = trace_calls(torch, K, run, args.kernels)
+        if x.launches is not None:
+            run.table("launches", x.launches)
+        # ---- verdicts
+        judge(run, x)
+        st = per_call(x.launches, CALL_STORE) if x.launches is not None else []
+        ix = per_call(x.launches, CALL_INDEX) if x.launches is not None else []
+        run.headline(checks_passed=len(chk.rows), store_launches_per_call=len(st[0]) if st else None,
+                     index_warps_per_token=ix[0][0]["warps_per_token"] if ix and ix[0] else None,
+                     index_block_threads=int(str(ix[0][0]["block"]).split("x")[0]) if ix and ix[0] else None)
+        # ---- the story
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
 

@@ -8,15 +8,18 @@ What it measures
     views of one fused QKV buffer; K and V caches are the two halves of one pool of 1M slots. KV
     rows of Llama-3.1-8B per rank: 2048 B (TP1), 1024 (TP2), 512 (TP4), 256 B (TP8). Slots are
     sequential (a fresh pool) or random (a pool after churn); the full run adds reversed.
-    Per point: median time (common.timing, events, cold L2), bytes moved (K+V rows read and
-    written, slot ids read), TB/s and % of the MEASURED copy bandwidth. A torch.profiler trace of
-    single calls counts the kernel launches per call and lists what each one copies; (full run)
-    ncu reads DRAM bytes, L2 hit rate, sectors per request and stalls for sequential vs random.
+    Per point: median time (common.timing.bench: CUPTI, cold L2), bytes moved (common.flops.store_bytes:
+    K+V rows read and written, slot ids read), TB/s and % of the measured DRAM ceiling (common.gpu.peaks).
+    The judged points (the largest token count, 2048-B and 256-B rows, sequential and random) are timed 3
+    times, interleaved. Calls at 1 and 8192 tokens, 3 each under torch.profiler (common.trace.capture_calls),
+    count the kernel launches per call and what each one copies; (--ncu / full run) ncu reads DRAM bytes,
+    L2 hit rate, sectors per request and stalls for sequential vs random, 3 launches per point.
 
-What the plan expected (hypotheses; A100 figures, judged as % of measured peak)
+What the plan expected (hypotheses: H_* below; A100 figures, judged as % of the measured ceiling on 3 repetitions)
     * "K copy ... V copy in a separate kernel launch, 2 kernel launches, 2 sync points", "72% per
       copy", fusing both copies would reach ~85%. The code (store.cu:41-49) already copies K and V
-      in ONE launch, one warp per token.
+      in ONE launch, one warp per token: then "fused would reach 85%" has no unfused kernel to compare
+      (a failed premise: inconclusive, whatever the number).
     * Sequential slots 70-75% of peak, random 55-65%. Reading the code: each row is contiguous and
       written by 32 lanes, so the gap should be small for rows >= 512 B and show at 256 B.
 
@@ -25,9 +28,10 @@ Run
     python mini-sglang/scripts/03_profile_store.py --quick --ncu        # + ncu: sequential vs random
     python mini-sglang/scripts/03_profile_store.py                      # full: 4 row sizes, 3 patterns, ncu
     python mini-sglang/scripts/03_profile_store.py --compare-patterns   # only the pattern sweep (no trace, no ncu)
+    python mini-sglang/scripts/03_profile_store.py --rows 2048,512 --tokens 64,65536
     ./mini-sglang/scripts/ncu_profile.sh --kernel store --set full -- \\
         python mini-sglang/scripts/03_profile_store.py --ncu-target --quick
-Writes mini-sglang/results/03_profile_store/: sweep.csv, launches.csv, ncu_kernels.csv (with ncu),
+Writes mini-sglang/results/03_profile_store/: sweep.csv, reference.csv, launches.csv, ncu_kernels.csv (with ncu),
 bandwidth.png, patterns.png, trace.json, story.txt, summary.json.
 """
 from __future__ import annotations
@@ -35,23 +39,58 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gpu, ncu, plots, story  # noqa: E402
+import _msgl  # noqa: E402
+from _msgl import REPEATS  # noqa: E402
+from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
 from common.checks import require_gpu, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
-import _msgl  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
+# ------------------------------------------------------------------ the sweep, as data
 POOL = 1 << 20                                   # KV slots (4 GiB for 2048-B rows, K and V)
 ROWS = {2048: "TP1", 1024: "TP2", 512: "TP4", 256: "TP8"}   # Llama-3.1-8B KV row bytes per rank
 TOKENS_FULL = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 TOKENS_QUICK = (1, 64, 1024, 16384, 65536)
+PATTERNS = ("sequential", "random", "reversed")
 NCU_TOKENS_FULL, NCU_TOKENS_QUICK = (64, 16384, 65536), (16384,)
+TRACE_TOKENS = (1, 8192)
 V_MINI, V_TORCH = "minisgl.store_cache", "torch index_put K, V"
 KERNELS = "store_kv_cache|index_put|indexing|elementwise|scatter"
+
+# ------------------------------------------------------------------ the hypotheses, as data
+PLAN = "PLAN.md session 2 / seed 002 ('Store (seq) 70-75%, Store (rand) 55-65%', A100)"
+H_LAUNCHES = Hypothesis("store-launches", "store makes two kernel launches per call at every row size (K copy, then V "
+                        "copy; 2 sync points)", f"exactly two kernel launches per store_cache call, every traced call "
+                        f"({REPEATS} per row size and token count {TRACE_TOKENS})", low=2, high=2,
+                        source="PLAN.md session 2: 'Store launching separately for K and V (an opportunity for fusion)'")
+H_FUSED = Hypothesis("store-fused-85", "the K and V copies reach ~72% of peak each; fused they would reach ~85%",
+                     f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, sequential, {REPEATS} "
+                     "repetitions (premise: the store is two launches)", low=80, high=90, unit="%",
+                     source="seed 002 / mini-sglang/reports/plan.md 03: '72% per copy; fusing would reach 85%'")
+H_SEQ = Hypothesis("store-seq-bw", "sequential slots reach 70-75% of peak",
+                   f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions",
+                   low=70, high=75, unit="%", source=f"{PLAN}")
+H_RANDOM = Hypothesis("store-random-bw", "random slots reach only 55-65% of peak",
+                      f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions",
+                      low=55, high=65, unit="%", source=f"{PLAN}")
+H_GAP_WIDE = Hypothesis("store-gap-wide-rows", "random vs sequential slots differ little for rows >= 512 B (code reading)",
+                        f"random / sequential time at the largest token count, 2048-B rows, {REPEATS} repetitions",
+                        low=0.9, high=1.1, source="mini-sglang/reports/plan.md 03 patterns (restated): 'difference "
+                        "small for rows >= 512 B', read as within 10%")
+H_GAP_256 = Hypothesis("store-gap-256", "random vs sequential slots: the difference shows at 256-B rows (TP8 shapes)",
+                       f"random / sequential time at the largest token count, 256-B rows, {REPEATS} repetitions",
+                       low=1.1, source="mini-sglang/reports/plan.md 03 patterns (restated): 'visible for 256-B rows', "
+                       "read as >= 10% slower")
+H_NCU_RANDOM = Hypothesis("store-ncu-random", "random slots cost DRAM efficiency (ncu)",
+                          f"ncu time of store_kv_cache, random / sequential slots, first row size at the largest ncu "
+                          f"token count, {REPEATS} launches each", low=1.1,
+                          source=f"{PLAN}: random below sequential; 'cost' read as >= 10%")
 
 
 def parse_args(argv=None):
@@ -60,13 +99,30 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="2048 and 256-B rows, 5 token counts, 2 patterns, no ncu (~1 min)")
     p.add_argument("--compare-patterns", action="store_true", help="only the pattern sweep (skip the launch trace and ncu)")
     p.add_argument("--ncu", action="store_true", help="run the ncu pass also with --quick")
+    p.add_argument("--rows", type=cli.choices_list(*map(str, ROWS)), default=None,
+                   help="KV row bytes (default 2048,256 with --quick, all four otherwise)")
+    p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
+    p.add_argument("--patterns", type=cli.choices_list(*PATTERNS), default=None,
+                   help="slot patterns (default sequential,random with --quick, all three otherwise)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/03_profile_store)")
     return p.parse_args(argv)
 
 
+def plan(args) -> SimpleNamespace:
+    rows = tuple(int(r) for r in args.rows) if args.rows else ((2048, 256) if args.quick else tuple(ROWS))
+    toks = tuple(args.tokens or (TOKENS_QUICK if args.quick else TOKENS_FULL))
+    nrows = tuple(r for r in (2048, 256) if r in rows) or rows[:1]
+    nt = NCU_TOKENS_QUICK if args.quick else NCU_TOKENS_FULL
+    return SimpleNamespace(rows=rows, tokens=toks, big=max(toks),
+                           patterns=tuple(args.patterns or (PATTERNS[:2] if args.quick else PATTERNS)),
+                           ncu=[{"variant": v, "row_bytes": r, "tokens": t, "pattern": p, "rep": i} for r in nrows
+                                for t in nt for p in ("sequential", "random") for i in range(REPEATS)
+                                for v in (V_MINI, V_TORCH)])
+
+
 def make_point(torch, K, pools, row, tokens, pattern):
-    """name -> (callable, bytes) for one (row size, tokens, slot pattern) point, engine-like inputs."""
+    """name -> (callable, bytes) for one (row size, tokens, slot pattern) point, engine-like inputs; and the tensors."""
     elems = row // 2
     kv = pools[row]
     qkv = torch.randn(tokens, 4 * elems + 2 * elems, device="cuda", dtype=torch.bfloat16)   # GQA 4: q is 4 KV rows wide
@@ -80,33 +136,25 @@ def make_point(torch, K, pools, row, tokens, pattern):
         loc = torch.randperm(POOL, device="cuda")[:tokens].to(torch.int32)
     loc64 = loc.long()
     kc, vc = kv[0], kv[1]
-    return {V_MINI: (lambda: K.store_cache(kc, vc, loc, k, v), _msgl.store_bytes(tokens, row, 4)),
-            V_TORCH: (lambda: (kc.index_put_((loc64,), k), vc.index_put_((loc64,), v)), _msgl.store_bytes(tokens, row, 8))}, (kc, vc, loc64, k, v)
-
-
-def ncu_points(args):
-    rows = (2048, 256)
-    toks = NCU_TOKENS_QUICK if args.quick else NCU_TOKENS_FULL
-    return [(r, t, p) for r in rows for t in toks for p in ("sequential", "random")]
+    return {V_MINI: (lambda: K.store_cache(kc, vc, loc, k, v), flops.store_bytes(tokens, row, 4)),
+            V_TORCH: (lambda: (kc.index_put_((loc64,), k), vc.index_put_((loc64,), v)), flops.store_bytes(tokens, row, 8))}, \
+        (kc, vc, loc64, k, v)
 
 
 def ncu_target(args) -> int:
+    """Under ncu: every ncu point (REPEATS launches of each variant, row size, token count and pattern)."""
     import torch
     K = _msgl.require_minisgl("minisgl.kernel")
-    pools = {r: torch.zeros(2, POOL, r // 2, device="cuda", dtype=torch.bfloat16) for r in (2048, 256)}
-    pts = []
-    for row, tokens, pattern in ncu_points(args):
-        calls, _ = make_point(torch, K, pools, row, tokens, pattern)
-        for name, (fn, _b) in calls.items():
-            fn()     # warm (JIT load) before the first marker: its launches get point -1 and are dropped
-            pts.append((f"{name} row={row} tokens={tokens} {pattern}", fn))
-    torch.cuda.synchronize()
-    for label, fn in pts:
-        ncu.mark()
-        with nvtx_range(label):
-            fn()
-    torch.cuda.synchronize()
-    return 0
+    pts = plan(args).ncu
+    pools = {r: torch.zeros(2, POOL, r // 2, device="cuda", dtype=torch.bfloat16) for r in {p["row_bytes"] for p in pts}}
+    calls, made = [], {}
+    for p in pts:
+        key = (p["row_bytes"], p["tokens"], p["pattern"], p["rep"])
+        if key not in made:
+            made[key] = make_point(torch, K, pools, *key[:3])[0]
+        calls.append((f"{p['variant']} row={p['row_bytes']} tokens={p['tokens']} {p['pattern']} #{p['rep']}",
+                      made[key][p["variant"]][0]))
+    return _msgl.run_points(torch, calls)
 
 
 def copies(kernel: str, row: int, tokens: int) -> str:
@@ -118,29 +166,154 @@ def copies(kernel: str, row: int, tokens: int) -> str:
     return "a helper (contiguous copy / index conversion)"
 
 
-def trace_launches(torch, K, pools, run, rows_b):
-    from torch.profiler import ProfilerActivity, profile
-    calls = {}
-    for row in rows_b:
-        for tokens in (1, 8192):
-            c, _ = make_point(torch, K, pools, row, tokens, "random")
+def make_pools(run, torch, K, x):
+    """A 1M-slot pool per row size, each checked: random slots, strided k/v, store vs indexing the caches."""
+    x.pools = {}
+    for row in x.p.rows:
+        try:   # a failed build or OOM for an extra row size is recorded; the first must work
+            x.pools[row] = torch.zeros(2, POOL, row // 2, device="cuda", dtype=torch.bfloat16)
+            c, (kc, vc, loc, k, v) = make_point(torch, K, x.pools, row, 777, "random")
+            _msgl.first_call(c[V_MINI][0], f"store {row}-B rows")
+        except Exception as e:
+            if row == x.p.rows[0]:
+                raise
+            run.point_error({"row_bytes": row}, e)
+            x.pools.pop(row, None)
+            torch.cuda.empty_cache()
+            continue
+        ok = torch.equal(kc[loc], k) and torch.equal(vc[loc], v)
+        run.log(f"correctness {row}-B rows ({ROWS[row]}), random slots, strided k/v: {'✅' if ok else '❌'}")
+        if not ok:
+            raise RuntimeError(f"store_cache wrote wrong rows ({row}-B rows)")
+        x.pools[row].zero_()
+    x.p.rows = tuple(r for r in x.p.rows if r in x.pools)
+    run.log("All results match. Starting benchmarks.")
+
+
+def timed(x, var, row, tokens, pattern, fn, b, rep=0) -> dict:
+    with nvtx_range(f"{var} row={row} tokens={tokens} {pattern}"):
+        t = bench(fn)
+    r = rates(t.median_ms, bytes=b["total"], peaks=x.pk)
+    return {"variant": var, "row_bytes": row, "tp_shape": ROWS[row], "tokens": tokens, "pattern": pattern, "rep": rep,
+            "time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": b["total"], "tb_s": r["tb_s"],
+            "pct_peak_dram": r["pct_peak_dram"]}
+
+
+def sweep(run, torch, K, x):
+    """Every point once (torch index_put not on reversed slots); the judged points REPEATS times, interleaved."""
+    import pandas as pd
+    res, pts = [], [(r, t, p) for r in x.p.rows for t in x.p.tokens for p in x.p.patterns]
+    for i, (row, tokens, pattern) in enumerate(pts, 1):
+        if i % 8 == 1:
+            run.log(f"[{i}/{len(pts)}] row={row} B tokens={tokens} {pattern}")
+        try:
+            calls, _ = make_point(torch, K, x.pools, row, tokens, pattern)
+            for var, (fn, b) in calls.items():
+                if not (pattern == "reversed" and var == V_TORCH):
+                    res.append(timed(x, var, row, tokens, pattern, fn, b))
+        except Exception as e:   # OOM or a failed build: record it and go on
+            run.point_error({"row_bytes": row, "tokens": tokens, "pattern": pattern}, e)
+            torch.cuda.empty_cache()
+    ref_pts = [(r, p) for r in dict.fromkeys((x.p.rows[0], 256)) if r in x.p.rows for p in ("sequential", "random")]
+    ref = [timed(x, V_MINI, row, x.p.big, pat, *make_point(torch, K, x.pools, row, x.p.big, pat)[0][V_MINI], rep=i)
+           for i in range(REPEATS) for row, pat in ref_pts]
+    return pd.DataFrame(res), pd.DataFrame(ref)
+
+
+def trace_launches(run, torch, K, x):
+    """Calls at 1 and 8192 tokens (random slots), REPEATS each, under torch.profiler: one row per launch."""
+    calls, meta = [], {}
+    for row in x.p.rows:
+        for tokens in TRACE_TOKENS:
+            c, keep = make_point(torch, K, x.pools, row, tokens, "random")
             for name, (fn, _b) in c.items():
-                calls[f"call: {name} row={row} tokens={tokens}"] = (fn, row, tokens)
-    for fn, _r, _t in calls.values():
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for label, (fn, _r, _t) in calls.items():
-            with nvtx_range(label):
-                fn()
-        torch.cuda.synchronize()
-    path = run.path("trace.json")
-    prof.export_chrome_trace(str(path))
-    out = []
-    for r in _msgl.launches_by_range(path, r"^call: "):
-        _fn, row, tokens = calls[r["range"]]
-        out.append({**r, "row_bytes": row, "tokens": tokens, "copies": copies(r["short"], row, tokens)})
-    return out
+                label = f"call: {name} row={row} tokens={tokens}"
+                calls.append((label, fn))
+                meta[label] = (row, tokens, keep)
+    path = trace.capture_calls(torch, calls, run.path("trace.json"), reps=REPEATS)
+    j = trace.kernels_in_ranges(trace.read_chrome_trace(path), r"^call: ", empty_rows=False)
+    j["row_bytes"] = [meta[lb][0] for lb in j["label"]]
+    j["tokens"] = [meta[lb][1] for lb in j["label"]]
+    j["copies"] = [copies(k or "", r, t) for k, r, t in zip(j["kernel"], j["row_bytes"], j["tokens"])]
+    return j
+
+
+def profile_ncu(run, x):
+    run.log(f"ncu: {len(x.p.ncu)} launches (DRAM bytes, L2 hit, sectors/request, stalls)")
+    kern, raw = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick", "rows")), KERNELS, x.p.ncu, x.pk,
+                               metrics=list(ncu.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
+    kern["st_sectors_per_request"] = [_msgl.ncu_coalescing(r)["st_sectors_per_request"] for r in raw.to_dict("records")]
+    run.table("ncu_kernels", kern)
+    return kern
+
+
+def launches_per_call(j, variant: str) -> tuple[list[int], str]:
+    """Kernel launches of every traced call of ``variant`` (a kernels_in_ranges table), and their names."""
+    k = j[(j["gpu_kind"] == "kernel") & j["label"].str.contains(variant, regex=False)]
+    return [len(g) for _key, g in k.groupby(["label", "call"])], ", ".join(dict.fromkeys(k["kernel"]))
+
+
+def judge(run, x):
+    ref, big, row0 = x.ref, x.p.big, x.p.rows[0]
+    pct = lambda row, pat: list(ref[(ref["row_bytes"] == row) & (ref["pattern"] == pat)]["pct_peak_dram"])  # noqa: E731
+    ok_ceiling = _msgl.within_ceiling(list(ref["pct_peak_dram"]))
+    launches = None
+    if x.launches is not None:
+        launches, names = launches_per_call(x.launches, V_MINI)
+        _msgl.fact(run, H_LAUNCHES, [n == 2 for n in launches], "launches.csv",
+                   detail=f"{sorted(set(launches))} launch(es) per call: {names}, copying K and V rows together; torch "
+                          f"index_put of K and V: {sorted(set(launches_per_call(x.launches, V_TORCH)[0]))} per call")
+    premise = ("launches not traced (--compare-patterns)" if launches is None else
+               True if launches and all(n == 2 for n in launches) else
+               f"store_cache already copies K and V in one launch ({sorted(set(launches))} per call, launches.csv): "
+               "there is no unfused store to compare")
+    detail = f"{big} tokens, {row0}-B rows; {x.ceiling}"
+    run.judge(H_FUSED, pct(row0, "sequential"), evidence="reference.csv", premise=premise if ok_ceiling is True
+              else ok_ceiling, detail=detail)
+    run.judge(H_SEQ, pct(row0, "sequential"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
+    run.judge(H_RANDOM, pct(row0, "random"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
+    ratio = lambda row: [r / s for r, s in zip(*(ref[(ref["row_bytes"] == row) & (ref["pattern"] == p)]  # noqa: E731
+                                                  .sort_values("rep")["time_us"] for p in ("random", "sequential")))]
+    run.judge(H_GAP_WIDE, ratio(row0), evidence="reference.csv", premise=True if row0 >= 512 else
+              f"the first row size is {row0} B (< 512)")
+    run.judge(H_GAP_256, ratio(256), evidence="reference.csv", premise=True if 256 in x.p.rows else
+              "no 256-B rows in this run (--rows)")
+    if x.kern is not None:
+        km = x.kern[(x.kern["variant"] == V_MINI) & x.kern["kernel"].str.contains("store_kv_cache")]
+        vals, lines = {}, []
+        for (row, tok), g in km.groupby(["row_bytes", "tokens"]):
+            s_, r_ = (g[g["pattern"] == p].sort_values("rep") for p in ("sequential", "random"))
+            vals[(row, tok)] = [a / b for a, b in zip(r_["time_us"], s_["time_us"])]
+            lines.append(f"{row} B x {tok}: DRAM {s_['dram_pct'].median():.0f}% vs {r_['dram_pct'].median():.0f}%, L2 hit "
+                         f"{s_['l2_hit_pct'].median():.0f}% vs {r_['l2_hit_pct'].median():.0f}%, "
+                         f"{s_['st_sectors_per_request'].median():.1f} vs {r_['st_sectors_per_request'].median():.1f} "
+                         "sectors/store (sequential vs random)")
+        key = max(vals, key=lambda k: (k[0] == row0, k[1]), default=None)     # the first row size, most tokens
+        run.judge(H_NCU_RANDOM, vals.get(key, []), evidence="ncu_kernels.csv",
+                  detail=(f"judged at {key[0]} B x {key[1]} tokens; " if key else "") + "; ".join(lines))
+
+
+def tell(x) -> str:
+    row0 = x.p.rows[0]
+    d = x.df[(x.df["variant"] == V_MINI) & (x.df["row_bytes"] == row0)]
+    g = _msgl.store_launch(8192, row0)
+    items = [(f"Operation: scatter K and V of new tokens into the KV pool ({row0}-B rows = Llama-3.1-8B "
+              f"{ROWS[row0]}; k, v strided views of QKV)", [])]
+    if x.launches is not None:
+        first = x.launches[(x.launches["call"] == 0) & (x.launches["tokens"] == 8192)]
+        items.append(("Execution (torch.profiler, call #0 of each)", [
+            (lb[6:], [(f"#{int(r['order'])} {r['kernel']} grid {r['grid']} block {r['block']} {r['dur_us']:.1f} us: "
+                       f"{r['copies']}", []) for r in gg.to_dict("records")]) for lb, gg in first.groupby("label", sort=False)]))
+    items.append((f"Per warp: one token's K row then V row, {g['steps_per_row']} x 512-B steps each "
+                  f"({g['lane_bytes']}-B lanes); {g['grid']} blocks of 128 threads at 8192 tokens", []))
+    for pattern in x.p.patterns:
+        s = d[d["pattern"] == pattern].sort_values("tokens")
+        items.append((f"{pattern}: " + ", ".join(f"{int(r.tokens)} tok {r.pct_peak_dram:.0f}%" for r in s.itertuples()), []))
+    if x.kern is not None:
+        items.append(("Hardware (ncu)", [(f"{r['pattern']} row={r['row_bytes']} tok={r['tokens']}: " + story.kernel_line(r), [])
+                                         for r in x.kern[(x.kern["variant"] == V_MINI) & (x.kern["rep"] == 0)]
+                                         .to_dict("records")][:6]))
+    return story.tree(f"STORE KERNEL — {x.pk['gpu']} (% of {x.ceiling})", items)
 
 
 def main(argv=None) -> int:
@@ -150,168 +323,48 @@ def main(argv=None) -> int:
     require_gpu(torch)
     if args.ncu_target:
         return ncu_target(args)
-    rows_b = (2048, 256) if args.quick else tuple(ROWS)
-    tokens_list = TOKENS_QUICK if args.quick else TOKENS_FULL
-    patterns = ("sequential", "random") if args.quick else ("sequential", "random", "reversed")
-    run_ncu = not args.compare_patterns and (not args.quick or args.ncu)
+    x = SimpleNamespace(args=args, p=plan(args), launches=None, kern=None)
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
-        run.log(f"{pk['gpu']}: measured copy {pk['dram_tb_s']:.2f} TB/s; pool {POOL:,} slots per cache")
-        pools = {}
-        for row in rows_b:
-            try:   # a failed build or OOM for an extra row size is recorded; the first must work
-                pools[row] = torch.zeros(2, POOL, row // 2, device="cuda", dtype=torch.bfloat16)
-                c, (kc, vc, loc, k, v) = make_point(torch, K, pools, row, 777, "random")
-                _msgl.first_call(c[V_MINI][0], f"store {row}-B rows")
-            except Exception as e:
-                if row == rows_b[0]:
-                    raise
-                run.point_error({"row_bytes": row}, e)
-                pools.pop(row, None)
-                torch.cuda.empty_cache()
-                continue
-            ok = torch.equal(kc[loc], k) and torch.equal(vc[loc], v)
-            run.log(f"correctness {row}-B rows ({ROWS[row]}), random slots, strided k/v: {'✅' if ok else '❌'}")
-            if not ok:
-                raise RuntimeError(f"store_cache wrote wrong rows ({row}-B rows)")
-            pools[row].zero_()
-        run.log("All results match. Starting benchmarks.")
-
-        res = []
-        rows_b = tuple(r for r in rows_b if r in pools)
-        pts = [(r, t, p) for r in rows_b for t in tokens_list for p in patterns]
-        for i, (row, tokens, pattern) in enumerate(pts, 1):
-            if i % 8 == 1:
-                run.log(f"[{i}/{len(pts)}] row={row} B tokens={tokens} {pattern}")
-            try:
-                calls, _ = make_point(torch, K, pools, row, tokens, pattern)
-                for var, (fn, b) in calls.items():
-                    if pattern == "reversed" and var == V_TORCH:
-                        continue
-                    with nvtx_range(f"{var} row={row} tokens={tokens} {pattern}"):
-                        t = bench(fn)
-                    r = rates(t.median_ms, bytes=b["total"], peaks=pk)
-                    res.append({"variant": var, "row_bytes": row, "tp_shape": ROWS[row], "tokens": tokens,
-                                "pattern": pattern, "time_us": t.median_us, "spread_pct": t.spread_pct,
-                                "bytes": b["total"], "tb_s": r["tb_s"], "pct_peak_dram": r["pct_peak_dram"]})
-            except Exception as e:   # OOM or a failed build: record it and go on
-                run.point_error({"row_bytes": row, "tokens": tokens, "pattern": pattern}, e)
-                torch.cuda.empty_cache()
-        import pandas as pd
-        df = pd.DataFrame(res)
-        run.table("sweep", df)
-        d = df[(df["variant"] == V_MINI) & (df["row_bytes"] == rows_b[0])]
-        run.figure("bandwidth", plots.sweep(df[df["row_bytes"] == rows_b[0]].assign(
-            series=lambda x: x["variant"] + " / " + x["pattern"]), x="tokens", y="pct_peak_dram", hue="series", logx=True,
-            ylabel="% of measured copy bandwidth", hline=100, hline_label=f"measured copy {pk['dram_tb_s']:.2f} TB/s",
-            title=f"KV store, {rows_b[0]}-B rows (Llama-3.1-8B {ROWS[rows_b[0]]}) — {pk['gpu']}"))
-        big = max(tokens_list)
-        dm = df[(df["variant"] == V_MINI) & (df["tokens"] == big)]
-        run.figure("patterns", plots.sweep(dm, x="row_bytes", y="pct_peak_dram", hue="pattern", logx=True,
-                                           ylabel="% of measured copy bandwidth",
-                                           title=f"store_cache at {big} tokens by KV row size — {pk['gpu']}"))
-
-        launches = None
+        # ---- check: the ceiling every % divides by, correctness before timing
+        x.pk = gpu.peaks()
+        x.ceiling = f"the {x.pk.get('source')} DRAM ceiling {x.pk['dram_tb_s']:.2f} TB/s"
+        run.log(f"{x.pk['gpu']}: {x.ceiling}; pool {POOL:,} slots per cache")
+        make_pools(run, torch, K, x)
+        # ---- measure
+        x.df, x.ref = sweep(run, torch, K, x)
+        run.table("sweep", x.df)
+        run.table("reference", x.ref)
         if not args.compare_patterns:
-            run.log("trace: one call each at 1 and 8192 tokens (kernel launches per call)")
-            launches = trace_launches(torch, K, pools, run, rows_b)
-            run.table("launches", launches)
-        kern = None
-        if run_ncu:
-            pts_n = ncu_points(args)
-            run.log(f"ncu: {len(pts_n)} points x 2 variants (DRAM bytes, L2 hit, sectors/request, stalls)")
-            try:
-                r_ = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target"] +
-                                 (["--quick"] if args.quick else []), run.dir / "ncu", kernel=ncu.with_marker(KERNELS),
-                                 metrics=list(ncu.SUMMARY_METRICS) + _msgl.COALESCING_METRICS, echo=run.log, timeout=900)
-                raw = ncu.split_points(r_.df)
-                raw = raw[raw["point"] >= 0].reset_index(drop=True)
-                kern = ncu.summarize(raw, peaks=pk)
-                co = [_msgl.ncu_coalescing(r) for r in raw.to_dict("records")]
-                kern["st_sectors_per_request"] = [c["st_sectors_per_request"] for c in co]
-                labels = [(v, r, t, p) for r, t, p in pts_n for v in (V_MINI, V_TORCH)]
-                for j, col in enumerate(("variant", "row_bytes", "tokens", "pattern")):
-                    kern[col] = [labels[p][j] if p < len(labels) else None for p in kern["point"]]
-                run.table("ncu_kernels", kern)
-            except Exception as e:
-                run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
-                kern = None
-
+            run.log(f"trace: calls at {TRACE_TOKENS} tokens, {REPEATS} each (kernel launches per call)")
+            x.launches = trace_launches(run, torch, K, x)
+            run.table("launches", x.launches)
+            if not args.quick or args.ncu:
+                try:
+                    x.kern = profile_ncu(run, x)
+                except Exception as e:   # no ncu, no permission, timeout: say so, keep the sweep
+                    run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+        # ---- analyse: the curves
+        row0 = x.p.rows[0]
+        run.figure("bandwidth", plots.sweep(x.df[x.df["row_bytes"] == row0].assign(
+            series=lambda d: d["variant"] + " / " + d["pattern"]), x="tokens", y="pct_peak_dram", hue="series", logx=True,
+            ylabel="% of the measured DRAM ceiling", hline=100, hline_label=x.ceiling,
+            title=f"KV store, {row0}-B rows (Llama-3.1-8B {ROWS[row0]}) — {x.pk['gpu']}"))
+        dm = x.df[(x.df["variant"] == V_MINI) & (x.df["tokens"] == x.p.big)]
+        run.figure("patterns", plots.sweep(dm, x="row_bytes", y="pct_peak_dram", hue="pattern", logx=True,
+                                           ylabel="% of the measured DRAM ceiling",
+                                           title=f"store_cache at {x.p.big} tokens by KV row size — {x.pk['gpu']}"))
         # ---- verdicts
-        def pct(var, row, pattern, tok=big):
-            x = df[(df["variant"] == var) & (df["row_bytes"] == row) & (df["pattern"] == pattern) & (df["tokens"] == tok)]
-            return float(x["pct_peak_dram"].max()) if len(x) else float("nan")
-
-        def tratio(row):
-            x = df[(df["variant"] == V_MINI) & (df["row_bytes"] == row) & (df["tokens"] == big)].set_index("pattern")["time_us"]
-            return float(x.get("random", float("nan")) / x.get("sequential", float("nan")))
-
-        seq, rnd = pct(V_MINI, rows_b[0], "sequential"), pct(V_MINI, rows_b[0], "random")
-        run.headline(store_pct_peak_seq=seq, store_pct_peak_random=rnd,
-                     store_tb_s_seq=float(d[(d["pattern"] == "sequential") & (d["tokens"] == big)]["tb_s"].max()),
-                     speedup_vs_index_put=float(df[(df["variant"] == V_TORCH) & (df["row_bytes"] == rows_b[0]) &
-                                                   (df["tokens"] == big) & (df["pattern"] == "random")]["time_us"].max()
-                                               / df[(df["variant"] == V_MINI) & (df["row_bytes"] == rows_b[0]) &
-                                                    (df["tokens"] == big) & (df["pattern"] == "random")]["time_us"].max()))
-        if launches is not None:
-            per = {}
-            for r in launches:
-                if r["kind"] == "kernel":
-                    per.setdefault(r["range"], []).append(r["short"])
-            mini = {k: v for k, v in per.items() if V_MINI in k}
-            n_mini = sorted({len(v) for v in mini.values()})
-            n_torch = sorted({len(v) for k, v in per.items() if V_TORCH in k})
-            run.headline(store_launches_per_call=n_mini[0] if len(n_mini) == 1 else str(n_mini))
-            run.observe("store makes two kernel launches per call (K copy, then V copy; 2 sync points)",
-                        f"every store_cache call launched {n_mini} kernel(s) ({', '.join(sorted({n for v in mini.values() for n in v}))}), "
-                        f"copying K and V rows together; torch index_put of K and V: {n_torch} launches",
-                        "refuted" if n_mini == [1] else "confirmed" if n_mini == [2] else "inconclusive", "launches.csv")
-        run.observe("the K and V copies reach ~72% of peak each; fused they would reach ~85%",
-                    f"already one fused launch: {seq:.0f}% of measured copy bandwidth at {big} tokens, {rows_b[0]}-B rows, "
-                    f"sequential (threshold 85%)", "confirmed" if seq >= 85 else "refuted", "sweep.csv")
-        run.observe("sequential slots reach 70-75% of peak", f"{seq:.0f}% at {big} tokens, {rows_b[0]}-B rows",
-                    "confirmed" if seq >= 70 else "refuted", "sweep.csv")
-        run.observe("random slots reach only 55-65% of peak", f"{rnd:.0f}% at {big} tokens, {rows_b[0]}-B rows",
-                    "confirmed" if 55 <= rnd <= 65 else "refuted", "sweep.csv")
-        ratios = {r: tratio(r) for r in rows_b}
-        wide = [ratios[r] for r in rows_b if r >= 512]
-        small_gap = all(x <= 1.10 for x in wide)
-        visible = ratios.get(256, float("nan")) > 1.10
-        run.observe("random vs sequential differs little for rows >= 512 B and shows at 256-B rows (code reading)",
-                    "random/sequential time at %d tokens: " % big + ", ".join(f"{r} B {x:.2f}x" for r, x in ratios.items()),
-                    "confirmed" if small_gap and visible else "refuted" if not small_gap else "inconclusive", "sweep.csv")
-        if kern is not None:
-            km = kern[(kern["variant"] == V_MINI) & kern["kernel"].str.contains("store_kv_cache")]
-            for row in sorted(set(km["row_bytes"])):
-                s_ = km[(km["row_bytes"] == row) & (km["pattern"] == "sequential")].tail(1).to_dict("records")
-                r_ = km[(km["row_bytes"] == row) & (km["pattern"] == "random")].tail(1).to_dict("records")
-                if s_ and r_:
-                    run.observe(f"random slots cost DRAM efficiency ({row}-B rows, ncu)",
-                                f"sequential: DRAM {s_[0]['dram_pct']:.0f}%, L2 hit {s_[0]['l2_hit_pct']:.0f}%, "
-                                f"{s_[0]['st_sectors_per_request']:.1f} sectors/store; random: DRAM {r_[0]['dram_pct']:.0f}%, "
-                                f"L2 hit {r_[0]['l2_hit_pct']:.0f}%, {r_[0]['st_sectors_per_request']:.1f} sectors/store",
-                                "confirmed" if r_[0]["time_us"] > 1.1 * s_[0]["time_us"] else "refuted", "ncu_kernels.csv")
-
-        # ---- story
-        g = _msgl.store_launch(8192, rows_b[0])
-        items = [(f"Operation: scatter K and V of new tokens into the KV pool ({rows_b[0]}-B rows = Llama-3.1-8B "
-                  f"{ROWS[rows_b[0]]}; k, v strided views of QKV)", [])]
-        if launches is not None:
-            calls = {}
-            for r in launches:
-                calls.setdefault(r["range"], []).append(r)
-            items.append(("Execution (torch.profiler, one call each)", [
-                (k[6:], [(f"#{r['order']} {r['short']} grid {r['grid']} block {r['block']} {r['dur_us']:.1f} us: {r['copies']}",
-                          []) for r in v]) for k, v in calls.items() if "tokens=8192" in k]))
-        items.append((f"Per warp: one token's K row then V row, {g['steps_per_row']} x 512-B steps each "
-                      f"({g['lane_bytes']}-B lanes); {g['grid']} blocks of 128 threads at 8192 tokens", []))
-        for pattern in patterns:
-            x = d[d["pattern"] == pattern].sort_values("tokens")
-            items.append((f"{pattern}: " + ", ".join(f"{int(r.tokens)} tok {r.pct_peak_dram:.0f}%" for r in x.itertuples()), []))
-        if kern is not None:
-            items.append(("Hardware (ncu)", [(f"{r['pattern']} row={r['row_bytes']} tok={r['tokens']}: " + story.kernel_line(r), [])
-                                             for r in kern[kern["variant"] == V_MINI].to_dict("records")][:6]))
-        run.story(story.tree(f"STORE KERNEL — {pk['gpu']} (measured copy peak {pk['dram_tb_s']:.2f} TB/s)", items))
+        judge(run, x)
+        r0 = x.ref[x.ref["row_bytes"] == row0]
+        tor = x.df[(x.df["variant"] == V_TORCH) & (x.df["row_bytes"] == row0) & (x.df["tokens"] == x.p.big)
+                   & (x.df["pattern"] == "random")]
+        run.headline(store_pct_peak_seq=float(r0[r0["pattern"] == "sequential"]["pct_peak_dram"].median()),
+                     store_pct_peak_random=float(r0[r0["pattern"] == "random"]["pct_peak_dram"].median()),
+                     store_tb_s_seq=float(r0[r0["pattern"] == "sequential"]["tb_s"].median()),
+                     speedup_vs_index_put=float(tor["time_us"].max() / r0[r0["pattern"] == "random"]["time_us"].median())
+                     if len(tor) else None)
+        # ---- the story
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
 

@@ -9,15 +9,19 @@ What it measures
     heads, head_dim 128, bf16). For "fi" the decode side is measured twice: with tensor cores (the
     rule GQA >= 4 turns them on: decode then runs FlashInfer's *prefill* kernel) and without
     (MINISGL_FLASHINFER_USE_TENSOR_CORES=0: the CUDA-core decode kernel).
-    --compare  fixed points (prefill 1 x 2048, prefill 8 x 512, decode 32 x 4096, decode 1 x 4096):
-               kernels in launch order (torch.profiler: store_kv_cache, the attention kernel(s), a
-               merge kernel when KV is split), the CPU plan() time, kernel time, TFLOP/s or TB/s and
-               % of the measured peaks; with ncu also occupancy and its limiter, tensor-pipe %, DRAM %
-               and the top warp stalls.
-    --sweep    decode batch x KV length and prefill length: time, TB/s / TFLOP/s, % of peak.
+    --compare  fixed points (prefill 1 x 2048, prefill 8 x 512, decode 32 x 4096, decode 1 x 4096), each
+               variant timed 3 times (common.timing.bench: CUPTI, cold L2): kernel time, the CPU plan() time
+               (common.timing.bench_cpu), TFLOP/s or TB/s from common.flops (prefill_flops / decode_bytes with
+               the int32 page index per key) and % of the measured ceilings (common.gpu.peaks); one forward per
+               point 3 times under torch.profiler (common.trace.capture_calls): kernels in launch order
+               (store_kv_cache, the attention kernel(s), a merge kernel when KV is split) and the plan's
+               cudaEventSynchronize; with ncu also occupancy and its limiter, tensor-pipe %, DRAM % and the
+               top warp stalls (3 launches per point).
+    --sweep    decode batch x KV length and prefill length: time, TB/s / TFLOP/s, % of the ceilings.
     Correctness first: every variant's output vs a float32 torch reference (causal, GQA).
 
-What the plan expected (hypotheses; A100 figures restated as shares of the measured peaks)
+What the plan expected (hypotheses: H_* below; A100 figures restated as shares of the measured ceilings,
+judged on intervals of 3 repetitions)
     * Prefill attention 50-80 TFLOP/s (16-26% of the A100's dense bf16 peak), mixed compute/memory.
     * Decode attention 1.4-1.7 TB/s (70-85% of peak), memory-bound, long-scoreboard stalls first,
       low tensor-core use. Reading fi.py: with tensor cores on, decode runs a prefill kernel; the KV
@@ -29,6 +33,7 @@ Run
     python mini-sglang/scripts/04_profile_attention.py --quick --ncu    # + ncu at the compare points
     python mini-sglang/scripts/04_profile_attention.py --compare        # only the compare part (with ncu)
     python mini-sglang/scripts/04_profile_attention.py --sweep          # only the sweep
+    python mini-sglang/scripts/04_profile_attention.py --sweep --decode-batches 1,32 --kv-lens 1024,16384
     python mini-sglang/scripts/04_profile_attention.py                  # both, with ncu
     ./mini-sglang/scripts/ncu_profile.sh --kernel attention --set full -- \\
         python mini-sglang/scripts/04_profile_attention.py --ncu-target --quick
@@ -44,22 +49,54 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gpu, ncu, plots, story  # noqa: E402
+import _msgl  # noqa: E402
+from _msgl import REPEATS  # noqa: E402
+from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
-import _msgl  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
+# ------------------------------------------------------------------ the points, as data
 HQ, HKV, HD = 32, 8, 128
 COMPARE_FULL = [("prefill", [2048], [2048]), ("prefill", [512] * 8, [512] * 8), ("decode", [1] * 32, [4096] * 32),
                 ("decode", [1], [4096])]
 COMPARE_QUICK = [("prefill", [2048], [2048]), ("decode", [1] * 32, [4096] * 32), ("decode", [1], [4096])]
-SWEEP_DECODE_FULL = [(bs, kv) for bs in (1, 8, 32, 64, 128) for kv in (1024, 4096, 16384)]
-SWEEP_DECODE_QUICK = [(1, 1024), (32, 1024)]          # with the compare points: bs 1/32 x kv 1024/4096
-SWEEP_PREFILL_FULL = [([q], [q]) for q in (128, 512, 2048, 8192)] + [([512], [4096])]   # last: 512 new on a 3584 prefix
-SWEEP_PREFILL_QUICK = [([512], [512])]
+DECODE_BATCHES_FULL, KV_LENS_FULL = (1, 8, 32, 64, 128), (1024, 4096, 16384)
+DECODE_QUICK = [(1, 1024), (32, 1024)]          # with the compare points: bs 1/32 x kv 1024/4096
+PREFILL_FULL = [([q], [q]) for q in (128, 512, 2048, 8192)] + [([512], [4096])]   # last: 512 new on a 3584 prefix
+PREFILL_QUICK = [([512], [512])]
 KERNELS = "BatchPrefill|BatchDecode|MergeState|Prefill|Decode|flash|Flash|fmha"
+D32, P2048 = "decode bs=32 kv=4096", "prefill bs=1 q=2048 kv=2048"
+
+# ------------------------------------------------------------------ the hypotheses, as data
+PLAN = "PLAN.md session 2 / seed 002 (A100: 'Prefill Attention 50-80 TFLOPs', 'Decode Attention 1.4-1.7 TB/s')"
+H_TC_KERNEL = Hypothesis("fi-tc-decode-kernel", "fi decode with tensor cores (GQA >= 4) runs FlashInfer's prefill kernel",
+                         f"every traced call ({REPEATS} each) of fi {D32}: a BatchPrefill kernel; of fi tc=off: none",
+                         source="analysis.md (attention/fi.py:237-242 use_tensor_cores: GQA >= 4)")
+H_DECODE_BW = Hypothesis("decode-attn-bw", "decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)",
+                         f"fi decode TB/s (common.flops.decode_bytes incl. the page index) as % of the measured DRAM "
+                         f"ceiling, {REPEATS} repetitions", low=70, high=85, unit="%",
+                         source=f"{PLAN}: '1.4-1.7 TB/s (70-85% of peak)'")
+H_TC_DIFF = Hypothesis("fi-tc-on-off", "tensor cores on/off: same KV bytes, different kernel and time",
+                       f"the attention kernels of fi and fi tc=off at {D32} differ, call by call ({REPEATS} traced calls)",
+                       source="mini-sglang/reports/plan.md 04: 'KV bytes equal either way'")
+H_PREFILL = Hypothesis("prefill-attn-tflops", "prefill attention reaches at least 16-26% of the dense bf16 peak "
+                       "(A100: 50-80 TFLOP/s)", f"fi {P2048} TFLOP/s (common.flops.prefill_flops, causal) as % of the "
+                       f"measured bf16 ceiling, {REPEATS} repetitions", low=16, unit="%",
+                       source=f"{PLAN}; mini-sglang/reports/plan.md 04 restated: 'at least that share'")
+H_PLAN_SYNC = Hypothesis("fi-plan-sync", "fi plans lazily inside the first attention call of a step, after one event "
+                         "synchronize", f"exactly one cudaEventSynchronize inside each traced fi forward (plan reset "
+                         f"first), {REPEATS} per point", low=1, high=1,
+                         source="attention/fi.py:123-132 (_initialize_metadata_once)")
+H_NCU_DECODE = Hypothesis("decode-ncu", "decode: memory-bound, long-scoreboard stalls first, low tensor use",
+                          f"common.ncu.bound() memory-bound and top stall long_scoreboard for the decode attention "
+                          f"kernel at {D32}, {REPEATS} launches per variant", source=f"{PLAN}: 'memory-bound, "
+                          "long-scoreboard stalls first, low tensor-core use'")
+H_NCU_PREFILL = Hypothesis("prefill-ncu-tensor", "prefill keeps the tensor pipe busy (> 30% of its peak)",
+                           f"ncu tensor-pipe % of the prefill attention kernel at {P2048}, {REPEATS} launches", low=30,
+                           unit="%", source=f"{PLAN}; mini-sglang/reports/plan.md 04 'tensor pipe busy', read as > 30%")
 
 
 def parse_args(argv=None):
@@ -69,13 +106,26 @@ def parse_args(argv=None):
     p.add_argument("--compare", action="store_true", help="only the compare part")
     p.add_argument("--sweep", action="store_true", help="only the sweep part")
     p.add_argument("--ncu", action="store_true", help="run the ncu pass also with --quick")
+    p.add_argument("--decode-batches", type=cli.positive_ints, default=None, help="decode batch sizes of the sweep")
+    p.add_argument("--kv-lens", type=cli.positive_ints, default=None, help="decode KV lengths of the sweep")
+    p.add_argument("--prefill-lens", type=cli.positive_ints, default=None, help="prefill lengths of the sweep (batch 1)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/04_profile_attention)")
     return p.parse_args(argv)
 
 
 def label(phase, q, kv):
-    return (f"{phase} bs={len(q)} q={q[0]} kv={kv[0]}" if phase == "prefill" else f"decode bs={len(q)} kv={kv[0]}")
+    return f"{phase} bs={len(q)} q={q[0]} kv={kv[0]}" if phase == "prefill" else f"decode bs={len(q)} kv={kv[0]}"
+
+
+def plan(args) -> SimpleNamespace:
+    dec = ([(b, k) for b in args.decode_batches or DECODE_BATCHES_FULL for k in args.kv_lens or KV_LENS_FULL]
+           if (args.decode_batches or args.kv_lens or not args.quick) else DECODE_QUICK)
+    pre = [([q], [q]) for q in args.prefill_lens] if args.prefill_lens else (PREFILL_QUICK if args.quick else PREFILL_FULL)
+    cmp_pts = COMPARE_QUICK if args.quick else COMPARE_FULL
+    return SimpleNamespace(compare=cmp_pts, sweep=[("decode", [1] * b, [k] * b) for b, k in dec] +
+                           [("prefill", q, kv) for q, kv in pre],
+                           do_cmp=args.compare or not args.sweep, do_sweep=args.sweep or not args.compare)
 
 
 class Bench:
@@ -143,8 +193,12 @@ class Bench:
                                       cu_seqlens_k=md.cu_seqlens_k, max_seqlen_q=md.max_seqlen_q,
                                       softmax_scale=be.scale, version=be.version)
             replan = None
-        fwd = lambda: be.forward(q, k, v, 0, batch)
-        return SimpleNamespace(out=out, q=q, reqs=reqs, fn=fn, replan=replan, forward=fwd, md=md)
+
+        def forward():   # a step's first attention call: the lazy plan (fi) runs inside it
+            if replan:
+                md.initialized = False
+            return be.forward(q, k, v, 0, batch)
+        return SimpleNamespace(out=out, q=q, reqs=reqs, fn=fn, replan=replan, forward=forward, md=md)
 
     def reference(self, p):
         """float32 causal GQA attention read back from the pool (includes the rows forward stored)."""
@@ -163,11 +217,12 @@ class Bench:
         return torch.cat(outs)
 
 
-def work(phase, q_lens, kv_lens):
-    flops = _msgl.prefill_attn_flops(q_lens, kv_lens, HQ, HD)
-    b = (_msgl.decode_attn_bytes(kv_lens, HQ, HKV, HD) if phase == "decode"
-         else _msgl.prefill_attn_bytes(q_lens, kv_lens, HQ, HKV, HD))
-    return flops, b
+def work(phase, q_lens, kv_lens) -> tuple[int, int]:
+    """FLOPs and minimum bytes of one attention call (common.flops; decode reads an int32 page index per key)."""
+    f = flops.prefill_flops(q_lens, kv_lens, HQ, HD)
+    b = (flops.decode_bytes(kv_lens, HQ, HKV, HD, index_bytes_per_token=4) if phase == "decode"
+         else flops.prefill_bytes(q_lens, kv_lens, HQ, HKV, HD))
+    return f, b
 
 
 def fa_usable():
@@ -178,27 +233,164 @@ def fa_usable():
         return False, f"{e.__class__.__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
 
 
+def make_bench(torch, p, fa_ok):
+    pts = p.compare + p.sweep
+    return Bench(torch, max(len(q) for _, q, _ in pts), max(max(kv) for *_, kv in pts), fa_ok)
+
+
+def ncu_points(b, p) -> list[dict]:
+    return [{"call": f"{var} {label(ph, q, kv)}", "phase": ph, "q": q, "kv": kv, "variant": var, "rep": i}
+            for ph, q, kv in p.compare for var in b.variants(ph) for i in range(REPEATS)]
+
+
 def ncu_target(args) -> int:
+    """Under ncu: every compare point and variant REPEATS times (re-planned first: the points of one variant share a
+    FlashInfer wrapper), a marker kernel before each."""
     import torch
     _msgl.require_minisgl("minisgl.attention")
-    pts = COMPARE_QUICK if args.quick else COMPARE_FULL
-    fa_ok = fa_usable()[0] and torch.cuda.get_device_properties(0).major >= 9
-    b = Bench(torch, max(len(q) for _, q, _ in pts), max(max(kv) for *_, kv in pts), fa_ok)
-    calls = []
-    for phase, q, kv in pts:
+    p = plan(args)
+    b = make_bench(torch, p, fa_usable()[0] and torch.cuda.get_device_properties(0).major >= 9)
+    calls, made = [], {}
+    for pt in ncu_points(b, p):
+        if pt["call"] not in made:
+            made[pt["call"]] = b.point(pt["variant"], pt["phase"], pt["q"], pt["kv"])
+        x = made[pt["call"]]
+        calls.append((f"{pt['call']} #{pt['rep']}", lambda x=x: (x.replan() if x.replan else None, x.fn())))
+    return _msgl.run_points(torch, calls)
+
+
+def check_correctness(run, b):
+    """Every variant against a float32 torch reference on small ragged batches, before anything is timed."""
+    for phase, q, kv in (("decode", [1, 1, 1], [100, 300, 257]), ("prefill", [64, 200], [64, 200]),
+                         ("prefill", [50], [180])):
         for var in b.variants(phase):
-            p = b.point(var, phase, q, kv)
-            p.fn()   # JIT and first touch before the first marker (point -1, dropped)
-            calls.append((f"{var} {label(phase, q, kv)}", p))
-    torch.cuda.synchronize()
-    for name, p in calls:
-        if p.replan:      # points of one variant share a FlashInfer wrapper: re-plan for this one
-            p.replan()
-        ncu.mark()
-        with nvtx_range(name):
-            p.fn()
-    torch.cuda.synchronize()
-    return 0
+            p, _ = _msgl.first_call(lambda: b.point(var, phase, q, kv), f"{var} {phase} (FlashInfer JIT)")
+            ref = b.reference(p)
+            err = float((p.out.float().view_as(ref) - ref).norm() / ref.norm())
+            run.log(f"correctness {var} {phase} q={q} kv={kv}: rel. error {err:.1e} {'✅' if err < 1e-2 else '❌'}")
+            if not err < 1e-2:
+                raise RuntimeError(f"{var} {phase} attention disagrees with the torch reference ({err:.2e})")
+    run.log("All results match. Starting benchmarks.")
+
+
+def measure(x, var, phase, q, kv, part, rep=0):
+    p = x.b.point(var, phase, q, kv)
+    with nvtx_range(f"{var} {label(phase, q, kv)}"):
+        t = bench(p.fn)
+    f, nbytes = work(phase, q, kv)
+    r = rates(t.median_ms, bytes=nbytes, flops=f, peaks=x.pk)
+    plan_us = bench_cpu(p.replan, rep_ms=50).median_us if p.replan else None
+    return p, {"part": part, "variant": var, "phase": phase, "point": label(phase, q, kv), "rep": rep, "batch": len(q),
+               "q_len": q[0], "kv_len": kv[0], "time_us": t.median_us, "spread_pct": t.spread_pct, "plan_cpu_us": plan_us,
+               "flops": f, "bytes": nbytes, "tflop_s": r["tflop_s"], "pct_peak_tflops": r["pct_peak_tflops"],
+               "tb_s": r["tb_s"], "pct_peak_dram": r["pct_peak_dram"], "flop_per_byte": r["flop_per_byte"]}
+
+
+def compare(run, torch, x):
+    """Every compare point and variant REPEATS times, interleaved; then one forward per point REPEATS times under
+    torch.profiler: its kernels (kernels.csv) and the cudaEventSynchronize of the lazy plan."""
+    import pandas as pd
+    rows, traced = [], {}
+    for rep in range(REPEATS):
+        for phase, q, kv in x.p.compare:
+            for var in x.b.variants(phase):
+                try:
+                    p, row = measure(x, var, phase, q, kv, "compare", rep)
+                    rows.append(row)
+                    traced.setdefault(f"call: {var} {label(phase, q, kv)}", p)
+                except Exception as e:
+                    run.point_error({"variant": var, "point": label(phase, q, kv), "rep": rep}, e)
+                    torch.cuda.empty_cache()
+    path = trace.capture_calls(torch, [(name, p.forward) for name, p in traced.items()], run.path("trace.json"),
+                               reps=REPEATS)
+    ev = trace.read_chrome_trace(path)
+    kern = trace.kernels_in_ranges(ev, r"^call: ", empty_rows=False)
+    syncs = _msgl.calls_in_ranges(ev, r"^call: ", r"^cudaEventSynchronize$")
+    return pd.DataFrame(rows), kern, syncs
+
+
+def sweep(run, torch, x):
+    import pandas as pd
+    rows = []
+    for i, (phase, q, kv) in enumerate(x.p.sweep, 1):
+        run.log(f"[{i}/{len(x.p.sweep)}] {label(phase, q, kv)}")
+        for var in x.b.variants(phase):
+            try:
+                rows.append(measure(x, var, phase, q, kv, "sweep")[1])
+            except Exception as e:
+                run.point_error({"variant": var, "point": label(phase, q, kv)}, e)
+                torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
+def attention_calls(kern, name: str) -> list[list[str]]:
+    """Per traced call of ``name``: its attention kernels (store_kv_cache left out), in launch order."""
+    k = kern[(kern["label"] == f"call: {name}") & (kern["gpu_kind"] == "kernel") & ~kern["kernel"].str.contains("store_kv")]
+    return [list(g["kernel"]) for _c, g in k.groupby("call", sort=True)]
+
+
+def judge(run, x):
+    c = x.cmp
+    pts = lambda var, pt, col: list(c[(c["variant"] == var) & (c["point"] == pt)][col]) if len(c) else []  # noqa: E731
+    if x.kern is not None and len(pts("fi", D32, "time_us")):
+        on, off = attention_calls(x.kern, f"fi {D32}"), attention_calls(x.kern, f"fi tc=off {D32}")
+        _msgl.fact(run, H_TC_KERNEL, [any("Prefill" in k for k in ks) for ks in on] +
+                   [not any("Prefill" in k for k in ks) for ks in off], "kernels.csv",
+                   detail=f"tc on: {', '.join(dict.fromkeys(k for ks in on for k in ks))}; tc off: "
+                          f"{', '.join(dict.fromkeys(k for ks in off for k in ks))}")
+        _msgl.fact(run, H_TC_DIFF, [a != b for a, b in zip(on, off)], "kernels.csv, compare.csv",
+                   detail=f"{int(pts('fi', D32, 'bytes')[0]):,} B both (common.flops); {pts('fi', D32, 'time_us')[0]:.1f} us"
+                          f" (on) vs {pts('fi tc=off', D32, 'time_us')[0]:.1f} us (off), rep 0")
+    dec = pts("fi", D32, "pct_peak_dram")
+    run.judge(H_DECODE_BW, dec, evidence="compare.csv",
+              premise=_msgl.within_ceiling(dec + pts("fi tc=off", D32, "pct_peak_dram")),
+              detail=f"{x.ceiling}; tc off: {', '.join(f'{v:.0f}%' for v in pts('fi tc=off', D32, 'pct_peak_dram'))}")
+    pre = pts("fi", P2048, "pct_peak_tflops")
+    run.judge(H_PREFILL, pre, evidence="compare.csv", premise=_msgl.within_ceiling(pre, "the measured bf16 ceiling"),
+              detail=f"{', '.join(f'{v:.0f}' for v in pts('fi', P2048, 'tflop_s'))} TFLOP/s of "
+                     f"{x.pk['bf16_tflops']:.0f} ({x.pk.get('source')})")
+    if x.syncs:
+        fi_calls = [n for name, n in x.syncs if name.startswith("call: fi")]
+        one = pts("fi", "decode bs=1 kv=4096", "plan_cpu_us")
+        _msgl.fact(run, H_PLAN_SYNC, [n == 1 for n in fi_calls], "trace.json",
+                   detail=f"per traced call: {sorted(set(fi_calls))}" + (f"; plan() {one[0]:.0f} us CPU vs "
+                          f"{pts('fi', 'decode bs=1 kv=4096', 'time_us')[0]:.1f} us kernel at bs 1" if one else ""))
+    if x.ncu is None:
+        return
+    main_kernel = x.ncu[~x.ncu["kernel"].str.contains("Merge")]
+    dec_rows = main_kernel[main_kernel["call"].isin([f"fi {D32}", f"fi tc=off {D32}"])].to_dict("records")
+    _msgl.fact(run, H_NCU_DECODE, [ncu.bound(r).startswith("memory") and ncu.top_stall(r) == "long_scoreboard"
+                                   for r in dec_rows], "ncu_kernels.csv",
+               detail="; ".join(dict.fromkeys(f"{r['variant']}: {ncu.bound_why(r)}" for r in dec_rows)))
+    pre_rows = main_kernel[main_kernel["call"] == f"fi {P2048}"]
+    run.judge(H_NCU_PREFILL, list(pre_rows["tensor_pct"]), evidence="ncu_kernels.csv",
+              detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in pre_rows.to_dict("records"))))
+
+
+def tell(x) -> str:
+    items = [("backends: fi (FlashInfer fa2, page size 1), fi tc=off" + (", fa (sgl_kernel)" if x.fa_ok else "")
+              + f"; not here: {'' if x.fa_ok else 'fa (' + x.fa_why + '), '}trtllm (sm100)", [])]
+    if len(x.cmp):
+        med = x.cmp.groupby(["variant", "point", "phase"], sort=False)[["time_us", "plan_cpu_us", "tb_s", "pct_peak_dram",
+                                                                        "tflop_s", "pct_peak_tflops"]].median().reset_index()
+        for r in med.to_dict("records"):
+            name = f"{r['variant']} {r['point']}"
+            ks = x.kern[(x.kern["label"] == f"call: {name}") & (x.kern["call"] == 0)] if x.kern is not None else []
+            head = (f"{name}: attention {r['time_us']:.1f} us" + (f", plan {r['plan_cpu_us']:.0f} us CPU" if r["plan_cpu_us"]
+                                                                    == r["plan_cpu_us"] and r["plan_cpu_us"] else "")
+                    + (f" -> {r['tb_s']:.2f} TB/s ({r['pct_peak_dram']:.0f}%)" if r["phase"] == "decode"
+                       else f" -> {r['tflop_s']:.0f} TFLOP/s ({r['pct_peak_tflops']:.0f}%)") + f" (median of {REPEATS})")
+            items.append((head, [(f"#{int(k['order'])} {k['gpu_kind']} {k['kernel']} grid {k['grid'] or '-'} "
+                                  f"{k['dur_us']:.1f} us", []) for k in (ks.to_dict("records") if len(ks) else [])]))
+    if x.ncu is not None:
+        items.append(("hardware (ncu)", [(f"{r['call']}: {story.kernel_line(r)}", [])
+                                         for r in x.ncu[x.ncu["rep"] == 0].to_dict("records")][:8]))
+    if len(x.sw):
+        items.append(("sweep", [(f"{r['variant']} {r['point']}: {r['time_us']:.1f} us " +
+                                 (f"{r['pct_peak_dram']:.0f}% BW" if r["phase"] == "decode" else f"{r['tflop_s']:.0f} TFLOP/s"),
+                                 []) for r in x.sw.to_dict("records")][:24]))
+    return story.tree(f"ATTENTION THROUGH mini-SGLang — {x.pk['gpu']} (% of {x.ceiling}, bf16 "
+                      f"{x.pk['bf16_tflops']:.0f} TFLOP/s)", items)
 
 
 def main(argv=None) -> int:
@@ -209,202 +401,65 @@ def main(argv=None) -> int:
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
     if args.ncu_target:
         return ncu_target(args)
-    do_cmp, do_sweep = (args.compare or not args.sweep), (args.sweep or not args.compare)
-    cmp_pts = COMPARE_QUICK if args.quick else COMPARE_FULL
-    dec = SWEEP_DECODE_QUICK if args.quick else SWEEP_DECODE_FULL
-    pre = SWEEP_PREFILL_QUICK if args.quick else SWEEP_PREFILL_FULL
-    run_ncu = do_cmp and (not args.quick or args.ncu)
+    import pandas as pd
+    x = SimpleNamespace(args=args, p=plan(args), kern=None, syncs=[], ncu=None, cmp=pd.DataFrame(), sw=pd.DataFrame())
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        # ---- check: ceilings, backends offered here, correctness before timing
+        x.pk = gpu.peaks()
+        x.ceiling = f"the {x.pk.get('source')} DRAM ceiling {x.pk['dram_tb_s']:.2f} TB/s"
         props = torch.cuda.get_device_properties(0)
-        fa_ok, fa_why = fa_usable()
-        fa_ok = fa_ok and props.major >= 9
+        x.fa_ok, x.fa_why = fa_usable()
+        x.fa_ok = x.fa_ok and props.major >= 9
         run.table("backends", [{"backend": "fi", "offered": True, "measured": True, "note": f"flashinfer {fi.__version__}"},
-                               {"backend": "fa", "offered": fa_ok, "measured": fa_ok, "note": fa_why},
+                               {"backend": "fa", "offered": x.fa_ok, "measured": x.fa_ok, "note": x.fa_why},
                                {"backend": "trtllm", "offered": props.major == 10, "measured": False,
                                 "note": "sm100 only; needs page size 16/32/64 (not exercised here)"}])
-        max_bs = max([len(q) for _, q, _ in cmp_pts] + [bs for bs, _ in dec] + [len(q) for q, _ in pre])
-        max_len = max([max(kv) for *_, kv in cmp_pts] + [kv for _, kv in dec] + [max(kv) for _, kv in pre])
-        run.log(f"{pk['gpu']}: copy {pk['dram_tb_s']:.2f} TB/s, bf16 {pk['bf16_tflops']:.0f} TFLOP/s (measured); "
-                f"KV pool {max_bs} x {max_len} tokens; backends: fi, fi tc=off" + (", fa" if fa_ok else ""))
-        b = Bench(torch, max_bs, max_len, fa_ok)
-
-        # ---- correctness first (small ragged batches, every variant)
-        for phase, q, kv in (("decode", [1, 1, 1], [100, 300, 257]), ("prefill", [64, 200], [64, 200]),
-                             ("prefill", [50], [180])):
-            for var in b.variants(phase):
-                p, _ = _msgl.first_call(lambda: b.point(var, phase, q, kv), f"{var} {phase} (FlashInfer JIT)")
-                ref = b.reference(p)
-                err = float((p.out.float().view_as(ref) - ref).norm() / ref.norm())
-                run.log(f"correctness {var} {phase} q={q} kv={kv}: rel. error {err:.1e} {'✅' if err < 1e-2 else '❌'}")
-                if not err < 1e-2:
-                    raise RuntimeError(f"{var} {phase} attention disagrees with the torch reference ({err:.2e})")
-        run.log("All results match. Starting benchmarks.")
-
-        def measure(var, phase, q, kv, part):
-            p = b.point(var, phase, q, kv)
-            with nvtx_range(f"{var} {label(phase, q, kv)}"):
-                t = bench(p.fn)
-            flops, nbytes = work(phase, q, kv)
-            r = rates(t.median_ms, bytes=nbytes, flops=flops, peaks=pk)
-            plan = bench_cpu(p.replan, rep_ms=50).median_us if p.replan else None
-            return p, {"part": part, "variant": var, "phase": phase, "point": label(phase, q, kv), "batch": len(q),
-                       "q_len": q[0], "kv_len": kv[0], "time_us": t.median_us, "spread_pct": t.spread_pct,
-                       "plan_cpu_us": plan, "flops": flops, "bytes": nbytes, "tflop_s": r["tflop_s"],
-                       "pct_peak_tflops": r["pct_peak_tflops"], "tb_s": r["tb_s"], "pct_peak_dram": r["pct_peak_dram"],
-                       "flop_per_byte": r["flop_per_byte"]}
-
-        cmp_rows, sweep_rows, kern_rows, traced = [], [], [], {}
-        if do_cmp:
-            for phase, q, kv in cmp_pts:
-                for var in b.variants(phase):
-                    try:
-                        p, row = measure(var, phase, q, kv, "compare")
-                        cmp_rows.append(row)
-                        traced[f"{var} {label(phase, q, kv)}"] = p
-                    except Exception as e:
-                        run.point_error({"variant": var, "point": label(phase, q, kv)}, e)
-                        torch.cuda.empty_cache()
-            run.table("compare", cmp_rows)
-            from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for name, p in traced.items():
-                    with nvtx_range(name):
-                        if p.replan:
-                            p.md.initialized = False      # show the lazy plan inside the call, as in a real step
-                        p.forward()
-                torch.cuda.synchronize()
-            path = run.path("trace.json")
-            prof.export_chrome_trace(str(path))
-            kern_rows = [{k: r[k] for k in ("range", "order", "kind", "short", "grid", "block", "dur_us", "name")}
-                         for r in _msgl.launches_by_range(path, "|".join(map(_re_escape, traced)))]
-            syncs = dict(_msgl.runtime_calls_in_ranges(path, "|".join(map(_re_escape, traced)), r"^cudaEventSynchronize$"))
-            run.table("kernels", kern_rows)
-        if do_sweep:
-            pts = [("decode", [1] * bs, [kv] * bs) for bs, kv in dec] + [("prefill", q, kv) for q, kv in pre]
-            for i, (phase, q, kv) in enumerate(pts, 1):
-                run.log(f"[{i}/{len(pts)}] {label(phase, q, kv)}")
-                for var in b.variants(phase):
-                    try:
-                        sweep_rows.append(measure(var, phase, q, kv, "sweep")[1])
-                    except Exception as e:
-                        run.point_error({"variant": var, "point": label(phase, q, kv)}, e)
-                        torch.cuda.empty_cache()
-            run.table("sweep", sweep_rows)
-        import pandas as pd
-        allr = pd.DataFrame(cmp_rows + sweep_rows)
+        run.log(f"{x.pk['gpu']}: {x.ceiling}, bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s; backends: fi, fi tc=off"
+                + (", fa" if x.fa_ok else ""))
+        x.b = make_bench(torch, x.p, x.fa_ok)
+        check_correctness(run, x.b)
+        # ---- measure
+        if x.p.do_cmp:
+            x.cmp, x.kern, x.syncs = compare(run, torch, x)
+            run.table("compare", x.cmp)
+            run.table("kernels", x.kern)
+            if not args.quick or args.ncu:
+                try:
+                    run.log(f"ncu: every compare point and variant {REPEATS} times (tensor pipe, occupancy, DRAM, stalls)")
+                    x.ncu = _msgl.ncu_pass(run, __file__, _msgl.argv_of(args, ("quick",)), KERNELS, ncu_points(x.b, x.p),
+                                           x.pk)[0].drop(columns=["q", "kv"])
+                    run.table("ncu_kernels", x.ncu)
+                except Exception as e:
+                    run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+        if x.p.do_sweep:
+            x.sw = sweep(run, torch, x)
+            run.table("sweep", x.sw)
+        # ---- analyse: the roofline and the decode sweep
+        allr = pd.concat([x.cmp, x.sw], ignore_index=True)
         if len(allr):
             run.figure("roofline", plots.roofline([{"label": f"{r['variant']} {r['point']}", **r} for r in
-                                                   allr.drop_duplicates(["variant", "point"]).to_dict("records")], pk,
+                                                   allr.drop_duplicates(["variant", "point"]).to_dict("records")], x.pk,
                                                   title="attention (Llama-3.1-8B heads, bf16)"))
-        sd = pd.DataFrame(sweep_rows)
-        if len(sd) and (sd["phase"] == "decode").any():
-            d = sd[sd["phase"] == "decode"].assign(series=lambda x: x["variant"] + " bs=" + x["batch"].astype(str))
+        if len(x.sw) and (x.sw["phase"] == "decode").any():
+            d = x.sw[x.sw["phase"] == "decode"].assign(series=lambda s: s["variant"] + " bs=" + s["batch"].astype(str))
             run.figure("decode_sweep", plots.sweep(d, x="kv_len", y="pct_peak_dram", hue="series", logx=True,
-                                                   ylabel="% of measured copy bandwidth", hline=100,
-                                                   title=f"decode attention — {pk['gpu']}"))
-
-        kern = None
-        if run_ncu:
-            run.log("ncu: every compare point and variant once (tensor pipe, occupancy, DRAM, stalls)")
-            try:
-                res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target"] +
-                                  (["--quick"] if args.quick else []), run.dir / "ncu", kernel=ncu.with_marker(KERNELS),
-                                  echo=run.log, timeout=900)
-                raw = ncu.split_points(res.df)
-                raw = raw[raw["point"] >= 0].reset_index(drop=True)
-                kern = ncu.summarize(raw, peaks=pk)
-                labels = [f"{var} {label(ph, q, kv)}" for ph, q, kv in cmp_pts for var in b.variants(ph)]
-                kern["call"] = [labels[p] if p < len(labels) else "?" for p in kern["point"]]
-                run.table("ncu_kernels", kern)
-            except Exception as e:
-                run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
-                kern = None
-
+                                                   ylabel="% of the measured DRAM ceiling", hline=100,
+                                                   title=f"decode attention — {x.pk['gpu']}"))
         # ---- verdicts
-        c = pd.DataFrame(cmp_rows)
-        names = {}
-        for r in kern_rows:
-            if r["kind"] == "kernel" and "store_kv_cache" not in r["short"]:
-                names.setdefault(r["range"], []).append(r["short"])
-        get = lambda var, pt: c[(c["variant"] == var) & (c["point"] == pt)].to_dict("records") if len(c) else []
-        d32 = "decode bs=32 kv=4096"
-        on, off = get("fi", d32), get("fi tc=off", d32)
-        if on and off:
-            kon, koff = names.get(f"fi {d32}", []), names.get(f"fi tc=off {d32}", [])
-            run.observe("fi decode with tensor cores (GQA >= 4) runs FlashInfer's prefill kernel",
-                        f"tc on: {', '.join(kon)}; tc off: {', '.join(koff)}",
-                        "confirmed" if any("Prefill" in k for k in kon) and not any("Prefill" in k for k in koff)
-                        else "refuted", "kernels.csv")
-            run.observe("decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)",
-                        f"fi: {on[0]['tb_s']:.2f} TB/s = {on[0]['pct_peak_dram']:.0f}% of measured copy; tc off: "
-                        f"{off[0]['pct_peak_dram']:.0f}% (threshold 70%)",
-                        "confirmed" if on[0]["pct_peak_dram"] >= 70 else "refuted", "compare.csv")
-            run.observe("tensor cores on/off: same KV bytes, different kernel and time",
-                        f"{on[0]['bytes']:,} B both; {on[0]['time_us']:.1f} us (on) vs {off[0]['time_us']:.1f} us (off)",
-                        "confirmed" if kon != koff else "refuted", "compare.csv")
-        pre_rows = allr[allr["phase"] == "prefill"] if len(allr) else allr
-        if len(pre_rows):
-            best = pre_rows.sort_values("tflop_s").iloc[-1]
-            run.observe("prefill attention reaches 16-26% of the dense bf16 peak (A100: 50-80 TFLOP/s)",
-                        f"best {best['tflop_s']:.0f} TFLOP/s = {best['pct_peak_tflops']:.0f}% of measured bf16 GEMM "
-                        f"({best['variant']} {best['point']}; threshold 16%)",
-                        "confirmed" if best["pct_peak_tflops"] >= 16 else "refuted", "compare.csv")
-            run.headline(prefill_best_tflop_s=best["tflop_s"], prefill_best_pct_peak=best["pct_peak_tflops"])
-        if on:
-            run.headline(decode_b32_kv4096_tb_s=on[0]["tb_s"], decode_b32_kv4096_pct_peak=on[0]["pct_peak_dram"],
-                         plan_cpu_us_b32=on[0]["plan_cpu_us"])
-        if do_cmp and syncs:
-            n_sync = sorted(set(v for k, v in syncs.items() if k.startswith("fi")))
-            one = get("fi", "decode bs=1 kv=4096")
-            run.observe("fi plans lazily inside the first attention call of a step, after one event synchronize",
-                        f"cudaEventSynchronize per traced call: {n_sync}; plan() "
-                        f"{one[0]['plan_cpu_us']:.0f} us CPU vs {one[0]['time_us']:.1f} us kernel at bs 1" if one else
-                        f"cudaEventSynchronize per traced call: {n_sync}",
-                        "confirmed" if n_sync == [1] else "inconclusive" if n_sync == [0] else "refuted",
-                        "trace.json")
-        if kern is not None:
-            for call in (f"fi {d32}", f"fi tc=off {d32}", "fi prefill bs=1 q=2048 kv=2048"):
-                k = kern[(kern["call"] == call) & ~kern["kernel"].str.contains("Merge")].to_dict("records")
-                if not k:
-                    continue
-                r = max(k, key=lambda x: x["time_us"])
-                if "decode" in call:
-                    top = (r.get("top_stalls") or "").split(" ")[0]
-                    run.observe(f"decode ({call.split(' decode')[0]}): memory-bound, long-scoreboard stalls first, low tensor use",
-                                story.kernel_line(r), "confirmed" if top == "long_scoreboard" and r["dram_pct"] > r["sm_pct"]
-                                else "refuted", "ncu_kernels.csv")
-                else:
-                    run.observe("prefill keeps the tensor pipe busy (> 30% of its peak)", story.kernel_line(r),
-                                "confirmed" if r["tensor_pct"] > 30 else "refuted", "ncu_kernels.csv")
-
-        # ---- story
-        items = [("backends: fi (FlashInfer fa2, page size 1), fi tc=off" + (", fa (sgl_kernel)" if fa_ok else "")
-                  + f"; not here: {'' if fa_ok else 'fa (' + fa_why + '), '}trtllm (sm100)", [])]
-        for name, p in traced.items():
-            row = next((r for r in cmp_rows if f"{r['variant']} {r['point']}" == name), None)
-            ks = [r for r in kern_rows if r["range"] == name]
-            head = name + (f": attention {row['time_us']:.1f} us" + (f", plan {row['plan_cpu_us']:.0f} us CPU"
-                                                                      if row["plan_cpu_us"] else "")
-                           + (f" -> {row['tb_s']:.2f} TB/s ({row['pct_peak_dram']:.0f}%)" if row["phase"] == "decode"
-                              else f" -> {row['tflop_s']:.0f} TFLOP/s ({row['pct_peak_tflops']:.0f}%)") if row else "")
-            items.append((head, [(f"#{r['order']} {r['kind']} {r['short']} grid {r['grid'] or '-'} {r['dur_us']:.1f} us", [])
-                                 for r in ks]))
-        if kern is not None:
-            items.append(("hardware (ncu)", [(f"{r['call']}: {story.kernel_line(r)}", []) for r in kern.to_dict("records")][:8]))
-        if len(sd):
-            items.append(("sweep", [(f"{r['variant']} {r['point']}: {r['time_us']:.1f} us " +
-                                     (f"{r['pct_peak_dram']:.0f}% BW" if r["phase"] == "decode" else f"{r['tflop_s']:.0f} TFLOP/s"),
-                                     []) for r in sd.to_dict("records")][:24]))
-        run.story(story.tree(f"ATTENTION THROUGH mini-SGLang — {pk['gpu']} (copy {pk['dram_tb_s']:.2f} TB/s, "
-                             f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s measured)", items))
+        judge(run, x)
+        if len(x.cmp):
+            med = x.cmp.groupby(["variant", "point"])[["tb_s", "pct_peak_dram", "plan_cpu_us", "tflop_s",
+                                                       "pct_peak_tflops"]].median()
+            if ("fi", D32) in med.index:
+                run.headline(decode_b32_kv4096_tb_s=med.loc[("fi", D32), "tb_s"],
+                             decode_b32_kv4096_pct_peak=med.loc[("fi", D32), "pct_peak_dram"])
+            if ("fi", P2048) in med.index:
+                run.headline(prefill_2048_tflop_s=med.loc[("fi", P2048), "tflop_s"],
+                             prefill_2048_pct_peak=med.loc[("fi", P2048), "pct_peak_tflops"])
+        # ---- the story
+        run.story(tell(x))
         print(run.summary["story"])
     return 0
-
-
-def _re_escape(s: str) -> str:
-    import re
-    return "^" + re.escape(s) + "$"
 
 
 if __name__ == "__main__":

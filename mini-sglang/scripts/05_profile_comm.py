@@ -10,17 +10,21 @@ What it measures (needs two GPUs of one host; on one GPU it says so and exits 0)
       * torch.distributed all_reduce on an NCCL process group,
     each eagerly (CUDA events) and replayed from a CUDA graph (how the engine runs decode), all with
     common.timing.bench (fixed sample counts on every rank, so the collectives stay matched; each
-    sample is 10 back-to-back calls, so rank skew is amortised). The slowest rank's median defines the time; algbw = bytes / time, busbw = algbw x 2(n-1)/n (NCCL's
-    convention), compared with the MEASURED GPU0->GPU1 copy bandwidth (and the datasheet NVLink).
+    sample is 10 back-to-back calls, so rank skew is amortised). Per sample the slowest rank defines the
+    time; the median of those is the point, and the verdicts are judged on bootstrap intervals over the
+    samples (common.stats). algbw = bytes / time, busbw = algbw x 2(n-1)/n (NCCL's convention,
+    common.flops.bus_bandwidth), compared with the MEASURED GPU0->GPU1 copy bandwidth (and the
+    datasheet NVLink, and the NVLink all-reduce ceiling of common.gpu.peaks where it was measured).
     --analyze  the copy path alone: buffered minus direct time per size (the D2D copies' share), a
-               torch.profiler trace on rank 0 showing what one call of each launches (memcpy DtoD,
-               the NCCL kernel, memcpy DtoD), and what the all-reduces of one Llama-3.1-8B TP forward
+               torch.profiler trace on rank 0 (common.trace.capture_calls; the other ranks make the same
+               calls in the same order) showing what one call of each launches (memcpy DtoD, the NCCL
+               kernel, memcpy DtoD), and what the all-reduces of one Llama-3.1-8B TP forward
                (2 per layer + 1 for the embedding) cost at decode and prefill sizes.
-    NVLink multicast stays off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
-    NVSHMEM_DISABLE_NVLS=1 are set before any NCCL init. A rank that fails or hangs is stopped
-    (timeouts on every join); --tp larger than the GPU count is refused with one line.
+    NVLink multicast stays off (common.procs.nccl_env: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+    NVSHMEM_DISABLE_NVLS=1, set before any NCCL init). A rank that fails or hangs is stopped (timeouts on
+    every join); --tp larger than the GPU count is refused with one line before any rank starts.
 
-What the plan expected (hypotheses; A100 figures)
+What the plan expected (hypotheses: H_* below; A100 figures)
     * All-reduce reaches 85-95% of NVLink bandwidth.
     * The symmetric buffer costs an extra device-to-device copy ("direct peer access" would remove
       it). Reading pynccl.cu:105-123: two copies (in and out) per call whenever the message fits.
@@ -31,26 +35,31 @@ Run
     python mini-sglang/scripts/05_profile_comm.py --tp 2 4           # chosen TP sizes
     python mini-sglang/scripts/05_profile_comm.py --analyze          # only the copy-path analysis
     python mini-sglang/scripts/05_profile_comm.py --reanalyse DIR --out OUT   # no GPU: verdicts again from DIR's CSVs
-    nsys profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -o /tmp/comm \
+    nsys profile --trace=cuda,nvtx --sample=none --cpuctxsw=none -o /tmp/comm \\
         python mini-sglang/scripts/05_profile_comm.py --quick --analyze   # every rank's timeline
-Writes mini-sglang/results/05_profile_comm/: allreduce.csv, copy_overhead.csv, forward_estimate.csv,
-launches.csv, busbw.png, trace_rank0_tp<N>.json, story.txt, summary.json.
+Writes mini-sglang/results/05_profile_comm/: allreduce.csv (with every sample), copy_overhead.csv,
+forward_estimate.csv, launches.csv, busbw.png, trace_rank0_tp<N>.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import gpu, models, plots, story  # noqa: E402
+import _msgl  # noqa: E402
+from common import cli, flops, gpu, models, plots, procs, stats, story  # noqa: E402
 from common.checks import SetupError, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
+from common.stats import Interval  # noqa: E402
 from common.timing import bench  # noqa: E402
-import _msgl  # noqa: E402
+from common.verdicts import Hypothesis  # noqa: E402
 
+# ------------------------------------------------------------------ the sweep, as data
 KiB, MiB = 1 << 10, 1 << 20
 SIZES_FULL = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)
 SIZES_QUICK = (8 * KiB, 256 * KiB, 8 * MiB, 64 * MiB)
@@ -58,14 +67,33 @@ IMPLS = ("pynccl buffer", "pynccl direct", "torch nccl")
 TRACE_SIZES = (64 * KiB, 64 * MiB)   # a decode-sized and a prefill-sized message
 CALLS = 10                           # back-to-back calls per timed sample: rank skew and launch gaps amortised
 
+# ------------------------------------------------------------------ the hypotheses, as data
+PLAN = "PLAN.md session 2 / seed 002 ('NCCL AllReduce NVLink Util 85-95%', A100)"
+H_BUSBW = Hypothesis("allreduce-busbw", "all-reduce reaches 85-95% of NVLink bandwidth (large messages)",
+                     "busbw of the best implementation at the largest message as % of the measured GPU0->GPU1 copy "
+                     "(bootstrap 95% interval over its samples)", low=85, high=95, unit="%", source=PLAN)
+H_COPIES = Hypothesis("pynccl-copies", "the symmetric buffer adds device-to-device copies around every all-reduce "
+                      "(code: two)", "exactly two DtoD copies in every traced buffered call, none in a direct call "
+                      "(rank 0 trace)", source="seed 002 / PLAN.md session 2: 'symmetric buffer costs an extra device "
+                      "copy'; pynccl.cu:105-123")
+H_SHARE = Hypothesis("pynccl-copy-share", "the copies' share is largest for decode-sized messages",
+                     "copy share (1 - direct / buffered time) at the smallest message minus at the largest, eager, first "
+                     "TP size (percentage points; intervals from the samples)", low=0, unit=" pp",
+                     source="mini-sglang/reports/plan.md 05: 'whose share is largest for decode-sized messages'")
+H_GRAPH = Hypothesis("graph-small-latency", "CUDA-graph replay lowers small-message latency (the engine replays decode)",
+                     "graph / eager time at the smallest message, every implementation (the claim holds for each: the "
+                     "interval spans all of them)", high=1.0,
+                     source="mini-sglang/reports/plan.md 05: 'eager vs CUDA graph'; 'lowers' read as < 1")
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="TP 2, 4 sizes, fewer samples (~1-2 min)")
     p.add_argument("--analyze", action="store_true", help="only the copy-path analysis (buffered vs direct, trace)")
-    p.add_argument("--tp", type=int, nargs="+", default=None, help="TP sizes (default: 2, 4, 8 as GPUs allow)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before hung ranks are stopped")
+    p.add_argument("--tp", type=_msgl.at_least(2, "a TP size", "an all-reduce needs two ranks"), nargs="+", default=None,
+                   help="TP sizes (default: 2, 4, 8 as GPUs allow)")
+    p.add_argument("--timeout", type=cli.positive_float, default=None, help="seconds before hung ranks are stopped")
     p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/05_profile_comm)")
     p.add_argument("--reanalyse", metavar="DIR", default=None,
                    help="no GPU: redo tables, verdicts and story from the allreduce.csv/launches.csv an earlier run left in DIR")
@@ -93,22 +121,15 @@ def comm_worker(rank, world, port, sizes, impls, modes, reps, trace_path):
              "pynccl direct": lambda x: comms["pynccl direct"].all_reduce(x, "sum"),
              "torch nccl": lambda x: dist.all_reduce(x, group=nccl_pg)}
     if trace_path:
-        from common.ranges import nvtx_range
-        from torch.profiler import ProfilerActivity, profile
+        from common.trace import capture_calls
         xs = {n: torch.zeros(n // 2, dtype=torch.bfloat16, device="cuda") for n in TRACE_SIZES}
+        traced = [(f"call: {impl} {n} B", lambda impl=impl, x=x: calls[impl](x)) for impl in impls for n, x in xs.items()]
         dist.barrier()
-        if rank == 0:
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for impl in impls:
-                    for n, x in xs.items():
-                        with nvtx_range(f"call: {impl} {n} B"):
-                            calls[impl](x)
-                torch.cuda.synchronize()
-            prof.export_chrome_trace(trace_path)
-        else:
-            for impl in impls:
-                for n, x in xs.items():
-                    calls[impl](x)
+        if rank == 0:       # capture_calls: every call once (warm), then each once more under the profiler
+            capture_calls(torch, traced, trace_path, reps=1)
+        else:               # the same collectives in the same order, unprofiled
+            for _label, fn in traced + traced:
+                fn()
             torch.cuda.synchronize()
     rows = []
     for mode in modes:
@@ -119,7 +140,8 @@ def comm_worker(rank, world, port, sizes, impls, modes, reps, trace_path):
                 try:
                     t = bench(lambda: [calls[impl](x) for _ in range(CALLS)], method="events" if mode == "eager" else "graph",
                               cold_l2=False, warmup=3, reps=reps)
-                    rows.append({"impl": impl, "mode": mode, "bytes": n, "calls_per_sample": CALLS, **t.to_dict()})
+                    rows.append({"impl": impl, "mode": mode, "bytes": n, "calls_per_sample": CALLS, **t.to_dict(),
+                                 "samples_ms": t.samples_ms})
                 except Exception as e:   # recorded; the barrier keeps the ranks in step
                     rows.append({"impl": impl, "mode": mode, "bytes": n, "error": f"{e.__class__.__name__}: {str(e)[:160]}"})
                     torch.cuda.synchronize()
@@ -142,6 +164,26 @@ def p2p_bandwidth(torch, run):
         return None
 
 
+def point_rows(tp, res, p2p, link_ds, run) -> list[dict]:
+    """One row per (impl, mode, size) of one TP size: per sample the slowest rank, per call (us); the median is the
+    point, the samples are kept (';'-joined) for the intervals."""
+    rows = []
+    for i, r0 in enumerate(res[0]):
+        err = next((rr[i]["error"] for rr in res if "error" in rr[i]), None)
+        if err:
+            run.point_error({"tp": tp, "impl": r0["impl"], "mode": r0["mode"], "bytes": r0["bytes"]}, RuntimeError(err))
+            continue
+        per = [max(rr[i]["samples_ms"][k] for rr in res) * 1e3 / CALLS for k in range(len(r0["samples_ms"]))]
+        t_us = statistics.median(per)
+        alg, bus = flops.bus_bandwidth(r0["bytes"], t_us / 1e6, tp)
+        rows.append({"tp": tp, "impl": r0["impl"], "mode": r0["mode"], "bytes": r0["bytes"], "time_us": t_us,
+                     "spread_pct": r0["spread_pct"], "algbw_gb_s": alg, "busbw_gb_s": bus,
+                     "pct_p2p_measured": 100 * bus / p2p if p2p else None,
+                     "pct_nvlink_datasheet": 100 * bus / link_ds if link_ds else None,
+                     "samples_us": ";".join(f"{v:.4f}" for v in per)})
+    return rows
+
+
 def interp_us(df, n):
     """Log-log interpolation of the measured time at message size n."""
     pts = sorted(zip(df["bytes"], df["time_us"]))
@@ -153,101 +195,153 @@ def interp_us(df, n):
     return math.exp(math.log(lo[1]) + f * (math.log(hi[1]) - math.log(lo[1])))
 
 
-def analyse(run, df, launches: list, p2p, link_ds, name: str, ngpu: int, tps, analyze: bool, dram_tb_s: float) -> None:
-    """Tables, figure, verdicts and story from the all-reduce rows (``df``: allreduce.csv) and the
-    launches of the traced calls on rank 0 (launches.csv); shared by a GPU run and --reanalyse."""
-    run.table("allreduce", df)
-    run.figure("busbw", plots.sweep(df.assign(series=lambda x: "TP" + x["tp"].astype(str) + " " + x["impl"] + " " + x["mode"]),
-                                    x="bytes", y="busbw_gb_s", hue="series", logx=True, ylabel="bus bandwidth (GB/s)",
-                                    hline=p2p, hline_label="measured GPU0->GPU1 copy",
-                                    title=f"all-reduce bf16 — {name}"))
+# ------------------------------------------------------------------ intervals from the recorded samples
 
-    # ---- copy path: buffered minus direct, per size (eager)
-    tp0 = int(df["tp"].min())
-    e = df[(df["tp"] == tp0) & (df["mode"] == "eager")].pivot_table(index="bytes", columns="impl", values="time_us")
-    ov = []
-    if {"pynccl buffer", "pynccl direct"} <= set(e.columns):
-        for n, r in e.iterrows():
-            ov.append({"tp": tp0, "bytes": int(n), "buffer_us": r["pynccl buffer"], "direct_us": r["pynccl direct"],
-                       "copy_overhead_us": r["pynccl buffer"] - r["pynccl direct"],
-                       "copy_share_pct": 100 * (r["pynccl buffer"] - r["pynccl direct"]) / r["pynccl buffer"],
-                       "two_copies_at_measured_peak_us": 2 * 2 * n / (dram_tb_s * 1e12) * 1e6})
-        run.table("copy_overhead", ov)
-    if launches:
-        run.table("launches", launches)
-    # ---- what one Llama-3.1-8B forward's all-reduces cost (2 per layer + embedding)
+def time_iv(row) -> Interval:
+    """The interval of one point's time (us): a bootstrap over its samples, or its one median when the run (an older
+    one) recorded no samples."""
+    s = row.get("samples_us")
+    vals = [float(v) for v in s.split(";")] if isinstance(s, str) and s else [row["time_us"]]
+    return stats.interval(vals)
+
+
+def inverse(iv: Interval, k: float) -> Interval:
+    """k / x of an interval of positive x (a time turned into a rate)."""
+    return Interval(k / iv.point, k / iv.hi, k / iv.lo, iv.n, iv.method)
+
+
+def share_iv(direct: Interval, buffered: Interval) -> Interval:
+    """Copy share in % = 100 * (1 - direct / buffered), from the two time intervals (worst-case bounds)."""
+    r = stats.ratio_interval(direct, buffered)
+    return Interval(100 * (1 - r.point), 100 * (1 - r.hi), 100 * (1 - r.lo), r.n, r.method)
+
+
+def launch_table(df):
+    """The rank-0 launches as a common.trace.kernels_in_ranges table; launches.csv of runs before the common join
+    (columns range, kind, name, short) is renamed to it."""
+    if "gpu_kind" in df.columns:
+        return df
+    return df.rename(columns={"range": "label", "kind": "gpu_kind", "short": "kernel", "name": "full_name",
+                              "gpu_start_us": "ts_us"}).assign(call=0)
+
+
+def copy_counts(launches) -> tuple[list[int], list[int], dict]:
+    """DtoD memcpy per traced call (buffered, direct) and the one-time set-up copies of a communicator's first call."""
+    d2d = lambda g: int((g["gpu_kind"].eq("memcpy") & g["full_name"].astype(str).str.contains("DtoD")).sum())  # noqa: E731
+    setup = lambda g: int((g["gpu_kind"].isin(["memcpy", "memset"])  # noqa: E731
+                           & ~g["full_name"].astype(str).str.contains("DtoD")).sum())
+    per = list(launches.groupby(["label", "call"], sort=False))
+    return ([d2d(g) for (lb, _c), g in per if "pynccl buffer" in lb], [d2d(g) for (lb, _c), g in per if "pynccl direct" in lb],
+            {lb: setup(g) for (lb, _c), g in per if setup(g)})
+
+
+def estimate(df, tp0, analyze) -> list[dict]:
+    """What the all-reduces of one Llama-3.1-8B TP forward cost (2 per layer + the embedding), per implementation."""
     cfg = models.config("llama-3.1-8b")
-    n_ar = 2 * cfg["num_hidden_layers"] + 1
-    est = []
-    for impl in ("pynccl buffer", "pynccl direct", "torch nccl"):
-        d = df[(df["tp"] == tp0) & (df["impl"] == impl) & (df["mode"] == ("graph" if not analyze else "eager"))]
-        if not len(d):
-            continue
+    n_ar, est = 2 * cfg["num_hidden_layers"] + 1, []
+    for impl in IMPLS:
+        d = df[(df["tp"] == tp0) & (df["impl"] == impl) & (df["mode"] == ("eager" if analyze else "graph"))]
         for label, tokens in (("decode bs=1", 1), ("decode bs=32", 32), ("decode bs=256", 256), ("prefill 8192", 8192)):
-            n = tokens * cfg["hidden_size"] * 2
-            t = interp_us(d, n)
-            est.append({"impl": impl, "step": label, "message_bytes": n, "allreduces": n_ar, "per_call_us": t,
-                        "per_forward_us": n_ar * t})
-    run.table("forward_estimate", est)
+            if len(d):
+                n = tokens * cfg["hidden_size"] * 2
+                t = interp_us(d, n)
+                est.append({"impl": impl, "step": label, "message_bytes": n, "allreduces": n_ar, "per_call_us": t,
+                            "per_forward_us": n_ar * t})
+    return est
 
-    # ---- verdicts
+
+def judge(run, x):
+    df, tp0 = x.df, x.tp0
     big = df[df["bytes"] == df["bytes"].max()]
-    best = big.sort_values("busbw_gb_s").iloc[-1]
-    run.headline(tp_sizes=",".join(map(str, sorted(set(df["tp"])))), p2p_gb_s=p2p, best_busbw_gb_s=best["busbw_gb_s"],
-                 best_busbw_impl=f"TP{best['tp']} {best['impl']} {best['mode']}")
-    ref = p2p or link_ds
-    run.observe("all-reduce reaches 85-95% of NVLink bandwidth (large messages)",
-                f"best busbw {best['busbw_gb_s']:.0f} GB/s at {int(best['bytes']) // MiB} MiB (TP{best['tp']} {best['impl']} "
-                f"{best['mode']}) = {100 * best['busbw_gb_s'] / ref:.0f}% of the measured GPU0->GPU1 copy"
-                + (f", {100 * best['busbw_gb_s'] / link_ds:.0f}% of the datasheet link" if link_ds else ""),
-                "confirmed" if best["busbw_gb_s"] >= 0.85 * ref else "refuted", "allreduce.csv")
-    if launches:
-        per = {}
-        for r in launches:
-            per.setdefault(r["range"], []).append(r)
-        d2d = lambda v: sum(1 for r in v if r["kind"] == "memcpy" and "DtoD" in str(r["name"]))  # noqa: E731
-        setup = lambda v: sum(1 for r in v if r["kind"] in ("memcpy", "memset") and "DtoD" not in str(r["name"]))  # noqa: E731
-        nb = [d2d(v) for k, v in per.items() if "pynccl buffer" in k]
-        nd = [d2d(v) for k, v in per.items() if "pynccl direct" in k]
-        first = {k: setup(v) for k, v in per.items() if setup(v)}
-        run.observe("the symmetric buffer adds device-to-device copies around every all-reduce (code: two)",
-                    f"DtoD memcpy per call: buffered {nb}, direct {nd} (rank 0 trace)" + (
-                        "; the first traced call of a communicator also ran one-time host-to-device copies/memsets (NCCL "
-                        "setup): " + ", ".join(f"{k[6:]} {n}" for k, n in first.items()) if first else ""),
-                    "confirmed" if nb and all(x == 2 for x in nb) and all(x == 0 for x in nd) else "refuted", "launches.csv")
-    if ov:
-        small, large = ov[0], ov[-1]
-        run.observe("the copies' share is largest for decode-sized messages",
-                    f"copy share {small['copy_share_pct']:.0f}% at {small['bytes'] // KiB} KiB vs "
-                    f"{large['copy_share_pct']:.0f}% at {large['bytes'] // MiB} MiB (eager, TP{tp0})",
-                    "confirmed" if small["copy_share_pct"] > large["copy_share_pct"] else "refuted", "copy_overhead.csv")
-    g = df[(df["tp"] == tp0) & (df["bytes"] == df["bytes"].min())].pivot_table(index="impl", columns="mode", values="time_us")
-    if "graph" in g.columns:
-        run.observe("CUDA-graph replay lowers small-message latency (the engine replays decode)",
-                    "; ".join(f"{i}: {r['eager']:.1f} us eager vs {r['graph']:.1f} us graph" for i, r in g.iterrows()),
-                    "confirmed" if (g["graph"] < g["eager"]).all() else "refuted", "allreduce.csv")
+    best = big.sort_values("busbw_gb_s").iloc[-1].to_dict()
+    nan = Interval(math.nan, math.nan, math.nan, 0, "none")
+    iv = inverse(time_iv(best), best["busbw_gb_s"] * best["time_us"] * 100 / x.p2p) if x.p2p else nan
+    run.judge(H_BUSBW, iv, evidence="allreduce.csv", premise=True if x.p2p else "the GPU0->GPU1 copy was not measured",
+              detail=f"best busbw {best['busbw_gb_s']:.0f} GB/s at {int(best['bytes']) // MiB} MiB (TP{best['tp']} "
+                     f"{best['impl']} {best['mode']})"
+                     + (f" = {100 * best['busbw_gb_s'] / x.p2p:.0f}% of the measured GPU0->GPU1 copy ({x.p2p:.0f} GB/s)"
+                        if x.p2p else "")
+                     + (f", {100 * best['busbw_gb_s'] / x.link_ds:.0f}% of the datasheet link" if x.link_ds else "")
+                     + (f"; NVLink all-reduce ceiling (common.gpu) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
+    if x.launches is not None:
+        nb, nd, first = copy_counts(x.launches)
+        _msgl.fact(run, H_COPIES, [n == 2 for n in nb] + [n == 0 for n in nd], "launches.csv",
+                   detail=f"DtoD memcpy per call: buffered {nb}, direct {nd} (rank 0 trace)" + (
+                       "; the first traced call of a communicator also ran one-time host-to-device copies/memsets (NCCL "
+                       "setup): " + ", ".join(f"{k[6:]} {n}" for k, n in first.items()) if first else ""))
+    e = df[(df["tp"] == tp0) & (df["mode"] == "eager")]
+    rows = {(r["impl"], r["bytes"]): r for r in e.to_dict("records")}
+    lo_n, hi_n = e["bytes"].min(), e["bytes"].max()
+    if all((i, n) in rows for i in ("pynccl buffer", "pynccl direct") for n in (lo_n, hi_n)):
+        small = share_iv(time_iv(rows[("pynccl direct", lo_n)]), time_iv(rows[("pynccl buffer", lo_n)]))
+        large = share_iv(time_iv(rows[("pynccl direct", hi_n)]), time_iv(rows[("pynccl buffer", hi_n)]))
+        diff = Interval(small.point - large.point, small.lo - large.hi, small.hi - large.lo, min(small.n, large.n),
+                        "difference of " + small.method)
+        run.judge(H_SHARE, diff, evidence="copy_overhead.csv, allreduce.csv",
+                  detail=f"copy share {small.point:.0f}% at {lo_n // KiB} KiB vs {large.point:.0f}% at {hi_n // MiB} MiB "
+                         f"(eager, TP{tp0})")
+    g = df[(df["tp"] == tp0) & (df["bytes"] == df["bytes"].min())]
+    pairs = {i: {r["mode"]: r for r in g[g["impl"] == i].to_dict("records")} for i in sorted(set(g["impl"]))}
+    pairs = {i: m for i, m in pairs.items() if {"eager", "graph"} <= set(m)}
+    if pairs:
+        ivs = {i: stats.ratio_interval(time_iv(m["graph"]), time_iv(m["eager"])) for i, m in pairs.items()}
+        one = all(v.n <= 1 for v in ivs.values())   # an older run: one median per point, judged over the implementations
+        iv = (stats.interval([v.point for v in ivs.values()]) if one else
+              Interval(statistics.median(v.point for v in ivs.values()), min(v.lo for v in ivs.values()),
+                       max(v.hi for v in ivs.values()), min(v.n for v in ivs.values()), "span of the implementations' intervals"))
+        run.judge(H_GRAPH, iv, evidence="allreduce.csv", detail="; ".join(
+            f"{i}: {m['eager']['time_us']:.1f} us eager vs {m['graph']['time_us']:.1f} us graph" for i, m in pairs.items())
+            + ("; one median per point recorded: the interval spans the implementations" if one else ""))
 
-    # ---- story
-    items = [(f"{len(tps)} TP size(s) on {ngpu} x {name}; measured GPU0->GPU1 copy "
-              f"{p2p and round(p2p)} GB/s; NVLink multicast off", [])]
-    if launches:
-        per = {}
-        for r in launches:
-            per.setdefault(r["range"][6:], []).append(r)
+
+def analyse(run, x) -> None:
+    """Tables, figure, verdicts and story from the all-reduce rows (x.df: allreduce.csv) and the rank-0 launches
+    (x.launches: launches.csv); shared by a GPU run and --reanalyse."""
+    df = x.df
+    x.tp0 = int(df["tp"].min())
+    run.table("allreduce", df)
+    run.figure("busbw", plots.sweep(df.assign(series=lambda d: "TP" + d["tp"].astype(str) + " " + d["impl"] + " " + d["mode"]),
+                                    x="bytes", y="busbw_gb_s", hue="series", logx=True, ylabel="bus bandwidth (GB/s)",
+                                    hline=x.p2p, hline_label="measured GPU0->GPU1 copy", title=f"all-reduce bf16 — {x.name}"))
+    e = df[(df["tp"] == x.tp0) & (df["mode"] == "eager")].pivot_table(index="bytes", columns="impl", values="time_us")
+    if {"pynccl buffer", "pynccl direct"} <= set(e.columns):
+        run.table("copy_overhead", [{"tp": x.tp0, "bytes": int(n), "buffer_us": r["pynccl buffer"],
+                                     "direct_us": r["pynccl direct"], "copy_overhead_us": r["pynccl buffer"] - r["pynccl direct"],
+                                     "copy_share_pct": 100 * (r["pynccl buffer"] - r["pynccl direct"]) / r["pynccl buffer"],
+                                     "two_copies_at_dram_ceiling_us": 2 * 2 * n / (x.dram_tb_s * 1e12) * 1e6}
+                                    for n, r in e.iterrows()])
+    if x.launches is not None:
+        run.table("launches", x.launches)
+    x.est = estimate(df, x.tp0, x.analyze)
+    run.table("forward_estimate", x.est)
+    best = df[df["bytes"] == df["bytes"].max()].sort_values("busbw_gb_s").iloc[-1]
+    run.headline(tp_sizes=",".join(map(str, sorted(set(df["tp"])))), p2p_gb_s=x.p2p, best_busbw_gb_s=best["busbw_gb_s"],
+                 best_busbw_impl=f"TP{best['tp']} {best['impl']} {best['mode']}")
+    judge(run, x)
+    run.story(tell(x))
+    print(run.summary["story"])
+
+
+def tell(x) -> str:
+    df = x.df
+    items = [(f"{len(x.tps)} TP size(s) on {x.ngpu} x {x.name}; measured GPU0->GPU1 copy "
+              f"{x.p2p and round(x.p2p)} GB/s; NVLink multicast off", [])]
+    if x.launches is not None:
+        first = x.launches[x.launches["call"] == 0]
         items.append(("one call on rank 0 (engine stream, GPU order)", [
-            (k, [(f"#{r['order']} {r['kind']} {r['short'][:60]} {r['dur_us']:.1f} us", []) for r in v]) for k, v in per.items()]))
+            (lb[6:], [(f"#{int(r['order'])} {r['gpu_kind']} {str(r['kernel'])[:60]} {r['dur_us']:.1f} us", [])
+                      for r in g.to_dict("records")]) for lb, g in first.groupby("label", sort=False)]))
     for tp in sorted(set(df["tp"])):
         d = df[(df["tp"] == tp) & (df["mode"] == "eager")]
         items.append((f"TP{tp} eager", [(f"{impl}: " + ", ".join(
             f"{int(r.bytes) // KiB if r.bytes < MiB else int(r.bytes) // MiB}{'K' if r.bytes < MiB else 'M'} "
             f"{r.time_us:.0f}us/{r.busbw_gb_s:.0f}GB/s" for r in d[d["impl"] == impl].itertuples()), [])
             for impl in sorted(set(d["impl"]))]))
-    if est:
-        items.append((f"Llama-3.1-8B TP{tp0} forward: {n_ar} all-reduces", [
+    if x.est:
+        items.append((f"Llama-3.1-8B TP{x.tp0} forward: {x.est[0]['allreduces']} all-reduces", [
             (f"{r['impl']} {r['step']}: {r['message_bytes']:,} B each -> {r['per_forward_us']:.0f} us per forward", [])
-            for r in est]))
-    run.story(story.tree(f"ALL-REDUCE — PyNCCL vs torch NCCL on {name}", items))
-    print(run.summary["story"])
+            for r in x.est]))
+    return story.tree(f"ALL-REDUCE — PyNCCL vs torch NCCL on {x.name}", items)
 
 
 def main_reanalyse(args) -> int:
@@ -260,14 +354,17 @@ def main_reanalyse(args) -> int:
     prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
     prov, head = prev.get("provenance") or {}, prev.get("headline") or {}
     df = pd.read_csv(src / "allreduce.csv")
-    launches = pd.read_csv(src / "launches.csv").to_dict("records") if (src / "launches.csv").exists() else []
-    name = prov.get("gpu") or "GPU"
-    link_ds = (gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2 or None
-    peaks = prov.get("peaks") or {}
     ov = pd.read_csv(src / "copy_overhead.csv") if (src / "copy_overhead.csv").exists() else None
-    dram = peaks.get("dram_tb_s") or (
-        # the recorded two-copies time gives back the copy bandwidth the run measured
-        float((4 * ov["bytes"] / (ov["two_copies_at_measured_peak_us"] * 1e-6) / 1e12).iloc[0]) if ov is not None and len(ov) else math.nan)
+    old = "two_copies_at_measured_peak_us" if ov is not None and "two_copies_at_measured_peak_us" in ov else \
+        "two_copies_at_dram_ceiling_us"
+    dram = (prov.get("peaks") or {}).get("dram_tb_s") or (   # the recorded two-copies time gives back the ceiling used
+        float((4 * ov["bytes"] / (ov[old] * 1e-6) / 1e12).iloc[0]) if ov is not None and len(ov) else math.nan)
+    name = prov.get("gpu") or "GPU"
+    tps = sorted(set(int(t) for t in df["tp"]))
+    x = SimpleNamespace(df=df, p2p=head.get("p2p_gb_s"), link_ds=(gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2
+                        or None, nvlink=None, name=name, ngpu=prov.get("gpu_count") or max(tps), tps=tps,
+                        analyze=bool((prev.get("args") or {}).get("analyze")), dram_tb_s=dram,
+                        launches=launch_table(pd.read_csv(src / "launches.csv")) if (src / "launches.csv").exists() else None)
     with Run(__file__, args, out=args.out) as run:
         run.reanalysis_of(prev, src)
         for n in prev.get("notes", []):
@@ -275,9 +372,7 @@ def main_reanalyse(args) -> int:
                 run.note(n)
         for f in src.glob("trace_rank0_tp*.json"):
             run.path(f.name).write_bytes(f.read_bytes())
-        tps = sorted(set(int(t) for t in df["tp"]))
-        analyse(run, df, launches, head.get("p2p_gb_s"), link_ds, name, prov.get("gpu_count") or max(tps), tps,
-                bool((prev.get("args") or {}).get("analyze")), dram)
+        analyse(run, x)
     return 0
 
 
@@ -285,6 +380,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.reanalyse:
         return main_reanalyse(args)
+    # ---- check: GPUs before any rank starts (NVML, no torch), packages, the NCCL environment
+    if args.tp:
+        cli.check_gpus_for(max(args.tp), f"--tp {max(args.tp)}")
     torch = require_module("torch", "pip install -r requirements.txt")
     ngpu = require_gpu(torch)
     if ngpu < 2 and not args.tp:
@@ -292,54 +390,45 @@ def main(argv=None) -> int:
               "and earlier results were left as they are (run it on a 2-GPU machine).", flush=True)
         return 0
     tps = args.tp or ([2] if args.quick else [n for n in (2, 4, 8) if n <= ngpu])
-    too_big = [n for n in tps if n > ngpu or n < 2]
-    if too_big:
-        raise SetupError(f"--tp {too_big[0]} needs {too_big[0]} GPUs (and at least 2); {ngpu} visible")
     _msgl.require_minisgl("minisgl.kernel")
-    _msgl.apply_nccl_safe_env(print)
+    env = procs.apply_nccl_env(print)
     sizes = SIZES_QUICK if args.quick else SIZES_FULL
     impls = ("pynccl buffer", "pynccl direct") if args.analyze else IMPLS
     modes = ("eager",) if args.analyze else ("eager", "graph")
-    reps = 20 if args.quick else 50
-    timeout = args.timeout or (300 if args.quick else 900)
+    reps, timeout = (20 if args.quick else 50), args.timeout or (300 if args.quick else 900)
+    name = torch.cuda.get_device_name(0)
+    x = SimpleNamespace(name=name, ngpu=ngpu, tps=tps, analyze=args.analyze, launches=None,
+                        link_ds=(gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2 or None)   # per direction
     with Run(__file__, args, out=args.out) as run:
-        run.note("NVLink multicast off: " + ", ".join(f"{k}={v}" for k, v in _msgl.NCCL_SAFE_ENV.items()))
-        name = torch.cuda.get_device_name(0)
-        spec = gpu.device_spec(name) or {}
-        link_ds = spec.get("nvlink_gb_s", 0) / 2 or None     # datasheet: per direction
-        p2p = p2p_bandwidth(torch, run)
-        run.log(f"{ngpu} x {name}; measured GPU0->GPU1 copy {p2p and f'{p2p:.0f} GB/s'}, datasheet NVLink "
-                f"{link_ds} GB/s per direction; links: {gpu.topology().get('links', {}).get('GPU0-GPU1', '?')}")
+        run.note("NVLink multicast off: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+        pk = gpu.peaks()
+        x.dram_tb_s, x.nvlink = pk["dram_tb_s"], pk.get("nvlink_busbw_gb_s")
+        x.p2p = p2p_bandwidth(torch, run)
+        run.log(f"{ngpu} x {name}; measured GPU0->GPU1 copy {x.p2p and f'{x.p2p:.0f} GB/s'}, datasheet NVLink "
+                f"{x.link_ds} GB/s per direction; links: {gpu.topology().get('links', {}).get('GPU0-GPU1', '?')}")
+        # ---- measure: every TP size in its own ranks
         rows, traces = [], {}
         for tp in tps:
-            trace = str(run.path(f"trace_rank0_tp{tp}.json")) if tp == tps[0] else None
+            tpath = str(run.path(f"trace_rank0_tp{tp}.json")) if tp == tps[0] else None
             run.log(f"TP {tp}: {len(impls)} impls x {len(modes)} modes x {len(sizes)} sizes, {reps} samples each "
                     f"(timeout {timeout:.0f} s)")
             try:
-                res = _msgl.run_ranks(comm_worker, tp, (sizes, impls, modes, reps, trace), run.dir / f"ranks_tp{tp}",
+                res = _msgl.run_ranks(comm_worker, tp, (sizes, impls, modes, reps, tpath), run.dir / f"ranks_tp{tp}",
                                       timeout_s=timeout, log=run.log)
             except RuntimeError as e:   # one line, the other TP sizes still run
                 run.point_error({"tp": tp}, e)
                 continue
-            traces[tp] = trace
-            for i, r0 in enumerate(res[0]):
-                if "error" in r0:
-                    run.point_error({"tp": tp, "impl": r0["impl"], "mode": r0["mode"], "bytes": r0["bytes"]},
-                                    RuntimeError(r0["error"]))
-                    continue
-                t_us = max(rr[i].get("median_ms", 0) for rr in res) * 1e3 / CALLS     # the slowest rank, per call
-                alg, bus = _msgl.bus_bandwidth(r0["bytes"], t_us / 1e6, tp)
-                rows.append({"tp": tp, "impl": r0["impl"], "mode": r0["mode"], "bytes": r0["bytes"], "time_us": t_us,
-                             "spread_pct": r0["spread_pct"], "algbw_gb_s": alg, "busbw_gb_s": bus,
-                             "pct_p2p_measured": 100 * bus / p2p if p2p else None,
-                             "pct_nvlink_datasheet": 100 * bus / link_ds if link_ds else None})
+            traces[tp] = tpath
+            rows += point_rows(tp, res, x.p2p, x.link_ds, run)
         if not rows:
             raise RuntimeError("no all-reduce was measured (every TP size failed; see point errors in summary.json)")
+        # ---- analyse, verdicts, story
         import pandas as pd
-        df = pd.DataFrame(rows)
-        tp0 = int(df["tp"].min())
-        launches = _msgl.launches_by_range(traces[tp0], r"^call: ") if traces.get(tp0) else []
-        analyse(run, df, launches, p2p, link_ds, name, ngpu, tps, args.analyze, gpu.peaks()["dram_tb_s"])
+        from common.trace import kernels_in_ranges, read_chrome_trace
+        x.df = pd.DataFrame(rows)
+        t0 = traces.get(int(x.df["tp"].min()))
+        x.launches = kernels_in_ranges(read_chrome_trace(t0), r"^call: ", empty_rows=False) if t0 else None
+        analyse(run, x)
     return 0
 
 

@@ -1,43 +1,48 @@
-"""Helpers shared by the mini-SGLang scripts (private to mini-sglang/scripts/).
+"""mini-SGLang's own facts, shared by the scripts of this track (private to mini-sglang/scripts/).
 
-Only stdlib and common/ at import time, so every script's --help works on a CPU box; torch and
-minisgl are imported inside the functions that need them. The pure parts (byte and FLOP
-formulas, launch geometry, bus bandwidth, kernel order from a trace, radix workloads) are
-tested on CPU in tests/test_minisgl_helpers.py against real fixtures.
+    K = require_minisgl("minisgl.kernel")             # torch, tvm-ffi and minisgl, or one SetupError line
+    out, secs = first_call(lambda: K.indexing(w, ids), "index")    # a failed JIT build -> one line
+    index_launch(64, 8192); store_launch(8192, 2048)   # grid / block / bytes per warp, read from the source
+    index_template(full_kernel_name)                   # the template arguments of an index_kernel launch
+    vocab_shard(128256, 2, 1)                          # the embedding rows rank 1 of TP 2 holds
+    ncu_coalescing(row)                                # sectors per request from an ncu raw row
+    conversation(16, 256); shared_prefix_requests(8, 64, 1024, 64)   # radix-cache workloads
+    run_ranks(worker, 2, args, outdir)                 # spawned ranks, never left behind
+    mirror_nvtx(torch)                                 # its Layer_i / MHA / MLP ranges into torch.profiler
+    calls_in_ranges(ev, r"^step\\[", r"^cudaEventSynchronize$")   # CUDA API calls (or ranges) inside each range
+    fact(run, H, [True, True, True], "trace.json")     # a deterministic fact as a verdict
+    ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
 
-    from _msgl import index_launch, index_bytes, launches_by_range, run_ranks, ...
-
-The formulas restate, in our own words, what the pinned source does (cited next to each);
-the scripts check them against what the hardware and the profilers report.
+Everything generic comes from common/: the range -> kernel join and the captures (common.trace), FLOPs
+and bytes (common.flops), ports and the NCCL environment (common.procs), verdicts on intervals
+(common.verdicts through results.Run.judge). Only stdlib and common/ at import time, so every script's
+--help works on a CPU box; torch and minisgl are imported inside the functions that need them.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
 import random
 import re
-import socket
 import sys
 import time
 from pathlib import Path
 
 from common.checks import SetupError, require_module
-from common.ncu import short_name
-from common.trace import TraceError
+from common.procs import free_port
 
 COMMIT = "20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66"
 PIP_HINT = (f'pip install --no-deps "minisgl @ git+https://github.com/sgl-project/mini-sglang@{COMMIT}" '
             "(--no-deps: its pyproject pins torch<2.10 and transformers<=4.57.3, which clash with the "
             "workbook's tested torch 2.11 / transformers 5.12.1; it runs on those), or put a source "
             "checkout's python/ folder on PYTHONPATH")
-# NVLink multicast (NVLS) stays off on the lent multi-GPU machines; set before any NCCL init.
-NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 JIT_HINT = ("run `python mini-sglang/scripts/00_check_env.py` to see what the tvm-ffi build needs "
             "(nvcc or CUDA_HOME, ninja, a host c++, a writable ~/.cache/tvm-ffi or TVM_FFI_CACHE_DIR)")
 _BUILD_WORDS = re.compile(r"ninja|nvcc|compil|build|CUDA_HOME|cannot find -l|No such file|\.so:|Error building",
                           re.IGNORECASE)
+REPEATS = 3          # repetitions of every judged measurement (common.verdicts judges nothing on fewer)
+EMBEDDING_KERNEL = "index_kernel"   # the embedding lookup is mini-SGLang's own gather (layers/embedding.py:32)
 
 
 # ------------------------------------------------------------------ imports and first calls
@@ -72,7 +77,8 @@ def short_error(text: str) -> str:
 
 
 def first_call(fn, label: str):
-    """Call ``fn`` once (it JIT-builds a module on first use); a failed build becomes one SetupError line."""
+    """Call ``fn`` once (it JIT-builds a module on first use); a failed build becomes one SetupError line.
+    Returns (result, seconds)."""
     t0 = time.perf_counter()
     try:
         out = fn()
@@ -84,18 +90,15 @@ def first_call(fn, label: str):
     return out, time.perf_counter() - t0
 
 
-def apply_nccl_safe_env(log=print) -> dict:
-    """Force NVLink multicast off (NCCL NVLS, torch symmetric memory, NVSHMEM) before any NCCL init."""
-    changed = {}
-    for k, v in NCCL_SAFE_ENV.items():
-        if os.environ.get(k) not in (None, v):
-            log(f"note: {k}={os.environ[k]} overridden to {v} (NVLink multicast stays off)")
-        os.environ[k] = v
-        changed[k] = v
-    return changed
+def mirror_nvtx(torch) -> None:
+    """mini-SGLang names its ranges with torch.cuda.nvtx.range at call time (utils/torch_utils.py:23-37:
+    Embedding, Layer_{i}, MHA, MLP, LMHead); route them through common.ranges.nvtx_range so they are NVTX
+    ranges AND torch-profiler record_function ranges (the trace then holds them as user annotations)."""
+    from common.ranges import nvtx_range
+    torch.cuda.nvtx.range = lambda msg, *a, **k: nvtx_range(msg)
 
 
-# ------------------------------------------------------------------ launch geometry and bytes
+# ------------------------------------------------------------------ launch geometry
 # index: kernel/index.py:41-47 (num_splits), index.cu:135-137 (grid), warp.cuh:25-33,42-59 (lanes)
 # store: store.cu:41-49 (one warp = K row then V row of one token), :110-112 (grid)
 
@@ -132,19 +135,25 @@ def store_launch(tokens: int, row_bytes: int, threads: int = 128) -> dict:
             "lane_bytes": lane, "steps_per_row": row_bytes // (lane * 32) if lane else 0, "launches": 1}
 
 
-def index_bytes(tokens: int, row_bytes: int, idx_itemsize: int, tokens_in: int | None = None) -> dict:
-    """DRAM bytes one lookup must move: ids read, rows in range read, every output row written."""
-    rows_in = tokens if tokens_in is None else tokens_in
-    read = rows_in * row_bytes + tokens * idx_itemsize
-    write = tokens * row_bytes
-    return {"read": read, "write": write, "total": read + write}
+_INDEX_TPL = re.compile(r"index_kernel<(\d+)\w*, (\d+)\w*, (\w+), (\d+)\w*, (\d+)\w*, ([\w ]+)>")
 
 
-def store_bytes(tokens: int, row_bytes: int, idx_itemsize: int) -> dict:
-    """DRAM bytes of one KV scatter: K and V rows read and written once, slot ids read."""
-    read = 2 * tokens * row_bytes + tokens * idx_itemsize
-    write = 2 * tokens * row_bytes
-    return {"read": read, "write": write, "total": read + write}
+def index_template(full_name: str) -> dict | None:
+    """The template arguments of an index_kernel launch (index.cu:101-110): threads, min blocks per SM, PDL,
+    row bytes, warps per row (num_splits), id type; None for another kernel."""
+    m = _INDEX_TPL.search(full_name or "")
+    if not m:
+        return None
+    t, mb, pdl, row, splits, idt = m.groups()
+    return {"threads": int(t), "min_blocks": int(mb), "pdl": pdl, "row_bytes": int(row), "splits": int(splits),
+            "id_type": idt.strip()}
+
+
+def threads_launched(grid, block) -> int:
+    """Threads of a launch from trace strings like '64x1x1' and '128x1x1' (0 when either is missing)."""
+    if not isinstance(grid, str) or not isinstance(block, str) or not grid or not block:
+        return 0
+    return math.prod(int(x) for x in grid.split("x")) * math.prod(int(x) for x in block.split("x"))
 
 
 def vocab_shard(vocab: int, tp: int, rank: int) -> tuple[int, int]:
@@ -154,179 +163,6 @@ def vocab_shard(vocab: int, tp: int, rank: int) -> tuple[int, int]:
     per = -(-vocab // tp)
     start = min(rank * per, vocab)
     return start, min(start + per, vocab) - start
-
-
-def decode_attn_bytes(kv_lens, hq: int, hkv: int, head_dim: int, itemsize: int = 2, idx_itemsize: int = 4) -> int:
-    """Bytes a decode step's attention must move: every cached K and V row once, the page indices,
-    q read and o written (one token per request)."""
-    kv = sum(kv_lens)
-    return kv * (2 * hkv * head_dim * itemsize + idx_itemsize) + len(kv_lens) * 2 * hq * head_dim * itemsize
-
-
-def prefill_attn_flops(q_lens, kv_lens, hq: int, head_dim: int) -> int:
-    """Causal attention FLOPs (QK^T and PV, 2 FLOPs per multiply-add): query i of a request whose
-    prefix is p = kv - q attends to p + i + 1 keys."""
-    total = 0
-    for q, kv in zip(q_lens, kv_lens):
-        p = kv - q
-        if p < 0:
-            raise ValueError(f"q_len {q} > kv_len {kv}")
-        keys = q * p + q * (q + 1) // 2
-        total += 4 * hq * head_dim * keys
-    return total
-
-
-def prefill_attn_bytes(q_lens, kv_lens, hq: int, hkv: int, head_dim: int, itemsize: int = 2) -> int:
-    """Minimum bytes of a prefill attention: q read, o written, each K/V row read once."""
-    return sum(q * 2 * hq * head_dim * itemsize + kv * 2 * hkv * head_dim * itemsize
-               for q, kv in zip(q_lens, kv_lens))
-
-
-def bus_bandwidth(nbytes: float, seconds: float, world: int, op: str = "all_reduce") -> tuple[float, float]:
-    """(algbw, busbw) in GB/s, NCCL-tests convention: all-reduce busbw = algbw * 2(n-1)/n,
-    all-gather busbw = algbw * (n-1)/n with ``nbytes`` the gathered (output) size."""
-    if world < 1 or seconds <= 0:
-        raise ValueError("world >= 1 and seconds > 0 needed")
-    alg = nbytes / seconds / 1e9
-    factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world}[op]
-    return alg, alg * factor
-
-
-# ------------------------------------------------------------------ traces: which kernels, in what order
-
-GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-RANGE_CATS = ("user_annotation", "cpu_op")
-
-
-def load_events(src) -> list[dict]:
-    """The traceEvents of a torch-profiler Chrome trace (path, .gz, or an already loaded list)."""
-    if isinstance(src, list):
-        return src
-    path = Path(src)
-    try:
-        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e}") from None
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise TraceError(f"trace {path} is not valid JSON (truncated?): {e}") from None
-    ev = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(ev, list) or not ev:
-        raise TraceError(f"{path}: no traceEvents: not a torch-profiler Chrome trace")
-    return ev
-
-
-def launches_by_range(src, pattern: str, cats=RANGE_CATS) -> list[dict]:
-    """For every CPU range whose name matches ``pattern`` (record_function / NVTX-mirrored ranges,
-    or aten ops), the GPU work it launched, in GPU start order.
-
-    A launch belongs to a range when its runtime call (cudaLaunchKernel, cudaLaunchKernelExC,
-    cudaMemcpyAsync, ...) starts inside the range on the same thread; the GPU event is found by
-    the runtime call's correlation id. Works for kernels launched outside aten (tvm-ffi, FlashInfer)
-    which carry no 'External id'. Rows: range, range_index, range_start_us, order, kind, name,
-    short, grid, block, stream, gpu_start_us, dur_us.
-    """
-    ev = load_events(src)
-    rx = re.compile(pattern)
-    ranges = [e for e in ev if e.get("ph") == "X" and e.get("cat") in cats and rx.search(e.get("name", ""))]
-    gpu = {}
-    for e in ev:
-        kind = GPU_CATS.get(e.get("cat"))
-        if kind and e.get("ph") == "X":
-            c = (e.get("args") or {}).get("correlation")
-            if c is not None:  # a CUDA-graph replay: many GPU events share the launch's correlation
-                gpu.setdefault(c, []).append((kind, e))
-    if not gpu:
-        raise TraceError("the trace has no GPU events (was it recorded with CUDA activities?)")
-    runtime = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
-    runtime.sort(key=lambda e: e["ts"])
-    rts = [e["ts"] for e in runtime]
-    import bisect
-    rows = []
-    counts: dict[str, int] = {}
-    for r in sorted(ranges, key=lambda e: e["ts"]):
-        lo, hi = r["ts"], r["ts"] + r.get("dur", 0.0)
-        i = bisect.bisect_left(rts, lo)
-        found = []
-        while i < len(runtime) and runtime[i]["ts"] <= hi:
-            call = runtime[i]
-            i += 1
-            if call.get("tid") != r.get("tid") or call.get("pid") != r.get("pid"):
-                continue
-            c = (call.get("args") or {}).get("correlation")
-            found.extend(gpu.get(c, ()))
-        found.sort(key=lambda ke: ke[1]["ts"])
-        idx = counts.get(r["name"], 0)
-        counts[r["name"]] = idx + 1
-        for n, (kind, g) in enumerate(found):
-            a = g.get("args") or {}
-            rows.append({"range": r["name"], "range_index": idx, "range_start_us": lo, "order": n, "kind": kind,
-                         "name": g.get("name", ""), "short": short_name(g.get("name", "")) if kind == "kernel"
-                         else g.get("name", ""), "grid": _dims(a.get("grid")), "block": _dims(a.get("block")),
-                         "stream": a.get("stream"), "gpu_start_us": g["ts"], "dur_us": float(g.get("dur", 0.0))})
-    return rows
-
-
-def runtime_calls_in_ranges(src, pattern: str, call: str, cats=RANGE_CATS) -> list[tuple[str, int]]:
-    """(range name, number of CUDA runtime/driver calls matching ``call``) for each range matching
-    ``pattern``, in time order: e.g. how many cudaEventSynchronize a scheduler step makes."""
-    ev = load_events(src)
-    rx, cx = re.compile(pattern), re.compile(call)
-    ranges = sorted((e for e in ev if e.get("ph") == "X" and e.get("cat") in cats and rx.search(e.get("name", ""))),
-                    key=lambda e: e["ts"])
-    calls = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
-             and cx.search(e.get("name", ""))]
-    return [(r["name"], sum(1 for c in calls if c.get("tid") == r.get("tid") and c.get("pid") == r.get("pid")
-                            and r["ts"] <= c["ts"] <= r["ts"] + r.get("dur", 0.0))) for r in ranges]
-
-
-def _dims(v) -> str:
-    return "x".join(str(int(x)) for x in v) if isinstance(v, (list, tuple)) else ""
-
-
-def threads_launched(grid: str, block: str) -> int:
-    """Threads of a launch from trace strings like '64x1x1' and '128x1x1'."""
-    if not grid or not block:
-        return 0
-    return math.prod(int(x) for x in grid.split("x")) * math.prod(int(x) for x in block.split("x"))
-
-
-def kernel_period(names: list[str], min_period: int = 3, max_period: int = 80, min_repeats: int = 3,
-                  anchor: str | None = None):
-    """The repeating unit of a kernel sequence (e.g. the kernels of one transformer layer).
-
-    Returns (period, block, start) for the period whose repetition covers the longest stretch
-    (``names[i] == names[i + period]``), or (None, [], None) when nothing repeats
-    ``min_repeats`` times. Shorter periods win ties, so a layer is not reported as two layers.
-    ``anchor`` (a regex) rotates the block to begin at its first matching kernel (e.g. 'Norm').
-    """
-    best = (0, None, None)
-    n = len(names)
-    for p in range(min_period, min(max_period, n // 2) + 1):
-        run = start = 0
-        best_run, best_start = 0, 0
-        for i in range(n - p):
-            if names[i] == names[i + p]:
-                if run == 0:
-                    start = i
-                run += 1
-                if run > best_run:
-                    best_run, best_start = run, start
-            else:
-                run = 0
-        if best_run + p >= min_repeats * p and best_run > best[0]:
-            best = (best_run, p, best_start)
-    if best[1] is None:
-        return None, [], None
-    _, p, s = best
-    block = names[s:s + p]
-    if anchor:
-        hit = next((i for i, n in enumerate(block) if re.search(anchor, n)), None)
-        if hit:
-            s += hit
-            block = names[s:s + p] if s + p <= len(names) else block[hit:] + block[:hit]
-    return p, block, s
 
 
 def ncu_coalescing(row: dict) -> dict:
@@ -347,6 +183,110 @@ def ncu_coalescing(row: dict) -> dict:
 COALESCING_METRICS = ["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
                       "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
                       "smsp__warps_launched.sum"]
+
+
+# ------------------------------------------------------------------ traces
+
+def calls_in_ranges(ev, pattern: str, call: str, kinds=("user_annotation",), inner=("runtime",)) -> list[tuple[str, int]]:
+    """(range name, events of kind ``inner`` named like ``call`` that start inside it on the same process and thread)
+    for each range matching ``pattern`` of a common.trace event table, in time order: the cudaEventSynchronize of
+    FlashInfer's plan in a step (attention/fi.py:132), the cudaGraphLaunch of a graph replay, or (inner=
+    ("user_annotation",)) the Layer_i ranges inside a step."""
+    rng = ev[ev["kind"].isin(kinds) & ev["name"].str.contains(pattern)].sort_values("ts_us", kind="stable")
+    calls = ev[ev["kind"].isin(inner) & ev["name"].str.contains(call)]
+    return [(r.name, int(((calls["pid"] == r.pid) & (calls["tid"] == r.tid) & (calls["ts_us"] >= r.ts_us)
+                          & (calls["ts_us"] <= r.end_us)).sum())) for r in rng.itertuples()]
+
+
+# ------------------------------------------------------------------ verdicts: facts, the ceiling premise
+
+def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> str:
+    """Record hypothesis ``h`` about a fact read from a deterministic code path (a kernel name, a launch count,
+    a module in a cache), one bool per observation: all True -> confirmed, all False -> refuted, mixed or none
+    -> inconclusive; a failed ``premise`` (a string saying which) -> inconclusive. Numbers are not facts: they
+    go through run.judge (common.verdicts, intervals of >= 3 repetitions)."""
+    vals = [bool(v) for v in (holds if isinstance(holds, (list, tuple)) else [holds]) if v is not None]
+    seen = f"holds in {sum(vals)} of {len(vals)} observation(s)" + (f"; {detail}" if detail else "")
+    if premise is not True:
+        verdict, seen = "inconclusive", f"{seen}; premise failed: {premise}"
+    else:
+        verdict = ("inconclusive" if not vals else "confirmed" if all(vals) else "refuted" if not any(vals)
+                   else "inconclusive")
+    run.observe(h.expected(), f"{h.quantity}: {seen}", verdict, evidence)
+    run.summary["observations"][-1].update(hypothesis=h.id, source=h.source)   # as run.judge records carry them
+    return verdict
+
+
+def within_ceiling(pcts, what: str = "the measured DRAM ceiling"):
+    """The premise of every '% of a ceiling' verdict: no value above 100%. True, or a string saying which value beat
+    the ceiling (the probe under-measures this GPU: improve it, never cap the kernel; common.gpu)."""
+    over = [p for p in pcts if p is not None and not math.isnan(p) and p > 100]
+    return True if not over else (f"{max(over):.0f}% of {what}: a kernel beat the ceiling, so the ceiling probe "
+                                  "under-measures this GPU (python -m common.gpu ceilings --refresh after a better probe)")
+
+
+# ------------------------------------------------------------------ the scripts' own ncu passes
+
+def at_least(low: int, what: str, reason: str):
+    """An argparse type: an integer >= ``low`` (common.cli.positive_int first); a bad value is one line,
+    'expected <what> >= <low> (<reason>), got ...'."""
+    def parse(text: str) -> int:
+        import argparse
+
+        from common import cli
+        v = cli.positive_int(text)
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low} ({reason}), got {text!r}")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
+def argv_of(args, names) -> list[str]:
+    """The command-line flags of ``names`` as parsed (lists joined by commas): what a --ncu-target child needs to
+    rebuild the parent's points."""
+    out = []
+    for n in names:
+        v, flag = getattr(args, n, None), "--" + n.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v not in (None, False):
+            out += [flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+    return out
+
+
+def run_points(torch, calls) -> int:
+    """The --ncu-target loop of a script: ``calls`` is [(label, fn)] in point order. Every fn runs once first (JIT
+    loads, first touch: before the first marker, so ncu gives those launches point -1), then each point is the
+    marker kernel (common.ncu.mark) and one call inside the NVTX range of its label."""
+    from common import ncu
+    from common.ranges import nvtx_range
+    for _label, fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    for label, fn in calls:
+        ncu.mark()
+        with nvtx_range(label):
+            fn()
+    torch.cuda.synchronize()
+    return 0
+
+
+def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics="summary", timeout: float = 900):
+    """``script --ncu-target argv`` under Nsight Compute (common.ncu.profile, clocks left alone): (rows, raw) with one
+    common.ncu.summarize() row per profiled launch, labelled with the fields of its point (``points``: dicts in
+    the order the target ran them), and the raw metric rows (for metrics summarize() does not read)."""
+    from common import ncu
+    res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
+                      kernel=ncu.with_marker(kernels), metrics=metrics, echo=run.log, timeout=timeout)
+    raw = ncu.split_points(res.df)
+    raw = raw[raw["point"] >= 0].reset_index(drop=True)
+    rows = ncu.summarize(raw, peaks=peaks)
+    for key in dict.fromkeys(k for p in points for k in p):
+        rows[key] = [points[i].get(key) if 0 <= i < len(points) else None for i in rows["point"]]
+    if rows.attrs.get("missing_metrics"):
+        run.note(f"the ncu CSV lacks {', '.join(rows.attrs['missing_metrics'])}: those columns are empty")
+    return rows, raw
 
 
 # ------------------------------------------------------------------ radix-cache workloads (pure Python)
@@ -394,12 +334,6 @@ def first_mismatch(a, b) -> int:
 
 # ------------------------------------------------------------------ several ranks on one host
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # PyNCCL communicators a rank creates. They are never destroyed: on the H200 node (NCCL of torch
 # 2.11) freeing one segfaulted in ncclCommWindowDeregister (symWindowDestroy), whichever rank got
 # there first, after all its measurements were done. So workers keep() them, and _rank_entry leaves
@@ -434,8 +368,9 @@ def _rank_entry(target, rank, world, port, outdir, args):
 def run_ranks(target, world: int, args: tuple, outdir, timeout_s: float = 300.0, log=print) -> list:
     """Run ``target(rank, world, port, *args)`` in ``world`` spawned processes; return their results.
 
-    Never leaves a process behind: if one rank fails or the whole run passes ``timeout_s``, the
-    others are terminated (then killed), and a RuntimeError names the rank and its first error line.
+    The port is chosen by the OS (common.procs.free_port). Never leaves a process behind: if one rank fails
+    or the whole run passes ``timeout_s``, the others are terminated (then killed), and a RuntimeError names
+    the rank and its first error line.
     """
     import multiprocessing as mp
     outdir = Path(outdir)

@@ -2,7 +2,7 @@
 
 Default (--quick / --all): 00 01 02 03 04 05 07 08. 05_profile_comm needs 2 GPUs for its measurement and
 says so with a [skip] line on one. --all runs every script's full experiment, whose ncu passes are part of
-it; --ncu adds them to --quick (02, 03, 04). --nsys runs 08_forward_timeline's eager case under Nsight
+it; --ncu adds them to --quick (02, 03, 04) and the counters pass of 08. --nsys runs 08_forward_timeline's eager case under Nsight
 Systems too (its torch-profiler timeline where nsys is not usable).
 """
 from common.pipeline import Step
@@ -22,6 +22,6 @@ STEPS = [
          jit=(STORE, "fi:prefill_fa2", "fi:decode")),     # "fi": tensor-core decode = the fa2 prefill module
     Step("05_profile_comm", "05_profile_comm.py", jit=("msgl:pynccl",)),
     Step("07_profile_radix", "07_profile_radix.py", jit=("msgl:radix",)),
-    Step("08_forward_timeline", "08_forward_timeline.py", nsys=("--nsys",),
+    Step("08_forward_timeline", "08_forward_timeline.py", ncu=("--ncu",), nsys=("--nsys",),
          jit=(INDEX, STORE, "msgl:radix", "fi:prefill_fa2", "fi:norm", "fi:rope", "fi:silu_and_mul")),
 ]

@@ -1,51 +1,38 @@
 #!/usr/bin/env bash
-# ncu_profile.sh — one mini-SGLang kernel family under Nsight Compute, with a per-kernel table.
+# ncu_profile.sh — one mini-SGLang kernel family under Nsight Compute, with the workbook's per-kernel table.
 #
 # Usage:
-#   ./mini-sglang/scripts/ncu_profile.sh --kernel index|store|attention|comm|REGEX [--set full]
-#        [--count N] [--skip N] [--out DIR] -- python <script> [args]
-# Examples:
+#   ./mini-sglang/scripts/ncu_profile.sh [--kernel index|store|attention|comm|REGEX] [--name NAME | --out DIR]
+#       [--set full] [--count N] [--skip N] [--nvtx-include RANGE] [--timeout S] -- python <script> [args]
+#   --kernel  a family: index -> index_kernel (and masked_index_kernel), store -> store_kv_cache, attention ->
+#             FlashInfer BatchPrefill/BatchDecode/MergeState (and FA3 'flash'), comm -> nccl; or any regex
+#   --name    results in mini-sglang/results/ncu_profile/NAME/ (default: the family); --out DIR: in DIR
+#   the rest are the options of `python -m common.ncu profile`; clocks stay as in un-profiled runs
+# Examples (a numbered script's hidden --ncu-target mode runs each point once, a marker kernel between):
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel index --set full -- \
 #       python mini-sglang/scripts/02_profile_index.py --ncu-target --quick
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel store -- python mini-sglang/scripts/03_profile_store.py --ncu-target --quick
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel attention --set full --count 4 -- \
 #       python mini-sglang/scripts/04_profile_attention.py --ncu-target --quick
-# Kernel names: index -> index_kernel (also masked_index_kernel), store -> store_kv_cache,
-# attention -> FlashInfer BatchPrefill/BatchDecode/MergeState (and FA3 'flash'), comm -> nccl.
-# Writes DIR (default mini-sglang/results/ncu_<kernel>/): ncu.csv, ncu_log.txt, kernels.csv.
-# Clocks are left alone (--clock-control none) so times match un-profiled runs.
+# Writes DIR/ncu.csv (--csv --page raw), DIR/ncu_log.txt and DIR/kernels.csv (common.ncu.summarize).
+# Needs ncu on PATH and permission to read the GPU counters. Python: $PYTHON (default python3).
 set -euo pipefail
-
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-KERNEL="" SET="" COUNT="" SKIP="" OUTDIR=""
-while [[ $# -gt 0 ]]; do
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+NAME="" OUT="" ARGS=()
+while [[ $# -gt 0 && "$1" != "--" ]]; do
   case "$1" in
-    --kernel) KERNEL="$2"; shift 2 ;;
-    --set) SET="$2"; shift 2 ;;
-    --count) COUNT="$2"; shift 2 ;;
-    --skip) SKIP="$2"; shift 2 ;;
-    --out) OUTDIR="$2"; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
-    --) shift; break ;;
-    *) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --kernel)
+      case "${2:?--kernel needs a family or a regex}" in
+        index) RX='index_kernel' ;; store) RX='store_kv_cache' ;; comm) RX='nccl' ;;
+        attention) RX='BatchPrefill|BatchDecode|MergeState|flash|Flash' ;; *) RX="$2" ;;
+      esac
+      NAME="${NAME:-${2//[^A-Za-z0-9_]/_}}"; ARGS+=(--kernel "$RX"); shift 2 ;;
+    --name) NAME="${2:?--name needs a value}"; shift 2 ;;
+    --out) OUT="${2:?--out needs a folder}"; [[ "$OUT" == /* ]] || OUT="$PWD/$OUT"; shift 2 ;;
+    *) ARGS+=("$1"); shift ;;
   esac
 done
-[[ -n "$KERNEL" && $# -gt 0 ]] || { usage >&2; exit 2; }
-
-case "$KERNEL" in
-  index) RX='index_kernel' ;;
-  store) RX='store_kv_cache' ;;
-  attention) RX='BatchPrefill|BatchDecode|MergeState|flash|Flash' ;;
-  comm) RX='nccl' ;;
-  *) RX="$KERNEL" ;;
-esac
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-OUTDIR="${OUTDIR:-$ROOT/mini-sglang/results/ncu_${KERNEL//[^A-Za-z0-9_]/_}}"
-ARGS=(profile --out "$OUTDIR" --kernel "$RX" --clock-control none)
-[[ -n "$SET" ]] && ARGS+=(--set "$SET")
-[[ -n "$COUNT" ]] && ARGS+=(--count "$COUNT")
-[[ -n "$SKIP" ]] && ARGS+=(--skip "$SKIP")
+OUT="${OUT:-$ROOT/mini-sglang/results/ncu_profile/${NAME:-ncu-$(date +%Y%m%d-%H%M%S)}}"
 cd "$ROOT"
-echo "== ncu: kernels matching '$RX' -> $OUTDIR"
-exec "${PYTHON:-python3}" -m common.ncu "${ARGS[@]}" -- "$@"
+exec "${PYTHON:-python3}" -m common.ncu profile --out "$OUT" ${ARGS[@]+"${ARGS[@]}"} "$@"
