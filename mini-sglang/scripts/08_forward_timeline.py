@@ -554,6 +554,14 @@ def tell(a, s, pk, init_s, backend) -> str:
                       f"{f(pk['bf16_tflops'])} TFLOP/s)", items)
 
 
+def installed(name: str, hint: str) -> None:
+    """SetupError unless package ``name`` can be found, without importing it."""
+    import importlib.util
+    if importlib.util.find_spec(name) is None:
+        from common.checks import SetupError
+        raise SetupError(f"Python package '{name}' is not installed. Install it: {hint}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.ncu_target or args.nsys_target:
@@ -562,10 +570,12 @@ def main(argv=None) -> int:
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     _msgl.require_minisgl("minisgl.llm")
-    require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    # installed, not imported: importing flashinfer (or sgl_kernel) initialises CUDA, and mini-SGLang's Engine
+    # asserts that CUDA is untouched when it starts (minisgl/engine/engine.py:31; seen on an H200, 2026-11-23)
+    installed("flashinfer", "pip install flashinfer-python==0.6.15.post1")
     s = settings(args)
     if s.backend == "fa":
-        require_module("sgl_kernel.flash_attn", "attention backend 'fa' needs sgl_kernel with FA3; use --backend fi")
+        installed("sgl_kernel", "attention backend 'fa' needs sgl_kernel with FA3; use --backend fi")
     cfg = models.config(args.model)
     print(f"starting mini-SGLang LLM ({args.model}, dummy weights, attention {s.backend}) ...", flush=True)
     fwd = Forward(torch, model_dir(args.model), s.backend, sorted({1, args.batch}))
