@@ -13,9 +13,11 @@ A numbered script wraps its ``main`` with :func:`run_main`; anything below raise
         run_main(main)
 
 Exit codes: 0 ok, 1 the experiment itself failed (recorded as failed), 2 the machine is
-not ready (no GPU, package, tool, permission, disk space), 130 interrupted by Ctrl-C, 143 stopped
-by SIGTERM (128 + the signal: SIGTERM and SIGHUP raise :class:`Interrupted` while ``main`` runs, so
-a killed script records its run as interrupted like Ctrl-C does). The traceback of a failure goes to
+not ready (no GPU, package, tool, permission, disk space; an ``import`` of a package that is not
+installed, anywhere in ``main``, is the same [setup] line with its install command), 130
+interrupted by Ctrl-C, 143 stopped by SIGTERM (128 + the signal: SIGTERM and SIGHUP raise
+:class:`Interrupted` while ``main`` runs, so a killed script records its run as interrupted like
+Ctrl-C does). The traceback of a failure goes to
 a file of its own: the failed run's ``error.txt`` when a results.Run was active, else
 ``$HANDS_ON_CACHE/errors/<stamp>-<pid>.txt`` (default ``~/.cache/hands-on``; the last 20 kept).
 ``HANDS_ON_DEBUG=1`` also prints it.
@@ -59,6 +61,24 @@ def require_module(name: str, pip: str | None = None):
                          f"{str(e).splitlines()[0][:160]}). Install it: {hint}") from None
 
 
+# pip names of the packages whose import name differs (or that come with the pinned stack)
+PIP_NAMES = {"torch": "-r requirements.txt", "sglang": "-r requirements.txt", "flashinfer": "-r requirements.txt",
+             "sgl_kernel": "-r requirements.txt", "cupti": "cupti-python", "pynvml": "nvidia-ml-py",
+             "yaml": "pyyaml", "PIL": "pillow", "tvm_ffi": "apache-tvm-ffi"}
+
+
+def missing_package(e: BaseException) -> SetupError | None:
+    """The SetupError for an ``import`` of a package that is not installed (a ModuleNotFoundError
+    raised anywhere in a script, e.g. ``import pandas`` inside a function), or None. A module of the
+    workbook itself (common.*, _fi, _sglang, ...) that fails to import is a bug, not a missing package."""
+    name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+    top = (name or "").split(".")[0]
+    if not top or top == "common" or top.startswith("_"):
+        return None
+    return SetupError(f"Python package '{top}' is not importable ({e.__class__.__name__}: {_first_line(e)[:160]}). "
+                      f"Install it: pip install {PIP_NAMES.get(top, top)}")
+
+
 def require_modules(*specs):
     """``require_modules(("pandas", None), ("matplotlib", "pip install matplotlib"))``: the modules in
     order, or one SetupError naming every missing one and its install command."""
@@ -80,8 +100,11 @@ def require_gpu(torch=None, min_count: int = 1):
         raise SetupError("No NVIDIA driver found (nvidia-smi missing and torch sees no CUDA device). "
                          "These experiments need an NVIDIA GPU (A100/H100/H200 or similar).")
     if not torch.cuda.is_available():
+        if not getattr(torch.version, "cuda", None):    # e.g. torch from the CPU wheel index
+            raise SetupError(f"torch {torch.__version__} is a CPU-only build (no CUDA). Install the CUDA build: "
+                             "pip install -r requirements.txt")
         raise SetupError(f"torch {torch.__version__} sees no CUDA device (torch built for CUDA "
-                         f"{torch.version.cuda}). Check the driver with nvidia-smi and that torch is a CUDA build.")
+                         f"{torch.version.cuda}). Check the driver with nvidia-smi.")
     n = torch.cuda.device_count()
     if n < min_count:
         raise SetupError(f"This experiment needs {min_count} GPUs; {n} visible "
@@ -123,9 +146,12 @@ def in_run_main() -> bool:
     return _ACTIVE
 
 
+MAX_LINE = 1000    # the one line keeps its paths whole (a record's folder is its last word)
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e)
-    return s.splitlines()[0][:300] if s else ""
+    return s.splitlines()[0][:MAX_LINE] if s else ""
 
 
 def _install_signal_handlers() -> dict:
@@ -147,6 +173,7 @@ def _install_signal_handlers() -> dict:
 
 def _outcome(e: BaseException) -> tuple[str, int]:
     """The one line and the exit code for an exception that ended ``main``."""
+    e = missing_package(e) or e
     if isinstance(e, SetupError):
         return f"[setup] {_first_line(e)}", EXIT_SETUP
     if isinstance(e, KeyboardInterrupt):
@@ -158,7 +185,11 @@ def _outcome(e: BaseException) -> tuple[str, int]:
     where = getattr(e, "error_file", None) or save_traceback(e)
     if os.environ.get("HANDS_ON_DEBUG"):
         traceback.print_exception(type(e), e, e.__traceback__)
-    return (f"[failed] {e.__class__.__name__}: {_first_line(e)}"
+    text = str(e)
+    if getattr(e, "ran_in", None) and getattr(e, "kept_in", None):   # e.g. a server log: where it is now
+        text = text.replace(str(e.ran_in), str(e.kept_in))
+    msg = text.splitlines()[0][:MAX_LINE] if text else ""
+    return (f"[failed] {e.__class__.__name__}: {msg}"
             + (f" (traceback: {where})" if where else "")), EXIT_FAILED
 
 

@@ -29,7 +29,8 @@ Status of a step from its exit code: 0 ok ("ok (skipped)" when it printed a line
 2 setup-error, 130 interrupted, anything else failed; "missing" when its script does not exist. Ctrl-C or
 SIGTERM stops the running step's whole process group, marks it interrupted and runs no further step.
 The pipeline: ok (every step ok), partial (some ok), failed (none ok) or interrupted; exit code 0 only
-when ok, 130 when interrupted, else 1. Only an ok pipeline refreshes the system's reports.
+when ok, 130 when interrupted (Ctrl-C or SIGTERM), 2 for a bad command line or a results folder that
+cannot be written (one line, no step runs), else 1. Only an ok pipeline refreshes the system's reports.
 
 Writes ``<system>/results/06_full_pipeline/`` through common.results.Run (a run that is not ok is kept
 beside the last good one, not over it): steps.csv (step, status, seconds, kind, command, started_utc, rc),
@@ -400,6 +401,7 @@ def main(argv=None) -> int:
 
 def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> int:
     """Run the plan inside a results.Run; write steps.csv and summary.json; refresh reports when ok."""
+    from .checks import SetupError
     from .results import Run
     for sig in (signal.SIGTERM, signal.SIGHUP):       # stop like Ctrl-C: the running step's group goes too
         signal.signal(sig, _raise_interrupt)
@@ -408,8 +410,11 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
     args = {"mode": a.mode, "ncu": a.ncu, "nsys": a.nsys, "only": only, "warmup": not a.no_warmup}
     try:
         run = Run(root / a.system / "scripts" / f"{STEM}.sh", args, quiet=True, command=command)
-    except Exception as e:  # noqa: BLE001 - e.g. a read-only results folder: one line
-        print(f"{_prog()}: cannot open the results folder: {e}", file=sys.stderr)
+    except SetupError as e:  # a read-only or unusable results folder: the one [setup] line, nothing ran
+        print(f"[setup] {str(e).replace(' or pass --out DIR', '')}; no step was run", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - one line
+        print(f"{_prog()}: cannot open the results folder: {e.__class__.__name__}: {e}", file=sys.stderr)
         return 1
     env, rows, t0, between = child_env(), [], time.time(), False
     try:
@@ -451,7 +456,8 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
         kept = None
     ok_n = sum(r["status"].startswith("ok") for r in measured)
     print(f"\n{title}: {status} — {ok_n}/{len(measured)} steps ok in {fmt_s(time.time() - t0)}"
-          + (f"; results and logs: {_shown([str(kept)], root)}" if kept else ""), flush=True)
+          + (f"; results and logs: {_shown([str(kept)], root)}" if kept else
+             "" if recorded else "; the run could not be recorded"), flush=True)
     if status == "interrupted":
         print("interrupted: the running step's process group was stopped, no further step ran; "
               "reports not refreshed.", flush=True)
@@ -460,7 +466,11 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
         print(f"reports not refreshed: the pipeline ended {status} (only a run whose every step is ok refreshes them).",
               flush=True)
         return 1
-    return 0 if recorded and refresh_reports(root, a.system) else 1
+    if not recorded:
+        print("reports not refreshed: the pipeline's own record could not be written (the line above says why).",
+              flush=True)
+        return 1
+    return 0 if refresh_reports(root, a.system) else 1
 
 
 def _tag(i: int, n: int) -> str:

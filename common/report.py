@@ -20,8 +20,12 @@ Reports only move forward:
   ``results.SCHEMA`` with provenance; a summary that is malformed, of an older schema or without
   provenance, or a table CSV that is not text, gives one line ``skipped <path>: <what is wrong>``
   and its blocks keep their content; the rest of the refresh goes on;
-- every block of every page is rendered in memory first; files (pages, figures) are replaced (temp
-  file + rename) only when all rendered. An unexpected error leaves every file as it was, one line;
+- every block of every page is rendered in memory first; files (pages, figures) are written to temp
+  files only when all rendered, and renamed into place only when all are written. An unexpected
+  error, a full disk or a read-only file leaves every file as it was, one line, exit code 1;
+- a page whose blocks come from runs on different machines (GPU or stack) says so in its runs
+  header, and `make reports` prints one line for it; committed blocks without a run line count with
+  the machine their stem's provenance block names (pages without a runs header get the line only);
 - a block whose results are missing keeps its committed content byte for byte, so a fresh clone
   (no results/) leaves every report as committed, its runs header included.
 
@@ -66,7 +70,8 @@ class Outcome:
 
 
 class RenderError(Exception):
-    """An unexpected error while rendering one block: nothing was written."""
+    """The refresh stopped -- an unexpected error while rendering a block, or a file that could not be
+    written (disk full, read-only) -- and nothing was written."""
 
 
 class Skip(Exception):
@@ -359,10 +364,30 @@ class Renderer:
         return sum(1 for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else 0
 
 
+# the visible line of a provenance block (common.gpu.provenance_line): "_Run: 1x NVIDIA H200 · driver ... ·
+# CUDA ... · torch 2.11.0, flashinfer-python ... · 2026-11-21T16:08:59Z · commit ..."
+PROV_RUN = re.compile(r"^_Run: (?P<gpu>.+?) · driver .*? · CUDA .*? · (?P<pkgs>.*?) · \d{4}-", re.M)
+
+
+def prov_machine(body: str) -> str | None:
+    """'1x NVIDIA H200 (torch 2.11.0, ...)' from a provenance block's visible line, or None. Committed
+    blocks written before run lines were recorded say their machine only there."""
+    m = PROV_RUN.search(body)
+    if not m:
+        return None
+    pk = dict(x.rsplit(" ", 1) for x in m.group("pkgs").split(", ") if " " in x)
+    return f"{m.group('gpu')} ({', '.join(f'{k} {pk[k]}' for k in STACK if k in pk) or 'no stack recorded'})"
+
+
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
-    the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines."""
+    the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines.
+    A block without a run line counts with the machine its stem's provenance block (also without a
+    run line) names, so a new run's blocks beside committed ones from another machine are a mix."""
     runs: dict[str, list[str]] = {}
+    earlier = {k.split("/", 1)[0]: prov_machine(b) for k, b in blocks
+               if k.endswith("/provenance") and not RUN_LINE.match(b)}
+    older: list[str] = []
     unknown = 0
     for key, body in blocks:
         if key in ("runs", "index"):
@@ -370,6 +395,8 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
         m = RUN_LINE.match(body)
         if not m:
             unknown += 1
+            if earlier.get(key.split("/", 1)[0]):
+                older.append(earlier[key.split("/", 1)[0]])
             continue
         stems = runs.setdefault(m.group("run"), [])
         if key.split("/", 1)[0] not in stems:
@@ -381,7 +408,7 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
         gpu, stack, commit, date = (run.split(" · ") + ["?"] * 4)[:4]
         rows.append({"GPU": gpu, "stack": stack, "commit": commit.removeprefix("commit "), "date": date,
                      "results of": ", ".join(stems)})
-    machines = list(dict.fromkeys(f"{r['GPU']} ({r['stack']})" for r in rows))
+    machines = list(dict.fromkeys([f"{r['GPU']} ({r['stack']})" for r in rows] + older))
     mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}"
              if len(machines) > 1 else None)
     out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
@@ -412,16 +439,19 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
         else:
             out.refreshed.append(f"{label}: {key}")
         bodies.append(body)
+    header, mixed = runs_header([(m.group("key"), b) for m, b in zip(matches, bodies)])
+    has_header = False
     for i, m in enumerate(matches):
         if m.group("key") == "runs":
-            body, mixed = runs_header([(mm.group("key"), b) for mm, b in zip(matches, bodies)])
-            if body is None:
+            has_header = True
+            if header is None:
                 out.kept.append(f"{label}: runs (no block on this page carries a run line)")
             else:
-                bodies[i] = body
+                bodies[i] = header
                 out.refreshed.append(f"{label}: runs")
-            if mixed:
-                out.mixed.append(f"{label}: {mixed}")
+    if mixed:
+        out.mixed.append(f"{label}: {mixed}" + ("" if has_header else
+                         " (the page has no auto:runs header to say so; each block's provenance names its run)"))
     parts, pos = [], 0
     for m, body in zip(matches, bodies):
         parts += [text[pos:m.start()], m.group(1), body, m.group(4)]
@@ -429,14 +459,15 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
     return "".join(parts) + text[pos:]
 
 
-def _replace(path: Path, data: bytes) -> None:
+def _stage(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a temp file beside ``path`` (renamed over it once every file is staged)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_bytes(data)
-        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return tmp
 
 
 def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
@@ -456,15 +487,32 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
             if new != text:
                 pages.append((md, new))
         out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]
-    for r in renderers:                              # all rendered: now write, figures first
-        for dst, src in r.copies.items():
-            data = src.read_bytes()
-            if not dst.exists() or dst.read_bytes() != data:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                _replace(dst, data)
-    for md, new in pages:
-        _replace(md, new.encode())
-        out.files_written.append(str(md.relative_to(root)))
+    staged: list[tuple[Path, Path]] = []            # all rendered: every byte goes to temp files first,
+    where = root                                     # so a full disk or a read-only file changes nothing
+    try:
+        for r in renderers:
+            for dst, src in r.copies.items():
+                where = dst
+                data = src.read_bytes()
+                if not dst.exists() or dst.read_bytes() != data:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    staged.append((_stage(dst, data), dst))
+        for md, new in pages:
+            where = md
+            staged.append((_stage(md, new.encode()), md))
+    except OSError as e:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        rel = where.relative_to(root) if where.is_relative_to(root) else where
+        raise RenderError(f"cannot write {rel}: {f'[Errno {e.errno}] {e.strerror}' if e.strerror else e}") from e
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, dst in staged:                          # then renames only
+        os.replace(tmp, dst)
+        if dst.suffix == ".md":
+            out.files_written.append(str(dst.relative_to(root)))
     return out
 
 

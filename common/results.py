@@ -14,7 +14,7 @@ Folder layout (``<system>/results/``; with ``out=DIR`` the same beside DIR, in D
     <stem>/                                the last successful run, whole ("status": "ok", "schema": 2)
     .partial-<stem>-<stamp>-<pid>/         a run in progress (Run.dir); pruned once its pid is dead
     .previous/<stem>/                      the run it replaced (one copy)
-    .failed/<stem>/<stamp>-<status>/       failed | interrupted | setup-error runs: summary.json with the
+    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs: summary.json with the
                                            error and traceback, error.txt; the last 5 per stem are kept
 
 A finished run writes summary.json (atomically) inside its partial folder, then two renames swap it in:
@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 
 from . import gpu
-from .checks import SetupError, in_run_main
+from .checks import SetupError, in_run_main, missing_package
 from .verdicts import VERDICTS, judge as _judge
 
 SCHEMA = 2              # summary.json layout version; common.report reads only this one
@@ -389,13 +389,15 @@ class Run:
         return self.final_dir
 
     def fail(self, exc: BaseException, status: str = "failed") -> Path | None:
-        """Keep this run as ``.failed/<stem>/<stamp>-<status>/`` with the error; results/<stem>/ stays."""
+        """Keep this run as ``.failed/<stem>/<stamp>-<pid>-<status>/`` with the error; results/<stem>/ stays."""
         if self._done:
             return self.kept_dir
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        ran_in = self.dir
         kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb)
-        for attr, value in (("kept_in", kept), ("error_file", kept and kept / "error.txt")):
-            try:  # checks.run_main names these in its one line
+        # run_main names these in its one line (a path inside the partial folder is shown where it was kept)
+        for attr, value in (("kept_in", kept), ("error_file", kept and kept / "error.txt"), ("ran_in", ran_in)):
+            try:
                 setattr(exc, attr, value)
             except (AttributeError, TypeError):
                 pass
@@ -404,14 +406,15 @@ class Run:
         return kept
 
     def _keep_failed(self, status: str, error: str | None = None, tb: str = "") -> Path | None:
-        """Move the partial folder to .failed/<stem>/<stamp>-<status>/ (or, when that cannot be
+        """Move the partial folder to .failed/<stem>/<stamp>-<pid>-<status>/ (or, when that cannot be
         written, a small record there); prune to the last KEEP_FAILED. None when nothing could be kept."""
         self._done = True
         self.summary.update(status=status, duration_s=round(time.time() - self._t0, 1))
         if error:
             self.summary.update(error=error[:2000], traceback=tb[-8000:])
         text = f"{' '.join(sys.argv)}\n{tb or error or f'finished with status {status}'}\n"
-        dst = self.failed_root / f"{_stamp()}-{status}"
+        # the pid makes the name this run's own: two runs failing in the same microsecond never share one
+        dst = self.failed_root / f"{_stamp()}-{os.getpid()}-{status}"
         try:
             self._log.write(tb)
             self._log.close()
@@ -424,12 +427,15 @@ class Run:
             os.rename(self.dir, dst)
         except OSError:  # disk full or read-only: free the space first, then try a small record
             _rmtree(self.dir)
+            made = False
             try:
                 dst.mkdir(parents=True)
+                made = True
                 write_json_atomic(dst / SUMMARY, self.summary)
                 (dst / "error.txt").write_text(text)
             except OSError:
-                _rmtree(dst)
+                if made:          # only a folder this run created
+                    _rmtree(dst)
                 dst = None
         self._prune_failed()
         self.kept_dir = dst
@@ -451,7 +457,7 @@ class Run:
             self.finish()
         elif isinstance(exc, KeyboardInterrupt):
             self.fail(exc, status="interrupted")
-        elif isinstance(exc, SetupError):
+        elif isinstance(exc, SetupError) or missing_package(exc):     # also `import pandas` of a missing package
             self.fail(exc, status="setup-error")
         else:
             kept = self.fail(exc, status="failed")

@@ -62,6 +62,16 @@ from common.checks import SetupError, cache_dir  # noqa: E402
 
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}   # for local model dirs: never reach the Hub
+# requests to the local server never go through an HTTP proxy the environment sets for downloads (with
+# http_proxy set, urlopen sent /health to the proxy and a healthy server "never became ready")
+_LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def local_env() -> dict:
+    """no_proxy (both spellings) with 127.0.0.1 and localhost added, for the server and the benchmark clients."""
+    have = [x.strip() for x in (os.environ.get("no_proxy") or os.environ.get("NO_PROXY") or "").split(",") if x.strip()]
+    v = ",".join(dict.fromkeys(have + ["127.0.0.1", "localhost"]))
+    return {"no_proxy": v, "NO_PROXY": v}
 # per-step log lines with ms time stamps; torch-profiler traces without stacks and shapes (smaller, faster export)
 TRACE_ENV = {"SGLANG_LOG_MS": "1", "SGLANG_PROFILE_WITH_STACK": "false", "SGLANG_PROFILE_RECORD_SHAPES": "false"}
 SGLANG_PIP = "pip install -r requirements.txt  (sglang==0.5.17)"
@@ -274,7 +284,7 @@ class Server:
         self.log_path = Path(log_path)
         nccl, self.env_notes = procs.nccl_env()
         offline = OFFLINE_ENV if Path(self.model_path).is_dir() else {}
-        self.env = {**os.environ, **SERVER_ENV, **offline, **nccl, **(env or {})}
+        self.env = {**os.environ, **SERVER_ENV, **local_env(), **offline, **nccl, **(env or {})}
         self.wrapper = [str(w) for w in wrapper]
         self.launcher = list(launcher) if launcher else [sys.executable, "-m", "sglang.launch_server"]
         self.start_timeout, self.stop_timeout, self.wrapper_stop_timeout = start_timeout, stop_timeout, wrapper_stop_timeout
@@ -332,7 +342,7 @@ class Server:
                 raise ServerError(f"{self.name} exited with code {rc} during start-up after {time.time() - t0:.0f} s. "
                                   f"Last log lines ({self.log_path}):\n{self.log_tail(15)}")
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                with _LOCAL.open(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
                         return
             except (urllib.error.URLError, OSError, ValueError):
@@ -463,7 +473,7 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method or ("POST" if data else "GET"),
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with _LOCAL.open(req, timeout=timeout) as r:
                 return r.read()
         except urllib.error.HTTPError as e:
             raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
@@ -508,7 +518,7 @@ class Server:
                                      headers={"Content-Type": "application/json"})
         last, times, ntok = None, [], 0
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with _LOCAL.open(req, timeout=timeout) as r:
                 for raw in r:
                     line = raw.strip()
                     if not line.startswith(b"data:"):
@@ -877,7 +887,7 @@ def bench_cmd(srv: Server, out_file, *, num_prompts: int, input_len: int, output
 
 def tool_env(model_path) -> dict:
     """The environment of an SGLang CLI tool (bench_serving, bench_offline_throughput) next to a server."""
-    return {**SERVER_ENV, **(OFFLINE_ENV if Path(model_path).is_dir() else {})}
+    return {**SERVER_ENV, **local_env(), **(OFFLINE_ENV if Path(model_path).is_dir() else {})}
 
 
 def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, **kw) -> dict:

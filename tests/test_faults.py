@@ -1,0 +1,1174 @@
+"""Fault injection: what a user sees when something goes wrong, and that nothing they had is lost.
+
+Each case injects one fault on this CPU machine and runs a real entry point -- a numbered script, a
+06_full_pipeline.sh, ncu_profile.sh, ``python -m common.report``, ``make reports`` -- or the script
+stand-in tests/fakes/experiment.py (run_main + results.Run + a fake SGLang server, the skeleton every
+experiment has) in a subprocess with a timeout. The tools are fakes (tests/fakes/: nvidia-smi, ncu, a
+CPU-only torch; tests/sglang_fake_server.py on 127.0.0.1 with a port the OS chose); missing packages
+are stubs on PYTHONPATH that raise ModuleNotFoundError; disk full / EIO / a kill between two renames
+are injected around the real code. Each case asserts
+  * the line the user sees (exact, or exact up to time stamps and paths) and no "Traceback";
+  * the exit code: 0 ok, 1 failed, 2 setup or usage, 130 interrupted, 143 SIGTERM, 137 SIGKILL;
+  * committed reports byte-identical: copies of the real report pages in tmp_path (a World), the only
+    reports any case can reach; a case that refreshes on purpose checks that only its blocks changed;
+  * earlier results intact (every file's bytes) and no ``.partial-*`` folder or temp file left;
+  * no process it started alive afterwards, by pid (the ``pids`` fixture also checks every
+    descendant of this test process).
+FAULTS is the matrix (fault id -> cluster -> what the user sees); test_the_matrix_is_covered checks
+that every fault has its test. Nothing here binds a fixed port or leaves 127.0.0.1.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from common import procs, report, results
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+FAKES = TESTS / "fakes"
+FIXTURES = TESTS / "fixtures"
+EXPERIMENT = FAKES / "experiment.py"
+PY = sys.executable
+TB = "Traceback"
+
+# ------------------------------------------------------------------ the matrix
+
+FAULTS = {
+    # (a) pipelines
+    "pipeline-no-gpu": ("pipelines", "each step one [setup] line (torch missing); 'failed — 0/7 steps ok'; exit 1; "
+                                     "reports untouched; the last good pipeline run kept"),
+    "pipeline-cpu-only-torch": ("pipelines", "each step '[setup] torch 2.11.0+cpu is a CPU-only build ...'; failed; "
+                                             "exit 1; reports untouched"),
+    "pipeline-ctrl-c": ("pipelines", "step 'interrupted', no further step; 'reports not refreshed'; exit 130; "
+                                     "the step's process tree gone"),
+    "pipeline-sigterm": ("pipelines", "as Ctrl-C: exit 130, reports untouched, processes gone"),
+    "pipeline-step-fails": ("pipelines", "the step's [failed] line, 'partial — 1/2 steps ok'; exit 1; "
+                                         "reports untouched"),
+    "pipeline-step-missing": ("pipelines", "'missing: <script> does not exist'; partial; exit 1; reports untouched"),
+    "pipeline-results-unwritable": ("pipelines", "one [setup] line naming the results folder; exit 2; no step runs"),
+    "pipeline-disk-full-recording": ("pipelines", "one line 'could not record the run: ResultsError ...'; exit 1; "
+                                                  "reports not refreshed; no .partial"),
+    "pipeline-missing-package": ("pipelines", "the step's one [setup] line with 'pip install pandas' / 'matplotlib'; "
+                                              "the runner itself needs neither; exit 1"),
+    # (b) reports
+    "report-mixed-machines": ("reports", "one line per page naming both machines; only that run's blocks change"),
+    "report-old-schema": ("reports", "'skipped <summary>: no \"schema\" key ...'; exit 0; reports byte-identical"),
+    "report-no-provenance": ("reports", "'skipped <summary>: no provenance ...'; exit 0; byte-identical"),
+    "report-malformed-json": ("reports", "'skipped <summary>: not valid JSON (...)'; exit 0; byte-identical"),
+    "report-unfinished-run": ("reports", "'skipped <summary>: status 'failed': only finished, successful runs ...'"),
+    "report-binary-table": ("reports", "'skipped <table>.csv: not text ...'; its blocks keep their bytes, "
+                                       "the rest refresh"),
+    "report-pandas-missing": ("reports", "make reports renders the same without pandas; exit 0"),
+    "report-matplotlib-missing": ("reports", "make reports renders the same without matplotlib; exit 0"),
+    "report-render-error-last-file": ("reports", "'[failed] reports not refreshed, no file written: ...'; exit 1; "
+                                                 "no file written although earlier pages rendered"),
+    "report-clean-clone": ("reports", "make reports / python -m common.report: 0 files changed, byte-identical, "
+                                      "exit 0"),
+    "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
+                                    "exit 1; no temp file left"),
+    # (c) results folders
+    "results-whole-run": ("results", "a new run's folder holds no file of the run before; that one is .previous/"),
+    "results-crash-between-renames": ("results", "exit 137; the next run puts the last good run back, byte for byte"),
+    "results-final-replace-fails": ("results", "one [setup] line '... not saved ([Errno 5] ...) left as it was; "
+                                               "record in ...'; exit 2"),
+    "results-failed-runs-pruned": ("results", "5 failed + 2 interrupted runs: the last 5 kept under .failed/<stem>/; "
+                                              "the good run intact"),
+    "results-concurrent-failures": ("results", "two failing runs at once: each line names its own error.txt"),
+    "results-disk-full-writing": ("results", "'[setup] results of ... not saved ([Errno 28] ...)'; exit 2; "
+                                             "no .partial"),
+    "results-disk-full-finishing": ("results", "'... ([Errno 28] ... while finishing) ...'; exit 2; no .partial"),
+    "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
+    # (d) processes
+    "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
+                                                "the old server and its child stopped"),
+    "proc-ncu-timeout": ("processes", "'[failed] NcuError: ncu did not finish within 2 s ...'; exit 1; ncu and the "
+                                      "application (own session) gone"),
+    "proc-three-runs-three-ports": ("processes", "three runs at once serve on three different OS-chosen ports"),
+    "proc-sigterm-stops-server": ("processes", "'[interrupted] stopped by SIGTERM ...'; exit 143; server tree gone"),
+    "proc-no-fixed-port": ("processes", "no test or script binds a fixed port (30000 or any literal)"),
+    "proc-server-dies-at-startup": ("processes", "'[failed] ServerError: server exited with code 3 during start-up "
+                                                 "...' naming the kept log; exit 1; no pidfile, no process"),
+    "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
+                                         "directly (it was 'not healthy after 900 s'); exit 0"),
+    "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
+    # (e) bad values and missing packages
+    "value-configs-negative": ("values", "argparse's line for --configs; exit 2; no server, no results"),
+    "value-model-path-missing": ("values", "'... --model-path: '/nonexistent' is not a folder ...'; exit 2"),
+    "value-mem-fraction": ("values", "'... --mem-fraction: expected a fraction in (0, 1], got '5''; exit 2"),
+    "value-batches-abc": ("values", "'... --batches: expected positive integers ...'; exit 2"),
+    "value-unknown-preset": ("values", "'... unknown model preset 'gpt-9'; choose from ...'; exit 2"),
+    "value-tp-over-visible-gpus": ("values", "'[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible ...'; exit 2"),
+    "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
+                                             "column ...'; exit 1"),
+    "package-pandas-script": ("values", "'[setup] Python package(s) not importable: 'pandas' (pip install "
+                                        "pandas)'; exit 2"),
+    "package-matplotlib-script": ("values", "'[setup] ... 'matplotlib' (pip install matplotlib)'; exit 2"),
+    "package-import-anywhere": ("values", "an `import pandas` deep in main: one [setup] line with 'pip install "
+                                          "pandas'; the run kept as setup-error; exit 2"),
+    "package-cupti-python": ("values", "no [setup] stop: the cross-check's premise names 'pip install cupti-python'"),
+    "package-nvtx": ("values", "no [setup] stop: NVTX ranges become no-ops (torch annotations where torch runs)"),
+}
+COVERED: set[str] = set()
+
+
+def covers(*ids: str):
+    """Record which faults of FAULTS a test exercises."""
+    unknown = set(ids) - set(FAULTS)
+    assert not unknown, f"not in FAULTS: {unknown}"
+    COVERED.update(ids)
+    return lambda f: f
+
+
+# ------------------------------------------------------------------ helpers
+
+def snapshot(d: Path) -> dict:
+    """Every file under ``d`` (hidden ones too) with the hash of its bytes."""
+    d = Path(d)
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def usage_then(err: str) -> str:
+    """argparse's stderr: the usage block, then the one error line; returns that line."""
+    ls = lines(err)
+    assert ls and ls[0].startswith("usage: "), err
+    assert all(ln.startswith(" ") for ln in ls[1:-1]), err
+    return ls[-1]
+
+
+def fake_bin(tmp_path: Path) -> Path:
+    """tmp_path/bin with the fake nvidia-smi and ncu (first on PATH: a real one on a GPU box is masked)."""
+    b = tmp_path / "bin"
+    if not b.exists():
+        b.mkdir()
+        for name in ("nvidia-smi", "ncu"):
+            (b / name).write_text(f'#!/bin/sh\nexec "{PY}" "{FAKES / name}" "$@"\n')
+            (b / name).chmod(0o755)
+    return b
+
+
+def blocked(tmp_path: Path, *names: str) -> Path:
+    """A folder of stubs that make ``import <name>`` fail as for a package that is not installed."""
+    d = tmp_path / ("block-" + "-".join(names))
+    for n in names:
+        (d / n).mkdir(parents=True, exist_ok=True)
+        (d / n / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{n}'\", name={n!r})\n")
+    return d
+
+
+def env_for(tmp_path: Path, smi: str = "fail", path_first=(), **extra) -> dict:
+    """The environment of a case: this test's own cache (pidfiles, error files), the fake tools first on
+    PATH (FAKE_SMI=fail: no GPU, as on this machine; h200: one H200), nothing inherited that steers the code."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "HANDS_ON_DEBUG", "HANDS_ON_PIPELINE_ROOT", "NCU", "CUDA_VISIBLE_DEVICES",
+                        "PIPELINE_COMMAND", "FAKE_NCU", "FAKE_NCU_PIDS")}
+    env.update(HANDS_ON_CACHE=str(tmp_path / "cache"), FAKE_SMI=smi, PYTHONUNBUFFERED="1",
+               PATH=os.pathsep.join([*map(str, path_first), str(fake_bin(tmp_path)), env.get("PATH", "/usr/bin:/bin")]))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(cmd, env, cwd=REPO, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def experiment(out: Path, *args, env, timeout=60) -> subprocess.CompletedProcess:
+    return run([PY, EXPERIMENT, "--out", out, *args], env, timeout=timeout)
+
+
+def no_partials(root: Path) -> None:
+    left = [str(p) for p in Path(root).rglob("*") if p.name.startswith((".partial-", ".trash-")) or
+            p.name.endswith(".tmp")]
+    assert not left, left
+
+
+class World:
+    """A stand-in repository root in tmp_path: copies of the real committed report pages of ``systems``
+    (optionally their scripts, and common/ + the Makefile for the refresh cases), earlier good runs
+    seeded under results/. ``check()`` asserts the reports are byte-identical and the seeded runs intact."""
+
+    def __init__(self, tmp_path: Path, systems=("sglang",), scripts=False, code=False, page: str | None = None):
+        self.root = tmp_path / "repo"
+        ignore = shutil.ignore_patterns("__pycache__")
+        for s in systems:
+            shutil.copytree(REPO / s / "reports", self.root / s / "reports", ignore=ignore)
+            if scripts:
+                shutil.copytree(REPO / s / "scripts", self.root / s / "scripts", ignore=ignore)
+        if page is not None:                      # a stand-in page of a system of its own
+            (self.root / "demo" / "reports").mkdir(parents=True)
+            (self.root / "demo" / "reports" / "analysis.md").write_text(page)
+        if code:
+            shutil.copytree(REPO / "common", self.root / "common", ignore=ignore)
+            shutil.copy(REPO / "Makefile", self.root / "Makefile")
+        self.reports0 = self.reports()
+        self.kept: dict[Path, dict] = {}
+
+    def reports(self) -> dict:
+        return {str(p.relative_to(self.root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(self.root.glob("*/reports/**/*")) if p.is_file()}
+
+    def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
+             commit="6ca9eea", files=("table.csv",), keep=True) -> Path:
+        """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``."""
+        script = self.root / system / "scripts" / f"{stem}.py"
+        with results.Run(script, {"seeded": True}, out=out, quiet=True) as r:
+            r.summary["provenance"].update(gpu=gpu, gpu_count=1, packages={"torch": torch},
+                                           git={"commit": commit, "dirty": False}, date_utc="2026-11-21T16:08:31Z")
+            for f in files:
+                if f.endswith(".csv"):
+                    r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
+                else:
+                    r.path(f).write_text("seeded\n")
+            r.story(f"STORY of {stem} on {gpu}")
+            r.headline(tb_s=2.5)
+        if keep:
+            self.kept[r.final_dir] = snapshot(r.final_dir)
+        return r.final_dir
+
+    def check(self, reports=True, partials=True) -> None:
+        if reports:
+            assert self.reports() == self.reports0, "committed reports changed"
+        for d, snap in self.kept.items():
+            assert snapshot(d) == snap, f"earlier results changed: {d}"
+        if partials:
+            no_partials(self.root)
+
+
+@pytest.fixture
+def pids():
+    """Pids a case registers (servers whose parent was killed are no longer our descendants); after
+    the case, none of them and no new descendant of this process may be alive."""
+    before = set(procs.descendants(os.getpid()))
+    tracked: list[int] = []
+    yield tracked
+    new = [p for p in procs.descendants(os.getpid()) if p not in before]
+    left = [p for p in dict.fromkeys(new + tracked) if procs.alive(p)]
+    if left:
+        procs.wait_gone(left, 5)
+    still = [p for p in left if procs.alive(p)]
+    for p in still:                    # leave nothing behind even when failing
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert not still, f"processes left behind: {[(p, procs.cmdline(p)) for p in still]}"
+
+
+def test_the_matrix_is_covered():
+    """Every fault of FAULTS has its test (``covers`` runs when this module is imported, before any test)."""
+    assert set(FAULTS) == COVERED, sorted(set(FAULTS) ^ COVERED)
+    assert len(FAULTS) >= 30 and {c for c, _ in FAULTS.values()} == {"pipelines", "reports", "results",
+                                                                      "processes", "values"}
+
+
+# ------------------------------------------------------------------ (a) pipelines
+
+FAKESYS = "fakesys"
+STEP_SCRIPTS = {
+    # a real results.Run: a report block would change if the reports were refreshed
+    "ok.py": ("from common.results import Run\nprint('ok step ran', flush=True)\n"
+              "with Run(__file__, {}, quiet=True) as run:\n    run.headline(answer=42)\n"),
+    "fail.py": ("from common.checks import run_main\n"
+                "def main(argv=None):\n    raise RuntimeError('the kernel check failed')\nrun_main(main)\n"),
+    # a package a step imports deep inside (argv[1] names it)
+    "needs.py": ("import sys\nfrom common.checks import run_main\n"
+                 "def main(argv=None):\n    __import__(sys.argv[1])\n    return 0\nrun_main(main)\n"),
+    # a child in the step's group and a grandchild in its own session: both must go
+    "sleep.py": ("import os, pathlib, subprocess, sys, time\n"
+                 "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                 "far = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+                 "                       start_new_session=True)\n"
+                 "p = pathlib.Path(__file__).with_name('pids.txt')\n"
+                 "p.with_suffix('.tmp').write_text(f'{os.getpid()} {kid.pid} {far.pid}')\n"
+                 "p.with_suffix('.tmp').replace(p)\nprint('sleeping', flush=True)\ntime.sleep(120)\n"),
+    "marker.py": "import pathlib\npathlib.Path(__file__).with_name('marker.txt').write_text('ran')\n",
+}
+FAKE_PAGE = "# fake report\n\n<!-- auto:ok/headline -->\ncommitted text\n<!-- /auto -->\n\nhand-written prose\n"
+
+
+def fake_system(tmp_path: Path, steps: list[str]) -> World:
+    """A World whose system ``fakesys`` has a _steps.py of ``steps`` (Step(...) sources) and the step scripts."""
+    w = World(tmp_path, systems=())
+    sd = w.root / FAKESYS
+    (sd / "scripts").mkdir(parents=True)
+    (sd / "reports").mkdir()
+    (sd / "reports" / "r.md").write_text(FAKE_PAGE)
+    for name, src in STEP_SCRIPTS.items():
+        (sd / "scripts" / name).write_text(src)
+    (sd / "scripts" / "_steps.py").write_text("from common.pipeline import ONLY, Step\n\nSTEPS = [\n"
+                                              + "".join(f"    {s},\n" for s in steps) + "]\n")
+    w.reports0 = w.reports()
+    return w
+
+
+def pipeline(w: World, *args, env, system=FAKESYS, timeout=120) -> subprocess.CompletedProcess:
+    return run([PY, "-m", "common.pipeline", "--root", w.root, "--system", system, *args], env, timeout=timeout)
+
+
+def good_pipeline_run(w: World, env, only="a") -> Path:
+    """An earlier pipeline run that ended ok (it refreshes the stand-in page): the state to keep."""
+    out = pipeline(w, "--only", only, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    d = w.root / FAKESYS / "results" / "06_full_pipeline"
+    w.kept[d] = snapshot(d)
+    w.reports0 = w.reports()
+    return d
+
+
+def final_line(stdout: str, title: str) -> str:
+    """The pipeline's closing status line (its first line starts with the same title)."""
+    return [ln for ln in stdout.splitlines() if ln.startswith(title + ": ")][-1]
+
+
+@covers("pipeline-no-gpu", "pipeline-cpu-only-torch")
+@pytest.mark.parametrize("fault", ["pipeline-no-gpu", "pipeline-cpu-only-torch"])
+def test_the_real_pipeline_on_a_machine_without_a_gpu(tmp_path, pids, fault):
+    """The FlashInfer pipeline as a new user runs it after `make test`: its real 06_full_pipeline.sh and
+    step scripts (copied into the World with the real report pages), no torch / a CPU-only torch."""
+    w = World(tmp_path, systems=("flashinfer",), scripts=True)
+    w.seed("flashinfer", "06_full_pipeline", files=("steps.csv",))
+    w.seed("flashinfer", "03_profile_decode")
+    if fault == "pipeline-no-gpu":
+        env = env_for(tmp_path, smi="fail", PYTHONPATH=blocked(tmp_path, "torch"))
+        setup = ("[setup] Python package 'torch' is not importable (ModuleNotFoundError: No module named 'torch'). "
+                 "Install it: pip install -r requirements.txt")
+    else:
+        env = env_for(tmp_path, smi="h200", PYTHONPATH=FAKES / "cpu_torch")
+        setup = ("[setup] torch 2.11.0+cpu is a CPU-only build (no CUDA). Install the CUDA build: "
+                 "pip install -r requirements.txt")
+    env.update(HANDS_ON_PIPELINE_ROOT=str(w.root), PYTHON=PY)
+    out = run(["bash", REPO / "flashinfer" / "scripts" / "06_full_pipeline.sh", "--quick"], env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr == "" and TB not in out.stdout
+    steps = ["00_check_env", "01_test_kernels", "02_profile_prefill", "03_profile_decode", "04_profile_rmsnorm",
+             "05_profile_rope", "07_jit_analysis"]
+    for s in steps:
+        assert re.search(rf"^\[\d/8\] {s}\s+setup-error \(exit 2\)  in \d+s$", out.stdout, re.M), out.stdout
+    said = [ln for ln in out.stdout.splitlines() if ln.startswith("[setup] ")]     # the warm-up says its own
+    assert said.count(setup) >= 7 and set(said) <= {setup, "[setup] no CUDA GPU visible: the JIT modules are compiled "
+                                                    "for this machine's GPU, so there is nothing to warm up here"}
+    assert re.fullmatch(r"flashinfer pipeline --quick: failed — 0/7 steps ok in \d+s; results and logs: "
+                        r"flashinfer/results/\.failed/06_full_pipeline/[\d-]+-failed",
+                        final_line(out.stdout, "flashinfer pipeline --quick"))
+    assert out.stdout.rstrip().endswith("reports not refreshed: the pipeline ended failed (only a run whose every "
+                                        "step is ok refreshes them).")
+    w.check()
+
+
+@covers("pipeline-ctrl-c", "pipeline-sigterm")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["pipeline-ctrl-c", "pipeline-sigterm"])
+def test_an_interrupted_pipeline_keeps_reports_and_the_last_good_run(tmp_path, pids, sig):
+    w = fake_system(tmp_path, ['Step("a", "ok.py")', 'Step("long", "sleep.py")', 'Step("never", "marker.py")'])
+    env = env_for(tmp_path)
+    good_pipeline_run(w, env)
+    pids_file = w.root / FAKESYS / "scripts" / "pids.txt"
+    p = subprocess.Popen([PY, "-m", "common.pipeline", "--root", str(w.root), "--system", FAKESYS], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids.append(p.pid)
+    t0 = time.time()
+    while not pids_file.exists() and time.time() - t0 < 60 and p.poll() is None:
+        time.sleep(0.05)
+    assert pids_file.exists(), "the sleeping step never started"
+    pids.extend(int(x) for x in pids_file.read_text().split())
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "" and TB not in out, out + err
+    assert re.search(r"^\[2/3\] long\s+interrupted  in \d+s$", out, re.M) and "[3/3]" not in out
+    assert re.fullmatch(r"fakesys pipeline --quick: interrupted — 1/2 steps ok in \d+s; results and logs: "
+                        r"fakesys/results/\.failed/06_full_pipeline/[\d-]+-interrupted",
+                        final_line(out, "fakesys pipeline --quick"))
+    assert out.rstrip().endswith("interrupted: the running step's process group was stopped, no further step ran; "
+                                 "reports not refreshed.")
+    assert not (w.root / FAKESYS / "scripts" / "marker.txt").exists()
+    assert procs.wait_gone(pids, 15), [q for q in pids if procs.alive(q)]
+    w.check()
+
+
+@covers("pipeline-step-fails", "pipeline-step-missing")
+@pytest.mark.parametrize("step, line", [
+    ('Step("check", "fail.py")', r"\[2/2\] check\s+failed \(exit 1\)  in \d+s"),
+    ('Step("renamed", "gone.py")', r"\[2/2\] renamed\s+missing: fakesys/scripts/gone\.py does not exist"),
+], ids=["pipeline-step-fails", "pipeline-step-missing"])
+def test_a_pipeline_with_a_bad_step_is_partial(tmp_path, pids, step, line):
+    w = fake_system(tmp_path, ['Step("a", "ok.py")', step])
+    env = env_for(tmp_path)
+    good_pipeline_run(w, env)
+    out = pipeline(w, env=env)
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    assert re.search(rf"^{line}$", out.stdout, re.M), out.stdout
+    if "fail.py" in step:      # the step's own one line, its traceback in a file of its own
+        (tb,) = (tmp_path / "cache" / "errors").iterdir()
+        assert f"[failed] RuntimeError: the kernel check failed (traceback: {tb})" in out.stdout.splitlines()
+    assert re.fullmatch(r"fakesys pipeline --quick: partial — 1/2 steps ok in \d+s; results and logs: "
+                        r"fakesys/results/\.failed/06_full_pipeline/[\d-]+-partial",
+                        final_line(out.stdout, "fakesys pipeline --quick"))
+    assert out.stdout.rstrip().endswith("reports not refreshed: the pipeline ended partial (only a run whose every "
+                                        "step is ok refreshes them).")
+    w.check()
+
+
+@covers("pipeline-results-unwritable")
+def test_a_pipeline_whose_results_folder_cannot_be_written(tmp_path, pids):
+    w = fake_system(tmp_path, ['Step("m", "marker.py")'])
+    (w.root / FAKESYS / "results").write_text("a file where the results folder should be\n")
+    out = pipeline(w, env=env_for(tmp_path))
+    assert out.returncode == 2 and TB not in out.stdout + out.stderr
+    assert lines(out.stderr) == [f"[setup] results folder {w.root / FAKESYS / 'results'} is not writable: "
+                                 "[Errno 17] File exists (fix its permissions); no step was run"]
+    assert not (w.root / FAKESYS / "scripts" / "marker.txt").exists()
+    w.check()
+
+
+PIPELINE_DISK_FULL = """
+import errno, sys
+sys.path.insert(0, {repo!r})
+from common import results
+real = results.write_json_atomic
+def full(p, data):
+    if ".partial-06_full_pipeline" in str(p):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(p, data)
+results.write_json_atomic = full
+from common.checks import run_main
+from common.pipeline import main
+sys.argv = ["python -m common.pipeline", *sys.argv[1:]]
+run_main(main)
+"""
+
+
+@covers("pipeline-disk-full-recording")
+def test_a_pipeline_that_cannot_record_its_run_refreshes_nothing(tmp_path, pids):
+    w = fake_system(tmp_path, ['Step("a", "ok.py")'])
+    env = env_for(tmp_path)
+    good_pipeline_run(w, env)
+    out = run([PY, "-c", PIPELINE_DISK_FULL.format(repo=str(REPO)), "--root", w.root, "--system", FAKESYS], env)
+    assert out.returncode == 1 and TB not in out.stdout + out.stderr, out.stdout + out.stderr
+    final = w.root / FAKESYS / "results" / "06_full_pipeline"
+    (err,) = lines(out.stderr)
+    assert re.fullmatch(re.escape("python -m common.pipeline: could not record the run: ResultsError: results of "
+                                  f"06_full_pipeline not saved ([Errno 28] No space left on device while finishing); "
+                                  f"{final} left as it was; record in {final.parent / '.failed' / '06_full_pipeline'}/")
+                        + r"[\d-]+-failed", err), err
+    assert re.search(r"^fakesys pipeline --quick: ok — 1/1 steps ok in \d+s; the run could not be recorded$",
+                     out.stdout, re.M)
+    assert out.stdout.rstrip().endswith("reports not refreshed: the pipeline's own record could not be written "
+                                        "(the line above says why).")
+    w.check()
+
+
+@covers("pipeline-missing-package")
+def test_a_pipeline_without_pandas_and_matplotlib(tmp_path, pids):
+    """The runner needs neither; a step that imports one says which, with the install command."""
+    w = fake_system(tmp_path, ['Step("a", "ok.py")', 'Step("table", "needs.py", quick=("pandas",))',
+                               'Step("plot", "needs.py", quick=("matplotlib",))'])
+    env = env_for(tmp_path, PYTHONPATH=blocked(tmp_path, "pandas", "matplotlib"))
+    good_pipeline_run(w, env)
+    out = pipeline(w, env=env)
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout
+    assert [ln for ln in out.stdout.splitlines() if ln.startswith("[setup]")] == [
+        f"[setup] Python package '{m}' is not importable (ModuleNotFoundError: No module named '{m}'). "
+        f"Install it: pip install {m}" for m in ("pandas", "matplotlib")]
+    assert re.search(r"^\[2/3\] table\s+setup-error \(exit 2\)", out.stdout, re.M)
+    assert "partial — 1/3 steps ok" in out.stdout
+    assert list((w.root / FAKESYS / "results" / ".failed" / "06_full_pipeline").glob("*/steps.csv"))  # no pandas
+    w.check()
+
+
+# ------------------------------------------------------------------ (b) reports
+
+def report_cmd(w: World, env, *args, timeout=120) -> subprocess.CompletedProcess:
+    """`python -m common.report` of the World's own copy of common/ (its REPO_ROOT is the World)."""
+    return run([PY, "-m", "common.report", *args], env, cwd=w.root, timeout=timeout)
+
+
+def make_reports(w: World, env) -> subprocess.CompletedProcess:
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    return run(["make", "--no-print-directory", "-C", w.root, "reports", f"PYTHON={PY}"], env)
+
+
+def totals(stdout: str) -> str:
+    return lines(stdout)[-1]
+
+
+def bodies_outside(text: str, stems: tuple) -> str:
+    """A page with the bodies of the blocks of ``stems`` (and the index) blanked: what else must not change."""
+    def blank(m):
+        key = m.group("key")
+        keep = key == "index" or key.split("/", 1)[0] in stems
+        return m.group(1) + ("" if keep else m.group("body")) + m.group(4)
+    return report.BLOCK.sub(blank, text)
+
+
+@covers("report-mixed-machines")
+def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    pages0 = {p.name: p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md")}
+    w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234", keep=False)
+    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    # the pages where this run's blocks sit beside blocks of runs whose committed provenance names the H200
+    pages = sorted(n for n, t in pages0.items() if "<!-- auto:03_profile_decode/" in t and
+                   re.search(r"<!-- auto:(?!03_)\w+/provenance -->\n_Run: 1x NVIDIA H200 · ", t))
+    assert len(pages) >= 2
+    said = [ln for ln in lines(out.stdout) if "mixes runs" in ln]
+    assert len(said) == len(pages), out.stdout
+    for page, line in zip(pages, said):
+        assert re.fullmatch(re.escape(f"flashinfer/reports/{page}: This page mixes runs from 2 machines: 1x NVIDIA "
+                                      "H100 80GB HBM3 (torch 2.10.0); 1x NVIDIA H200 (torch ") + r"[^;()]+\) " +
+                            re.escape("(the page has no auto:runs header to say so; each block's provenance names "
+                                      "its run)"), line), line
+    for name, before in pages0.items():        # hand-written text and every other run's blocks: byte for byte
+        after = (w.root / "flashinfer" / "reports" / name).read_text()
+        assert bodies_outside(after, ("03_profile_decode",)) == bodies_outside(before, ("03_profile_decode",)), name
+    text = (w.root / "flashinfer" / "reports" / "analysis.md").read_text()
+    block = text[text.index("<!-- auto:03_profile_decode/provenance -->"):].split("<!-- /auto -->")[0]
+    assert "_Run: 1x NVIDIA H100 80GB HBM3 · " in block                  # the run's blocks show their own run
+    w.check(reports=False)
+
+
+BAD_SUMMARIES = {
+    "report-old-schema": (lambda s: {k: v for k, v in s.items() if k != "schema"},
+                          'no "schema" key (an older summary; reports read schema 2): re-run the script'),
+    "report-no-provenance": (lambda s: {k: v for k, v in s.items() if k != "provenance"},
+                             "no provenance (GPU, stack, commit, date)"),
+    "report-malformed-json": (None, "not valid JSON (Expecting ',' delimiter: line 1 column 14 (char 13))"),
+    "report-unfinished-run": (lambda s: {**s, "status": "failed"},
+                              "status 'failed': only finished, successful runs refresh reports"),
+}
+
+
+@covers(*BAD_SUMMARIES)
+@pytest.mark.parametrize("fault", list(BAD_SUMMARIES))
+def test_a_bad_summary_is_one_line_and_changes_nothing(tmp_path, pids, fault):
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    d = w.seed("flashinfer", "03_profile_decode", keep=False)
+    edit, why = BAD_SUMMARIES[fault]
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps(edit(s)) if edit else '{"schema": 2 "status": "ok"}')
+    w.kept[d] = snapshot(d)
+    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    assert lines(out.stdout)[0] == f"skipped flashinfer/results/03_profile_decode/summary.json: {why}"
+    assert re.fullmatch(r"reports: 0 block\(s\) refreshed from results, \d+ kept, 1 results file\(s\) skipped, "
+                        r"0 file\(s\) changed", totals(out.stdout))
+    w.check()
+
+
+@covers("report-binary-table")
+def test_a_table_that_is_not_text_keeps_its_blocks(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    md = w.root / "flashinfer" / "reports" / "experiments.md"
+    before = md.read_text()
+    d = w.seed("flashinfer", "03_profile_decode", files=("cross_check.csv",), keep=False)
+    (d / "cross_check.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    assert out.returncode == 0 and TB not in out.stdout + out.stderr
+    assert ("skipped flashinfer/results/03_profile_decode/cross_check.csv: not text (undecodable byte 0x89 at "
+            "offset 0)") in lines(out.stdout)
+    key = "<!-- auto:03_profile_decode/table:cross_check -->"
+    assert md.read_text().split(key)[1].split("<!-- /auto -->")[0] == before.split(key)[1].split("<!-- /auto -->")[0]
+    assert "STORY of 03_profile_decode" in md.read_text()           # the rest of that run refreshed
+    w.check(reports=False)
+
+
+@covers("report-pandas-missing", "report-matplotlib-missing")
+@pytest.mark.parametrize("package", ["pandas", "matplotlib"],
+                         ids=["report-pandas-missing", "report-matplotlib-missing"])
+def test_make_reports_without_an_optional_package_renders_the_same(tmp_path, pids, package):
+    pages = {}
+    for label, block in (("with", None), ("without", package)):
+        w = World(tmp_path / label, systems=("flashinfer",), code=True)
+        d = w.seed("flashinfer", "03_profile_decode", files=("cross_check.csv", "kernels.csv"), keep=False)
+        (d / "roofline.png").write_bytes(b"\x89PNG fake figure")
+        env = env_for(tmp_path, **({"PYTHONPATH": blocked(tmp_path, block)} if block else {}))
+        out = make_reports(w, env)
+        assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+        assert re.search(r"reports: \d+ block\(s\) refreshed from results", totals(out.stdout))
+        pages[label] = w.reports()
+        no_partials(w.root)
+    assert pages["with"] == pages["without"] and pages["with"] != World(tmp_path / "fresh", ("flashinfer",)).reports()
+
+
+RENDER_ERROR = """
+import sys
+sys.path.insert(0, ".")
+from common import report
+from common.checks import run_main
+real = report.Renderer._body
+def body(self, stem, what, s):
+    if stem == "99_last":
+        raise KeyError("boom")
+    return real(self, stem, what, s)
+report.Renderer._body = body
+run_main(report.main)
+"""
+
+
+@covers("report-render-error-last-file")
+def test_an_error_rendering_the_last_file_writes_no_file(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer", "sglang"), code=True)
+    last = w.root / "sglang" / "reports" / "zz-last.md"            # the page rendered last
+    last.write_text("# last\n\n<!-- auto:99_last/story -->\nold\n<!-- /auto -->\n")
+    w.reports0 = w.reports()
+    w.seed("flashinfer", "03_profile_decode", files=("roofline.png",))          # refreshes earlier pages + a figure
+    w.seed("sglang", "99_last")
+    out = run([PY, "-c", RENDER_ERROR], env_for(tmp_path), cwd=w.root)
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    assert lines(out.stdout) == ["[failed] reports not refreshed, no file written: sglang/reports/zz-last.md: "
+                                 "block 99_last/story: KeyError: 'boom'"]
+    w.check()                                   # the figure of the earlier page too: byte for byte
+
+
+@covers("report-clean-clone")
+def test_a_clone_without_results_keeps_every_report_byte_for_byte(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer", "mini-sglang", "sglang"), code=True)
+    env = env_for(tmp_path)
+    for out in (make_reports(w, env), report_cmd(w, env)):
+        assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+        assert re.fullmatch(r"reports: 0 block\(s\) refreshed from results, \d+ kept, 0 results file\(s\) skipped, "
+                            r"0 file\(s\) changed", totals(out.stdout))
+        assert not [ln for ln in out.stdout.splitlines() if ln.startswith(("updated ", "skipped ", "[failed]"))]
+        w.check()
+
+
+REPORT_DISK_FULL = """
+import errno, sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from common import report
+from common.checks import run_main
+real, n = Path.write_bytes, [0]
+def write_bytes(self, data):
+    if self.name.endswith(".tmp"):
+        n[0] += 1
+        if n[0] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+    return real(self, data)
+Path.write_bytes = write_bytes
+run_main(report.main)
+"""
+
+
+@covers("report-disk-full")
+def test_a_full_disk_while_writing_the_reports_writes_no_file(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    w.seed("flashinfer", "03_profile_decode", files=("roofline.png",))
+    out = run([PY, "-c", REPORT_DISK_FULL], env_for(tmp_path), cwd=w.root)
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    (line,) = lines(out.stdout)
+    assert re.fullmatch(r"\[failed\] reports not refreshed, no file written: cannot write flashinfer/reports/\S+: "
+                        r"\[Errno 28\] No space left on device", line), line
+    w.check()
+
+
+# ------------------------------------------------------------------ (c) results folders
+
+DEMO_PAGE = "# Demo\n\n<!-- auto:01_demo/story -->\ncommitted story\n<!-- /auto -->\n"
+
+
+def demo_world(tmp_path) -> tuple[World, Path]:
+    """A World with a stand-in page and an earlier good run at demo/results/01_demo (the --out of the cases)."""
+    w = World(tmp_path, systems=(), page=DEMO_PAGE)
+    out = w.root / "demo" / "results" / "01_demo"
+    w.seed("demo", "01_demo", out=out, files=("table.csv", "old_only.txt"))
+    return w, out
+
+
+@covers("results-whole-run")
+def test_a_new_run_replaces_the_folder_whole(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    old = w.kept.pop(out)
+    r = experiment(out, "--files", "table.csv", "--tag", "new", env=env_for(tmp_path))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "summary.json", "table.csv"]   # no old_only.txt
+    assert "new" in (out / "table.csv").read_text()
+    assert snapshot(out.parent / ".previous" / "01_demo") == old                                # the run it replaced
+    w.check()
+
+
+@covers("results-crash-between-renames")
+def test_a_kill_between_the_two_renames_is_repaired_by_the_next_run(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    r = experiment(out, "--tag", "killed", "--inject", "die-between-renames", env=env)
+    assert r.returncode == 137 and not out.exists()                     # as after SIGKILL: only .previous/ holds it
+    assert (out.parent / ".previous" / "01_demo" / "summary.json").exists()
+    assert list(out.parent.glob(".partial-*"))                          # the dead run's folder, pid gone
+    nxt = experiment(out, "--fail", "the next run failed", env=env)
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert nxt.returncode == 1 and lines(nxt.stderr) == [f"[failed] RuntimeError: the next run failed (traceback: "
+                                                         f"{kept / 'error.txt'})"]
+    w.check()                                                           # put back byte for byte, no .partial left
+
+
+@covers("results-final-replace-fails", "results-disk-full-writing", "results-disk-full-finishing")
+@pytest.mark.parametrize("inject, what", [
+    ("eio-replace", "[Errno 5] Input/output error while finishing"),
+    ("enospc-table", "[Errno 28] No space left on device"),
+    ("enospc-finish", "[Errno 28] No space left on device while finishing"),
+], ids=["results-final-replace-fails", "results-disk-full-writing", "results-disk-full-finishing"])
+def test_a_run_that_cannot_be_saved_leaves_the_last_one(tmp_path, pids, inject, what):
+    w, out = demo_world(tmp_path)
+    r = experiment(out, "--tag", "new", "--inject", inject, env=env_for(tmp_path))
+    (rec,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr
+    assert lines(r.stderr) == [f"[setup] results of experiment not saved ({what}); {out} left as it was; "
+                               f"record in {rec}"]
+    assert json.loads((rec / "summary.json").read_text())["status"] in ("failed", "setup-error")
+    assert what.split(" while")[0] in (rec / "error.txt").read_text()
+    w.check()
+
+
+@covers("results-failed-runs-pruned")
+def test_failed_runs_are_pruned_to_the_last_five(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    for i in range(5):
+        r = experiment(out, "--tag", f"t{i}", "--fail", f"attempt {i}", env=env)
+        assert r.returncode == 1 and len(lines(r.stderr)) == 1 and f"attempt {i}" in r.stderr
+    for i in (5, 6):                                      # and two runs stopped with Ctrl-C
+        p = subprocess.Popen([PY, str(EXPERIMENT), "--out", str(out), "--tag", f"t{i}", "--ready", "--hold", "30"],
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pids.append(p.pid)
+        assert p.stdout.readline().startswith("READY")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130 and lines(err)[0].startswith("[interrupted] stopped by Ctrl-C; earlier results")
+    kept = sorted((out.parent / ".failed" / "01_demo").iterdir())
+    assert len(kept) == results.KEEP_FAILED == 5
+    summaries = [json.loads((k / "summary.json").read_text()) for k in kept]
+    assert [(s["args"]["tag"], s["status"]) for s in summaries] == [
+        ("t2", "failed"), ("t3", "failed"), ("t4", "failed"), ("t5", "interrupted"), ("t6", "interrupted")]
+    w.check()
+
+
+@covers("results-concurrent-failures")
+def test_two_failing_runs_at_once_keep_their_own_error_files(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    # at the same moment, with the same time stamp (as two runs failing in one microsecond would have)
+    cmd = [PY, str(EXPERIMENT), "--out", str(out), "--inject", "fixed-stamp"]
+    ps = [subprocess.Popen(cmd + ["--tag", t, "--fail", f"boom {t}"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for t in "AB"]
+    pids.extend(p.pid for p in ps)
+    res = [p.communicate(timeout=60) for p in ps]
+    files = []
+    for p, (o, e), t in zip(ps, res, "AB"):
+        (line,) = lines(e)
+        m = re.fullmatch(rf"\[failed\] RuntimeError: boom {t} \(traceback: (\S+/error\.txt)\)", line)
+        assert p.returncode == 1 and m, line
+        files.append(Path(m.group(1)))
+        text = files[-1].read_text()
+        assert f"RuntimeError: boom {t}" in text and f"boom {'AB'.replace(t, '')}" not in text
+    assert files[0] != files[1] and len(list((out.parent / ".failed" / "01_demo").iterdir())) == 2
+    w.check()
+
+
+@covers("results-read-only")
+@pytest.mark.parametrize("how", ["file", "chmod"])
+def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
+    """The real 04_nsys_profile.py --reanalyse (no GPU needed) with --out where nothing can be written."""
+    w = World(tmp_path)
+    src = tmp_path / "recorded"
+    src.mkdir()
+    shutil.copy(FIXTURES / "sglang_nsys_cuda_gpu_trace_cut_h200.csv", src / "timeline_overlap_on_cuda_gpu_trace.csv")
+    shutil.copy(FIXTURES / "sglang_nsys_nvtx_pushpop_cut_h200.csv", src / "timeline_overlap_on_nvtx_pushpop_trace.csv")
+    base = tmp_path / "ro"
+    if how == "file":
+        base.write_text("a file\n")
+        why = "[Errno 17] File exists"
+    else:
+        base.mkdir()
+        w.seed("sglang", "04_nsys_profile", out=base / "04")
+        base.chmod(0o500)
+        if os.access(base, os.W_OK):
+            base.chmod(0o700)
+            pytest.skip("running as root: chmod does not make a folder read-only")
+        why = "[Errno 13] Permission denied"
+    try:
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", base / "04"],
+                env_for(tmp_path))
+    finally:
+        if base.is_dir():
+            base.chmod(0o700)
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: {why} "
+                               "(fix its permissions or pass --out DIR)"]
+    w.check()
+
+
+# ------------------------------------------------------------------ (d) processes
+
+def start(out: Path, *args, env) -> tuple[subprocess.Popen, int, int]:
+    """An experiment run holding a fake server: (process, server pid, port) once it said READY."""
+    p = subprocess.Popen([PY, str(EXPERIMENT), "--out", str(out), "--server", "--ready", *args], env=env, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        line = p.stdout.readline()
+        if line.startswith("READY "):
+            _, server, port = line.split()
+            return p, int(server), int(port)
+        if not line and p.poll() is not None:
+            break
+    p.kill()
+    raise AssertionError(f"no READY line: {p.communicate(timeout=10)}")
+
+
+def health(port: int) -> int:
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))     # never through a proxy
+    with direct.open(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        return r.status
+
+
+@covers("proc-sigkill-leaves-server")
+def test_a_server_left_by_a_sigkilled_run_is_stopped_by_the_next_run(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    a, server, port = start(out, "--server-arg=--spawn-child", "--hold", "60", env=env)
+    pids.append(a.pid)
+    time.sleep(0.3)
+    family = [server, *procs.descendants(server)]
+    pids.extend(family)
+    assert len(family) == 2 and health(port) == 200
+    a.kill()                                                 # SIGKILL: no handler runs, the server stays
+    a.communicate(timeout=10)
+    assert a.returncode == -signal.SIGKILL and all(procs.alive(p) for p in family)
+    pidfiles = list((tmp_path / "cache" / "servers" / "experiment").glob("*.pid"))
+    assert len(pidfiles) == 1 and json.loads(pidfiles[0].read_text())["pgid"] == server
+    w.check(partials=False)                                  # the killed run changed no earlier result
+    b = experiment(out, "--server", "--tag", "next", env=env)
+    assert (b.returncode, b.stdout, b.stderr) == (0, "", "")
+    assert procs.wait_gone(family, 5), [p for p in family if procs.alive(p)]
+    log = (out / "log.txt").read_text()
+    assert re.search(rf"found a process group left behind by a killed run \({pidfiles[0].name}: pid {server}, ", log)
+    assert not list((tmp_path / "cache" / "servers" / "experiment").glob("*.pid"))
+    no_partials(w.root)
+
+
+@covers("proc-three-runs-three-ports", "proc-sigterm-stops-server")
+def test_three_runs_at_once_get_three_ports_and_sigterm_stops_each_server(tmp_path, pids):
+    w = World(tmp_path, systems=(), page=DEMO_PAGE)
+    env = env_for(tmp_path)
+    started = [start(w.root / "demo" / "results" / f"run{i}", "--server-arg=--spawn-child", "--hold", "60", env=env)
+               for i in range(3)]
+    time.sleep(0.3)
+    family = []
+    for p, server, _ in started:
+        pids.extend([p.pid, server])
+        family += [server, *procs.descendants(server)]
+    pids.extend(family)
+    ports = [port for _, _, port in started]
+    assert len(set(ports)) == 3 and all(health(port) == 200 for port in ports), ports
+    for p, _, _ in started:
+        p.send_signal(signal.SIGTERM)
+    for i, (p, _, _) in enumerate(started):
+        _, err = p.communicate(timeout=60)
+        (kept,) = (w.root / "demo" / "results" / ".failed" / f"run{i}").iterdir()
+        assert p.returncode == 143 and TB not in err
+        assert lines(err) == [f"[interrupted] stopped by SIGTERM; earlier results were left as they were (this run "
+                              f"kept in {kept})."]
+        assert json.loads((kept / "summary.json").read_text())["status"] == "interrupted"
+    assert procs.wait_gone(family, 10), [q for q in family if procs.alive(q)]
+    assert not list((tmp_path / "cache" / "servers" / "experiment").glob("*.pid"))
+    w.check()
+
+
+@covers("proc-no-fixed-port")
+def test_no_test_or_script_binds_a_fixed_port():
+    """Two `make test` at once must not collide: servers and rendezvous ports come from the OS (bind 0)."""
+    allowed = {  # literal ports that are parsed or compared, never bound
+        ("tests/test_cli.py", '(cli.port, "30000", 30000)'), ("tests/test_cli.py", '(cli.port, "70000", "1..65535")'),
+        ("tests/test_sglang_helpers.py", "srv.port != 30000"), ("tests/test_sglang_scripts.py", '"--port", "70000"'),
+        # a fact of mini-SGLang itself (its LLM's gloo group), documented where the script says to run one at a time
+        ("mini-sglang/scripts/08_forward_timeline.py", "gloo binds 127.0.0.1:2333, so one at a time"),
+    }
+    pat = re.compile(r"""(port\W{0,3}\s*[=:,]\s*["']?\d{4,5}\b|--port["',\s]+["']?\d{4,5}\b|127\.0\.0\.1:\d{2,5}\b|"""
+                     r"""localhost:\d{2,5}\b|\.bind\(\([^)]*,\s*[1-9]\d*\)\)|\b3000\d\b)""")
+    hits = []
+    files = [*TESTS.glob("*.py"), *TESTS.glob("fakes/*"), *(REPO / "common").glob("*.py"), REPO / "Makefile",
+             *[p for s in ("flashinfer", "mini-sglang", "sglang") for p in (REPO / s / "scripts").glob("*.*")]]
+    for f in files:
+        if f.is_file() and f.suffix in (".py", ".sh", "") and f != Path(__file__):
+            for ln in f.read_text(errors="replace").splitlines():
+                if pat.search(ln) and not any(str(f.relative_to(REPO)) == a and s in ln for a, s in allowed):
+                    hits.append(f"{f.relative_to(REPO)}: {ln.strip()}")
+    assert hits == []
+
+
+@covers("proc-server-dies-at-startup")
+def test_a_server_that_dies_during_start_up(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    r = experiment(out, "--server", "--server-arg=--die-after=0.3", "--server-arg=--no-health", env=env_for(tmp_path))
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 1 and r.stdout == "" and TB not in r.stderr
+    assert re.fullmatch(re.escape("[failed] ServerError: server exited with code 3 during start-up after ") + r"\d+" +
+                        re.escape(f" s. Last log lines ({kept / 'server.log'}): (traceback: {kept / 'error.txt'})"),
+                        lines(r.stderr)[0]) and len(lines(r.stderr)) == 1, r.stderr
+    assert "dying on purpose" in (kept / "server.log").read_text()     # the line names a file that exists
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("proc-http-proxy-set")
+def test_an_http_proxy_in_the_environment_does_not_hide_the_local_server(tmp_path, pids):
+    """Clusters set http_proxy for downloads; requests to 127.0.0.1 must not go to it (a proxy that refuses
+    every connection stands for it: a free port on 127.0.0.1 with nothing listening)."""
+    w, out = demo_world(tmp_path)
+    proxy = f"http://127.0.0.1:{procs.free_port()}"
+    env = env_for(tmp_path, http_proxy=proxy, HTTP_PROXY=proxy, https_proxy=proxy, no_proxy="", NO_PROXY="")
+    r = experiment(out, "--server", "--start-timeout", "10", "--tag", "proxied", env=env)
+    w.kept.pop(out)                                       # this run succeeds and replaces the earlier one
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr
+    assert "server: ready after" in (out / "log.txt").read_text()
+    w.check()
+
+
+@covers("proc-port-in-use")
+def test_a_given_port_in_use_starts_nothing(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = experiment(out, "--server", "--port", str(port), env=env_for(tmp_path))
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr
+    assert lines(r.stderr) == [f"[setup] port {port} on 127.0.0.1 is already in use (another server running? "
+                               f"`ss -ltnp | grep {port}`); choose another with --port"]
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()
+    w.check()
+
+
+@covers("proc-ncu-timeout")
+def test_an_ncu_timeout_stops_ncu_and_the_application(tmp_path, pids):
+    """The real flashinfer/scripts/ncu_profile.sh (common.ncu profile) with a fake ncu that hangs and whose
+    application runs in a session of its own (out of reach of killpg)."""
+    w = World(tmp_path, systems=("flashinfer",))
+    pid_file = tmp_path / "ncu.pids"
+    env = env_for(tmp_path, FAKE_NCU="hang", FAKE_NCU_PIDS=pid_file, PYTHON=PY)
+    out = tmp_path / "ncu"
+    r = run(["bash", REPO / "flashinfer" / "scripts" / "ncu_profile.sh", "--out", out, "--timeout", "2", "--",
+             PY, "-c", "import time; time.sleep(60)"], env, timeout=60)
+    ncu_pid, app_pid = map(int, pid_file.read_text().split())
+    pids.extend([ncu_pid, app_pid])
+    assert r.returncode == 1 and TB not in r.stdout + r.stderr
+    (tb,) = (tmp_path / "cache" / "errors").iterdir()
+    assert lines(r.stderr) == [f"[failed] NcuError: ncu did not finish within 2 s (ncu and the profiled application "
+                               f"were stopped); see {out / 'ncu_app_stdout.txt'} (traceback: {tb})"]
+    assert not procs.alive(ncu_pid) and not procs.alive(app_pid)
+    w.check()
+
+
+# ------------------------------------------------------------------ (e) bad values, missing packages
+
+BAD_VALUES = {
+    "value-configs-negative": ("sglang/scripts/07_tp_scaling.py", ["--configs", "llama-3.1-8b:-1"],
+                               "07_tp_scaling.py: error: argument --configs: bad entry 'llama-3.1-8b:-1' (expected "
+                               "positive integers separated by commas, got '-1'); expected 'preset:tp,tp;preset:tp'"),
+    "value-model-path-missing": ("sglang/scripts/02_radix_cache_analysis.py", ["--model-path", "/nonexistent"],
+                                 "02_radix_cache_analysis.py: error: argument --model-path: '/nonexistent' is not a "
+                                 "folder (give a local model folder with config.json and weights)"),
+    "value-mem-fraction": ("sglang/scripts/01_baseline_perf.py", ["--mem-fraction", "5"],
+                           "01_baseline_perf.py: error: argument --mem-fraction: expected a fraction in (0, 1], "
+                           "got '5'"),
+    "value-batches-abc": ("flashinfer/scripts/03_profile_decode.py", ["--batches", "abc"],
+                          "03_profile_decode.py: error: argument --batches: expected positive integers separated by "
+                          "commas, got 'abc'"),
+    "value-unknown-preset": ("sglang/scripts/02_radix_cache_analysis.py", ["--preset", "gpt-9"],
+                             "02_radix_cache_analysis.py: error: argument --preset: unknown model preset 'gpt-9'; "
+                             "choose from llama-3.1-70b, llama-3.1-8b, qwen2.5-7b, tiny-llama"),
+}
+
+
+@covers(*BAD_VALUES)
+@pytest.mark.parametrize("fault", list(BAD_VALUES))
+def test_a_bad_value_stops_before_anything_starts(tmp_path, pids, fault):
+    script, argv, message = BAD_VALUES[fault]
+    w = World(tmp_path, systems=(script.split("/")[0],))
+    out = w.root / "results" / Path(script).stem
+    w.seed(script.split("/")[0], Path(script).stem, out=out)
+    # a fake H200 and a stand-in sglang package: only the value can stop the script
+    env = env_for(tmp_path, smi="h200", PYTHONPATH=sglang_stub(tmp_path))
+    r = run([PY, REPO / script, "--quick", "--out", out, *argv], env, timeout=60)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert usage_then(r.stderr) == message
+    assert not (tmp_path / "cache" / "servers").exists()
+    w.check()
+
+
+def sglang_stub(tmp_path: Path) -> Path:
+    """A package named sglang (the scripts find it installed; nothing of it runs in these cases)."""
+    d = tmp_path / "stub-sglang"
+    (d / "sglang").mkdir(parents=True, exist_ok=True)
+    (d / "sglang" / "__init__.py").write_text('__version__ = "0.0+stub"\n')
+    return d
+
+
+@covers("value-tp-over-visible-gpus")
+def test_more_tensor_parallel_ranks_than_gpus(tmp_path, pids):
+    w = World(tmp_path)
+    out = w.root / "results" / "07_tp_scaling"
+    w.seed("sglang", "07_tp_scaling", out=out)
+    env = env_for(tmp_path, smi="h200", PYTHONPATH=sglang_stub(tmp_path))
+    r = run([PY, REPO / "sglang" / "scripts" / "07_tp_scaling.py", "--configs", "llama-3.1-8b:2", "--out", out], env)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr
+    assert lines(r.stderr) == ["[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible (CUDA_VISIBLE_DEVICES limits "
+                               "what is visible)."]
+    assert not (tmp_path / "cache" / "servers").exists()
+    w.check()
+
+
+@covers("value-ncu-csv-without-time")
+def test_an_ncu_csv_without_the_time_metric_is_named(tmp_path, pids):
+    w = World(tmp_path, systems=("flashinfer",))
+    env = env_for(tmp_path, FAKE_NCU="notime", PYTHON=PY)
+    out = tmp_path / "ncu"
+    r = run(["bash", REPO / "flashinfer" / "scripts" / "ncu_profile.sh", "--out", out, "--", PY, "-c", "pass"], env)
+    (tb,) = (tmp_path / "cache" / "errors").iterdir()
+    assert r.returncode == 1 and TB not in r.stdout + r.stderr
+    assert lines(r.stderr) == ["[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum column, so no kernel "
+                               "time: collect it (--metrics gpu__time_duration.sum, or a section set such as "
+                               f"SpeedOfLight/full) (traceback: {tb})"]
+    assert not (out / "kernels.csv").exists()                          # no table of NaN times
+    w.check()
+
+
+@covers("package-pandas-script", "package-matplotlib-script")
+@pytest.mark.parametrize("script, package", [("04_nsys_profile.py", "pandas"), ("07_tp_scaling.py", "matplotlib")],
+                         ids=["package-pandas-script", "package-matplotlib-script"])
+def test_a_script_without_an_optional_package(tmp_path, pids, script, package):
+    w = World(tmp_path)
+    out = w.root / "results" / Path(script).stem
+    w.seed("sglang", Path(script).stem, out=out)
+    src = tmp_path / "recorded"
+    src.mkdir()
+    r = run([PY, REPO / "sglang" / "scripts" / script, "--reanalyse", src, "--out", out],
+            env_for(tmp_path, PYTHONPATH=blocked(tmp_path, package)))
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr
+    assert lines(r.stderr) == [f"[setup] Python package(s) not importable: '{package}' (pip install {package})"]
+    w.check()
+
+
+@covers("package-import-anywhere")
+def test_an_import_of_a_missing_package_deep_in_main(tmp_path, pids):
+    w, out = demo_world(tmp_path)
+    r = experiment(out, "--import", "pandas", env=env_for(tmp_path, PYTHONPATH=blocked(tmp_path, "pandas")))
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr
+    assert lines(r.stderr) == ["[setup] Python package 'pandas' is not importable (ModuleNotFoundError: No module "
+                               "named 'pandas'). Install it: pip install pandas"]
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert kept.name.endswith("-setup-error")
+    assert json.loads((kept / "summary.json").read_text())["status"] == "setup-error"
+    w.check()
+
+
+OPTIONAL = """
+import sys
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {fi!r})
+import _fi
+from common.ranges import nvtx_range
+print(_fi.cupti_python())
+with nvtx_range("decode bs=1"):
+    print("inside the range")
+"""
+
+
+@covers("package-cupti-python", "package-nvtx")
+def test_cupti_python_and_nvtx_missing_degrade_with_a_named_install(tmp_path, pids):
+    """Both are optional by design: without cupti-python FlashInfer's CUPTI cross-check is an inconclusive
+    premise naming the install; without nvtx the ranges are torch annotations or nothing."""
+    w = World(tmp_path, systems=("flashinfer",))
+    code = OPTIONAL.format(repo=str(REPO), fi=str(REPO / "flashinfer" / "scripts"))
+    r = run([PY, "-c", code], env_for(tmp_path, PYTHONPATH=blocked(tmp_path, "cupti", "nvtx")))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert lines(r.stdout) == ["cupti-python unavailable (ModuleNotFoundError: No module named 'cupti'); "
+                               "pip install cupti-python", "inside the range"]
+    w.check()
+
+
+# ------------------------------------------------------------------ CI's own guard (.ci/run)
+
+def guard_source() -> str:
+    text = (REPO / ".ci" / "run").read_text()
+    m = re.search(r"^# guard:begin[^\n]*\n(.*?)^# guard:end$", text, re.M | re.S)
+    assert m, ".ci/run has no '# guard:begin' ... '# guard:end' section"
+    return m.group(1)
+
+
+def _git(repo: Path, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+                           *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_ci_report_guard_fails_when_a_report_changes(tmp_path):
+    """.ci/run's guard, copied from the file, in a git repository of its own: exit 0 while the reports are
+    as committed; non-zero when a report is modified, deleted or added; the old pathspec never failed."""
+    repo = tmp_path / "clone"
+    for s in ("flashinfer", "mini-sglang", "sglang"):
+        (repo / s / "reports" / "figures").mkdir(parents=True)
+        (repo / s / "reports" / "analysis.md").write_text(f"# {s}\n")
+    (repo / "README.md").write_text("x\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "reports")
+    script = guard_source() + '\nreports_unchanged && echo UNCHANGED\n'
+
+    def guard():
+        return subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=30)
+
+    def old_guard():
+        return subprocess.run(["git", "diff", "--exit-code", "--stat", "--", "*/reports"], cwd=repo,
+                              capture_output=True, text=True, timeout=30)
+
+    ok = guard()
+    assert ok.returncode == 0 and "UNCHANGED" in ok.stdout, ok.stdout + ok.stderr
+    (repo / "README.md").write_text("changed outside the reports\n")
+    assert guard().returncode == 0
+    page = repo / "sglang" / "reports" / "analysis.md"
+    page.write_text("# sglang\nrewritten by make reports\n")
+    changed = guard()
+    assert changed.returncode != 0 and "UNCHANGED" not in changed.stdout
+    assert "sglang/reports/analysis.md" in changed.stdout                # git diff --stat names the file
+    assert old_guard().returncode == 0                        # the guard .ci/run had: it could not fail
+    _git(repo, "checkout", "-q", "--", "sglang")
+    (repo / "flashinfer" / "reports" / "figures" / "new.png").write_bytes(b"png")
+    assert guard().returncode != 0                            # a new file in the reports
+    (repo / "flashinfer" / "reports" / "figures" / "new.png").unlink()
+    (repo / "mini-sglang" / "reports" / "analysis.md").unlink()
+    assert guard().returncode != 0                            # a deleted report
+    _git(repo, "checkout", "-q", "--", "mini-sglang")
+    assert guard().returncode == 0
+
+
+def test_ci_runs_the_three_steps_and_no_tests_is_a_failure():
+    """.ci/run: make test, make check, make reports, each failing CI with its exit code; pytest's exit code
+    5 (nothing collected) is a failure in the Makefile's test target, which CI runs (never pytest directly)."""
+    text = (REPO / ".ci" / "run").read_text()
+    assert re.findall(r"^step (.+)$", text, re.M) == ["make test", "make check", "make reports"]
+    assert "pytest" not in re.sub(r"#.*", "", text)
+    assert "if [ $$rc -eq 5 ]; then echo \"pytest collected no tests\"; exit 1; fi" in (REPO / "Makefile").read_text()
+    bad = subprocess.run(["bash", "-c", re.search(r"^step\(\) \{.*?^\}$", text, re.M | re.S).group(0)
+                          + "\nstep bash -c 'exit 5'\necho not reached"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 5 and "not reached" not in bad.stdout
+    assert "ci: 'bash -c exit 5' failed (exit 5)" in bad.stdout
+
