@@ -21,24 +21,22 @@ def _err(msg: str):
     return argparse.ArgumentTypeError(msg)
 
 
-def positive_int(text: str) -> int:
+def _int(text: str, low: int, what: str) -> int:
     try:
         v = int(str(text).strip())
     except ValueError:
-        raise _err(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise _err(f"expected a positive integer, got {text!r}")
+        v = None
+    if v is None or v < low:
+        raise _err(f"expected {what}, got {text!r}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        v = int(str(text).strip())
-    except ValueError:
-        raise _err(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise _err(f"expected an integer >= 0, got {text!r}")
-    return v
+    return _int(text, 0, "an integer >= 0")
 
 
 def positive_ints(text: str) -> list[int]:
@@ -53,25 +51,23 @@ def positive_ints(text: str) -> list[int]:
     return vals
 
 
-def positive_float(text: str) -> float:
+def _float(text: str, ok, what: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise _err(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise _err(f"expected a positive number, got {text!r}")
+        v = None
+    if v is None or not ok(v):
+        raise _err(f"expected {what}, got {text!r}")
     return v
+
+
+def positive_float(text: str) -> float:
+    return _float(text, lambda v: v > 0, "a positive number")
 
 
 def fraction(text: str) -> float:
     """A fraction in (0, 1] (e.g. --mem-fraction-static)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise _err(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise _err(f"expected a fraction in (0, 1], got {text!r}")
-    return v
+    return _float(text, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
 
 def rates(text: str) -> list[str]:
@@ -137,3 +133,19 @@ def check_gpus_for(n: int, what: str = "this run") -> int:
     if n > have:
         raise SetupError(f"{what} needs {n} GPUs; {have} visible (CUDA_VISIBLE_DEVICES limits what is visible).")
     return have
+
+
+def parser(script_file, doc: str, quick: str | None = None, out: bool = True, prog: str | None = None):
+    """The parser every numbered script starts from: its docstring as description (first paragraph) and
+    epilog (the whole usage doc), ``--quick`` with what it trims, ``--out`` (the results folder, by default
+    ``<system>/results/<stem>``)."""
+    from pathlib import Path
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    if quick is not None:
+        p.add_argument("--quick", action="store_true", help=quick)
+    if out:
+        script = Path(script_file).resolve()
+        p.add_argument("--out", default=None,
+                       help=f"results folder (default {script.parent.parent.name}/results/{script.stem})")
+    return p

@@ -359,10 +359,12 @@ class Run:
         self.summary["point_errors"].append({**point, "error": msg})
         self.log(f"[ERROR] {point} -> {msg}")
 
-    def story(self, text: str) -> None:
-        """The execution story of this run (ASCII); also written to story.txt."""
+    def story(self, text: str, echo: bool = False) -> None:
+        """The execution story of this run (ASCII); also written to story.txt (and printed with ``echo``)."""
         self.summary["story"] = text
         self.path("story.txt").write_text(text + "\n")
+        if echo:
+            print(text, flush=True)
 
     # ------------------------------------------------------------------ ending
     def finish(self, status: str = "ok") -> Path:

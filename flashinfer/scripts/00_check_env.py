@@ -29,7 +29,6 @@ environment.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -41,8 +40,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import gpu, story  # noqa: E402
-from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
+from common import cli, gpu, story  # noqa: E402
+from common.checks import profilers, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
 
@@ -77,11 +76,8 @@ H_NORM_PATH = Hypothesis("norm-path", "without nvidia-cutlass-dsl RMSNorm uses t
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="same checks (they are quick); peaks come from the cache")
+    p = cli.parser(__file__, __doc__, quick="same checks (they are quick); peaks come from the cache")
     p.add_argument("--refresh-peaks", action="store_true", help="re-measure the DRAM and bf16 GEMM ceilings")
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/00_check_env)")
     return p.parse_args(argv)
 
 
@@ -215,9 +211,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the machine
         prov = run.summary["provenance"]
@@ -240,8 +234,7 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

@@ -27,7 +27,6 @@ Exit code 1 when any kernel disagrees with its reference (the table is kept in a
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import re
 import sys
@@ -37,8 +36,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import story, trace  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common import cli, story, trace  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
 
@@ -60,10 +59,7 @@ H_REJECT = Hypothesis("rejected-shape", "a shape FlashInfer does not support is 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="leave out the 70B-layout decode check (~20 s)")
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/01_test_kernels)")
+    p = cli.parser(__file__, __doc__, quick="leave out the 70B-layout decode check (~20 s)")
     return p.parse_args(argv)
 
 
@@ -258,9 +254,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     import pandas as pd
     import flashinfer.norm as fnorm
     from flashinfer.jit import env as jit_env, jit_spec_registry
@@ -286,8 +280,7 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
         if x.failures:
             raise RuntimeError(f"{len(x.failures)} check(s) failed: {', '.join(x.failures)}")
     return 0

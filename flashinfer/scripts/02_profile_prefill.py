@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common import cli, flops, gpu, ncu, plots, stats, story, trace  # noqa: E402
-from common.checks import SetupError, require_gpu, require_module, run_main  # noqa: E402
+from common.checks import SetupError, run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -107,13 +107,10 @@ def for_backend(h: Hypothesis, be: str) -> Hypothesis:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="query lengths 512/2k/8k (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="query lengths 512/2k/8k (~1 min)")
     p.add_argument("--ncu", action="store_true", help="also profile every point once (qo 512 3x) under ncu")
     p.add_argument("--nsys", action="store_true", help="also put each point's kernels on a timeline (Nsight Systems)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu/nsys
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/02_profile_prefill)")
     p.add_argument("--backend", type=cli.choices_list(*BACKENDS), default=["fa2", "fa3"],
                    help="comma-separated: fa2, fa3 (sm90 only), auto; default fa2,fa3")
     p.add_argument("--models", type=cli.choices_list(*PRESETS), default=None,
@@ -464,9 +461,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None,
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
     if args.ncu_target:
@@ -500,8 +495,7 @@ def main(argv=None) -> int:
         if x.kern is not None:
             judge_ncu(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common import cli, flops, gpu, ncu, plots, stats, story, trace  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -112,13 +112,10 @@ H_BOUND = Hypothesis("cuda-decode-dram-bound", "CUDA-core decode is DRAM-bound",
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="8B layout, batches 1/32/256 x KV 512/4k/32k (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="8B layout, batches 1/32/256 x KV 512/4k/32k (~1 min)")
     p.add_argument("--ncu", action="store_true", help="also profile every point once (the reference 3x) under ncu")
     p.add_argument("--nsys", action="store_true", help="also put each point's kernels on a timeline (Nsight Systems)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu/nsys
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/03_profile_decode)")
     p.add_argument("--models", type=cli.choices_list(*PRESETS), default=None, help="model presets, comma-separated "
                    "(default: llama-3.1-8b with --quick, else llama-3.1-8b,llama-3.1-70b)")
     p.add_argument("--variants", type=cli.choices_list(*VARIANTS), default=list(VARIANTS),
@@ -436,9 +433,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv),
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), kern=None, tl=None)
     if args.ncu_target:
@@ -468,8 +463,7 @@ def main(argv=None) -> int:
         if x.kern is not None:
             judge_ncu(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

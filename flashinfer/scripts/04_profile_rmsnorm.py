@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common import cli, flops, gpu, ncu, plots, story  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
@@ -92,12 +92,9 @@ H_FUSE_TIME = Hypothesis("fusion-20-time", "fusing the residual add saves ~20% o
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="4 token counts instead of 8 (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="4 token counts instead of 8 (~1 min)")
     p.add_argument("--ncu", action="store_true", help="also profile every point once (the fusion point 3x) under ncu")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/04_profile_rmsnorm)")
     p.add_argument("--hidden", type=cli.positive_ints, default=list(HIDDEN), help="hidden sizes (default 4096,8192)")
     p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
     p.add_argument("--eps", type=cli.positive_float, default=1e-5)
@@ -303,9 +300,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None,
                         l2=torch.cuda.get_device_properties(0).L2_cache_size)
     if args.ncu_target:
@@ -333,8 +328,7 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

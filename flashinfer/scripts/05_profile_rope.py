@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common import cli, flops, gpu, plots, story, trace  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
@@ -86,12 +86,9 @@ H_FORMULA = Hypothesis("rope-formula-bytes", "the in-place kernel moves about th
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="head_dim 128, tokens 16/1k/8k/32k (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="head_dim 128, tokens 16/1k/8k/32k (~1 min)")
     p.add_argument("--ncu", action="store_true", help="also profile every point once (the reference 3x) under ncu")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/05_profile_rope)")
     p.add_argument("--head-dims", type=cli.choices_list("64", "128", "256"), default=None,
                    help="comma-separated head dims among 64,128,256 (default 128 quick, 64,128,256 full)")
     p.add_argument("--req-tokens", type=cli.positive_int, default=1024, help="tokens per request (indptr/offsets APIs)")
@@ -254,9 +251,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None)
     if args.ncu_target:
         return ncu_target(x)
@@ -280,8 +275,7 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

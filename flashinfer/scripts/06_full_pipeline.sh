@@ -23,11 +23,5 @@
 #   ./flashinfer/scripts/06_full_pipeline.sh --quick --ncu --nsys
 #   ./flashinfer/scripts/06_full_pipeline.sh --only 02_profile_prefill,03_profile_decode --ncu
 set -euo pipefail
-for a in "$@"; do
-  if [[ "$a" == "-h" || "$a" == "--help" ]]; then
-    sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0
-  fi
-done
 export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-exec "${PYTHON:-python3}" -m common.pipeline --system flashinfer "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../common/pipeline.sh" "${BASH_SOURCE[0]}" flashinfer "$@"

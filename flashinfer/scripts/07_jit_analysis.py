@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from common import cli, story  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
 
@@ -71,10 +71,7 @@ H_CLI = Hypothesis("jit-cli", "FlashInfer's own CLI (module-status) lists the mo
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="cold-compile only the decode module (~1 min)")
-    p.add_argument("--out", default=None, help="results folder (default flashinfer/results/07_jit_analysis)")
+    p = cli.parser(__file__, __doc__, quick="cold-compile only the decode module (~1 min)")
     p.add_argument("--modules", type=cli.choices_list(*MODULES), default=None, help=f"comma-separated subset of "
                    f"{','.join(MODULES)} (default: decode with --quick, all otherwise)")
     p.add_argument("--cli-timeout", type=cli.positive_float, default=None,
@@ -326,9 +323,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         return child(args)
-    torch = require_module("torch", "pip install -r requirements.txt")
-    require_gpu(torch)
-    require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+    torch, _ = _fi.require_stack()
     from flashinfer.jit import env as jit_env
     args.cli_timeout = args.cli_timeout or (60 if args.quick else 180)
     x = SimpleNamespace(torch=torch, args=args, real_dir=jit_env.FLASHINFER_JIT_DIR,
@@ -343,8 +338,7 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

@@ -30,6 +30,14 @@ MERGE_RX = "MergeState"           # merge kernels: MergeStateKernel, (Persistent
 REPEATS = 3                       # repetitions of every judged measurement (common.verdicts needs >= 3)
 
 
+def require_stack():
+    """(torch, flashinfer) with a CUDA GPU visible, or one [setup] line naming what is missing."""
+    from common.checks import require_gpu, require_module
+    torch = require_module("torch", "pip install -r requirements.txt")
+    require_gpu(torch)
+    return torch, require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
+
+
 # ------------------------------------------------------------------ shapes
 
 def head_layout(preset: str) -> dict:

@@ -29,7 +29,6 @@ backends.csv, profilers.json, story.txt, summary.json (refreshes reports/environ
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import gpu, story  # noqa: E402
+from common import cli, gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
@@ -69,10 +68,7 @@ H_PYNCCL = Hypothesis("pynccl-builds", "PyNCCL builds here (nvcc + -lnccl; needs
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="skip the PyNCCL build and the ncu counter probe (~40 s)")
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/00_check_env)")
+    p = cli.parser(__file__, __doc__, quick="skip the PyNCCL build and the ncu counter probe (~40 s)")
     return p.parse_args(argv)
 
 
@@ -320,8 +316,7 @@ def main(argv=None) -> int:
                      store_first_call_s=x.first[f"store {STORE_ROWS[0]}"], radix_first_call_s=x.first["radix"],
                      index_reload_ms=statistics.median(x.reload) if None not in x.reload else None)
         # ---- the story
-        run.story(tell(run, x))
-        print(run.summary["story"])
+        run.story(tell(run, x), echo=True)
     return 0
 
 

@@ -37,7 +37,6 @@ Writes mini-sglang/results/01_test_kernels/: checks.csv, launches.csv, trace.jso
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,12 +78,9 @@ H_ALL = Hypothesis("all-kernels-match", "all custom kernels match torch referenc
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer shapes, no rejected-row build (~30 s)")
+    p = cli.parser(__file__, __doc__, quick="fewer shapes, no rejected-row build (~30 s)")
     p.add_argument("--kernels", type=cli.choices_list(*KERNELS), default=list(KERNELS),
                    help="kernel families to check (default index,store,radix,pynccl; pynccl needs 2 GPUs)")
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/01_test_kernels)")
     return p.parse_args(argv)
 
 
@@ -351,8 +347,7 @@ def main(argv=None) -> int:
                      index_warps_per_token=ix[0][0]["warps_per_token"] if ix and ix[0] else None,
                      index_block_threads=int(str(ix[0][0]["block"]).split("x")[0]) if ix and ix[0] else None)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

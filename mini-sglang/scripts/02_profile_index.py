@@ -99,16 +99,13 @@ H_TP2 = Hypothesis("index-tp2-reads", "TP2 masked lookup reads about half the ro
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="hidden 4096 only, 5 token counts, TP2 mask, no ncu (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="hidden 4096 only, 5 token counts, TP2 mask, no ncu (~1 min)")
     p.add_argument("--sweep", action="store_true", help="only the timing sweep (skip the ncu pass)")
     p.add_argument("--ncu", action="store_true", help="run the ncu pass also with --quick")
     p.add_argument("--models", type=cli.choices_list(*MODELS), default=None,
                    help=f"embedding tables (default: {MODELS[0]} with --quick, all otherwise)")
     p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/02_profile_index)")
     return p.parse_args(argv)
 
 
@@ -399,8 +396,7 @@ def main(argv=None) -> int:
                      index_pct_peak_at_max=float(big["pct_peak_dram"].median()), index_tb_s_at_max=float(big["tb_s"].median()),
                      speedup_vs_embedding_at_max=float(tor["time_us"].max() / big["time_us"].median()) if len(tor) else None)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

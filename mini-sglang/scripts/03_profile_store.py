@@ -94,9 +94,7 @@ H_NCU_RANDOM = Hypothesis("store-ncu-random", "random slots cost DRAM efficiency
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="2048 and 256-B rows, 5 token counts, 2 patterns, no ncu (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="2048 and 256-B rows, 5 token counts, 2 patterns, no ncu (~1 min)")
     p.add_argument("--compare-patterns", action="store_true", help="only the pattern sweep (skip the launch trace and ncu)")
     p.add_argument("--ncu", action="store_true", help="run the ncu pass also with --quick")
     p.add_argument("--rows", type=cli.choices_list(*map(str, ROWS)), default=None,
@@ -105,7 +103,6 @@ def parse_args(argv=None):
     p.add_argument("--patterns", type=cli.choices_list(*PATTERNS), default=None,
                    help="slot patterns (default sequential,random with --quick, all three otherwise)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/03_profile_store)")
     return p.parse_args(argv)
 
 
@@ -364,8 +361,7 @@ def main(argv=None) -> int:
                      speedup_vs_index_put=float(tor["time_us"].max() / r0[r0["pattern"] == "random"]["time_us"].median())
                      if len(tor) else None)
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

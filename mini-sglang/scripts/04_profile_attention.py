@@ -100,9 +100,7 @@ H_NCU_PREFILL = Hypothesis("prefill-ncu-tensor", "prefill keeps the tensor pipe 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="3 compare points, 3 sweep points, no ncu (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="3 compare points, 3 sweep points, no ncu (~1 min)")
     p.add_argument("--compare", action="store_true", help="only the compare part")
     p.add_argument("--sweep", action="store_true", help="only the sweep part")
     p.add_argument("--ncu", action="store_true", help="run the ncu pass also with --quick")
@@ -110,7 +108,6 @@ def parse_args(argv=None):
     p.add_argument("--kv-lens", type=cli.positive_ints, default=None, help="decode KV lengths of the sweep")
     p.add_argument("--prefill-lens", type=cli.positive_ints, default=None, help="prefill lengths of the sweep (batch 1)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/04_profile_attention)")
     return p.parse_args(argv)
 
 
@@ -457,8 +454,7 @@ def main(argv=None) -> int:
                 run.headline(prefill_2048_tflop_s=med.loc[("fi", P2048), "tflop_s"],
                              prefill_2048_pct_peak=med.loc[("fi", P2048), "pct_peak_tflops"])
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

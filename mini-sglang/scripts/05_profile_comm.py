@@ -42,7 +42,6 @@ forward_estimate.csv, launches.csv, busbw.png, trace_rank0_tp<N>.json, story.txt
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -87,14 +86,11 @@ H_GRAPH = Hypothesis("graph-small-latency", "CUDA-graph replay lowers small-mess
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="TP 2, 4 sizes, fewer samples (~1-2 min)")
+    p = cli.parser(__file__, __doc__, quick="TP 2, 4 sizes, fewer samples (~1-2 min)")
     p.add_argument("--analyze", action="store_true", help="only the copy-path analysis (buffered vs direct, trace)")
     p.add_argument("--tp", type=_msgl.at_least(2, "a TP size", "an all-reduce needs two ranks"), nargs="+", default=None,
                    help="TP sizes (default: 2, 4, 8 as GPUs allow)")
     p.add_argument("--timeout", type=cli.positive_float, default=None, help="seconds before hung ranks are stopped")
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/05_profile_comm)")
     p.add_argument("--reanalyse", metavar="DIR", default=None,
                    help="no GPU: redo tables, verdicts and story from the allreduce.csv/launches.csv an earlier run left in DIR")
     return p.parse_args(argv)
@@ -318,8 +314,7 @@ def analyse(run, x) -> None:
     run.headline(tp_sizes=",".join(map(str, sorted(set(df["tp"])))), p2p_gb_s=x.p2p, best_busbw_gb_s=best["busbw_gb_s"],
                  best_busbw_impl=f"TP{best['tp']} {best['impl']} {best['mode']}")
     judge(run, x)
-    run.story(tell(x))
-    print(run.summary["story"])
+    run.story(tell(x), echo=True)
 
 
 def tell(x) -> str:

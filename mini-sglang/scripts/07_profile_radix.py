@@ -35,7 +35,6 @@ evict.png, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import statistics
@@ -94,15 +93,12 @@ H_SHARE = Hypothesis("radix-compare-share", "fast_compare_key is a small part of
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer sizes, page size 1 only (~1 min)")
+    p = cli.parser(__file__, __doc__, quick="fewer sizes, page size 1 only (~1 min)")
     p.add_argument("--values-on", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where slot values live (auto: the GPU when there is one, as in the engine)")
     p.add_argument("--depths", type=cli.positive_ints, default=None, help="path depths (turns of 256 tokens)")
     p.add_argument("--keys", type=cli.positive_ints, default=None, help="key lengths of the compare series")
     p.add_argument("--leaves", type=cli.positive_ints, default=None, help="leaves of the evict trees")
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/07_profile_radix)")
     return p.parse_args(argv)
 
 
@@ -318,8 +314,7 @@ def main(argv=None) -> int:
                                                   & (dep["page_size"] == 1)]["us"].iloc[0]),
                      evict_us_max_tree=float(emed["evict_one_leaf_us"].iloc[-1]))
         # ---- the story
-        run.story(tell(x))
-        print(run.summary["story"])
+        run.story(tell(x), echo=True)
     return 0
 
 

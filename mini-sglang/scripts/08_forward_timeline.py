@@ -135,9 +135,7 @@ H_STATE = Hypothesis("counters-every-class", "per-kernel hardware state through 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="3 variants, 16 decode steps, no counters (~2 min)")
+    p = cli.parser(__file__, __doc__, quick="3 variants, 16 decode steps, no counters (~2 min)")
     p.add_argument("--ncu", action="store_true", help="the counters pass (a 2-layer model under Nsight Compute) with --quick")
     p.add_argument("--nsys", action="store_true", help="also run the eager generate under Nsight Systems (if usable)")
     p.add_argument("--model", type=cli.preset, default="llama-3.1-8b", help="architecture preset (dummy weights)")
@@ -150,7 +148,6 @@ def parse_args(argv=None):
     p.add_argument("--backend", type=cli.choices_list("fi", "fa"), default=["fi"], help="attention backend (default fi)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--nsys-target", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help="results folder (default mini-sglang/results/08_forward_timeline)")
     a = p.parse_args(argv)
     if a.prompt_len + (a.decode_steps or FULL["decode_steps"]) + TAIL > MAX_SEQ:
         p.error(f"argument --prompt-len: {a.prompt_len} tokens plus the decode steps exceed max_seq_len {MAX_SEQ}")
@@ -611,8 +608,7 @@ def main(argv=None) -> int:
                                                    .median()),
                      shared_prefix_cached_len=int(a["prefix"]["cached_len"].min()))
         # ---- the story
-        run.story(tell(a, s, pk, init_s, s.backend))
-        print(run.summary["story"])
+        run.story(tell(a, s, pk, init_s, s.backend), echo=True)
     return 0
 
 

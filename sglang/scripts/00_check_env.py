@@ -26,7 +26,6 @@ jit_caches.csv, topology.txt, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import shutil
@@ -37,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import gpu, story  # noqa: E402
+from common import cli, gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 
@@ -49,10 +48,7 @@ JIT_CACHES = {"flashinfer": "~/.cache/flashinfer", "tvm-ffi (SGLang JIT kernels)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="skip the ncu counter-permission probe")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/00_check_env)")
+    p = cli.parser(__file__, __doc__, quick="skip the ncu counter-permission probe")
     return p.parse_args(argv)
 
 
@@ -188,8 +184,7 @@ def main(argv=None) -> int:
             ("profilers", [(f"{r['profiler']}: {r['status']}", []) for r in prow]),
             (f"NVLink multicast env: {env_keys or 'unset (common.procs.nccl_env turns it off for the servers)'}", []),
         ]
-        run.story(story.tree(f"SGLANG ENVIRONMENT — {prov.get('gpu')}", items))
-        print(run.summary["story"])
+        run.story(story.tree(f"SGLANG ENVIRONMENT — {prov.get('gpu')}", items), echo=True)
     if not sgl["ok"] or not any(b["usable"] for b in backends):
         print("[setup] SGLang cannot serve here: " + (sgl["version"] if not sgl["ok"] else "no usable attention backend"),
               file=sys.stderr)

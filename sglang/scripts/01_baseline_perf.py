@@ -39,7 +39,6 @@ server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -96,10 +95,7 @@ H = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="smaller workloads, 2 request rates (~2 min)")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/01_baseline_perf)")
+    p = cli.parser(__file__, __doc__, quick="smaller workloads, 2 request rates (~2 min)")
     p.add_argument("--rates", type=cli.rates, default=None, help="request rates for the load runs, e.g. '4,16,inf'")
     p.add_argument("--skip-load", action="store_true", help="no load runs (parts 4 and 5)")
     sg.add_model_args(p)
@@ -488,8 +484,7 @@ def main(argv=None) -> int:
         write_tables(run, d, a)
         figures(run, a, d, pk, args.backend)
         verdicts(run, d, a)
-        run.story(tell(d, a, model_dir, fl, P, pk, args.backend))
-        print(run.summary["story"])
+        run.story(tell(d, a, model_dir, fl, P, pk, args.backend), echo=True)
     return 0
 
 

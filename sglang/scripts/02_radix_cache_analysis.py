@@ -39,7 +39,6 @@ eviction.csv, eviction_groups.csv, policy.csv, hit_rate.png, server_*.log, profi
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 import statistics
@@ -110,10 +109,7 @@ H = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer prefix lengths, one pool size (~3 min)")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/02_radix_cache_analysis)")
+    p = cli.parser(__file__, __doc__, quick="fewer prefix lengths, one pool size (~3 min)")
     p.add_argument("--pool-tokens", type=cli.positive_ints, default=None,
                    help="KV pool sizes (--max-total-tokens), e.g. '32768,16384'")
     sg.add_model_args(p)
@@ -413,8 +409,7 @@ def main(argv=None) -> int:
             sg.table(run, name, rows)
         figure(run, pd.DataFrame(d["ev"]))
         verdicts(run, d, pd, P, args.backend)
-        run.story(tell(d, pd, P, pools, model_dir, args.backend))
-        print(run.summary["story"])
+        run.story(tell(d, pd, P, pools, model_dir, args.backend), echo=True)
     return 0
 
 

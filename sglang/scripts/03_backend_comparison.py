@@ -38,7 +38,6 @@ perf_bar_offline.csv, server_<backend>.log, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import json
@@ -94,10 +93,7 @@ H = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="flashinfer + triton, smaller shapes (~3 min)")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/03_backend_comparison)")
+    p = cli.parser(__file__, __doc__, quick="flashinfer + triton, smaller shapes (~3 min)")
     p.add_argument("--variants", type=cli.choices_list(*VARIANTS), default=None,
                    help=f"comma list from {','.join(VARIANTS)} (default: detected)")
     bar = p.add_mutually_exclusive_group()
@@ -417,8 +413,7 @@ def main(argv=None) -> int:
                 run.point_error({"part": "offline perf bar"}, e)
         sg.table(run, "perf_bar_offline", bar)
         verdicts(run, rows, greedy, bar, P)
-        run.story(tell(rows, kernels, bar, model_dir, pk))
-        print(run.summary["story"])
+        run.story(tell(rows, kernels, bar, model_dir, pk), echo=True)
     return 0
 
 

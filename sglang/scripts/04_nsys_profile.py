@@ -34,7 +34,6 @@ server_*.log, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -72,10 +71,7 @@ H = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="a smaller burst, overlap on only (~1.5 min)")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/04_nsys_profile)")
+    p = cli.parser(__file__, __doc__, quick="a smaller burst, overlap on only (~1.5 min)")
     p.add_argument("--torch", action="store_true", help="use the torch profiler even where nsys works")
     p.add_argument("--overlap-off", action="store_true", help="also run with --disable-overlap-schedule (on in full)")
     p.add_argument("--reanalyse", metavar="DIR", default=None,
@@ -281,8 +277,7 @@ def report(run, res, P, model_name: str, backend: str) -> None:
                              for a in res for i, (x, b) in enumerate(zip(a["att_over_gemm"], a["busy_slices"]))])
     run.headline(gpu_busy_pct=100 * first["busy"], gpu_busy_steady_pct=100 * first["busy_steady"])
     verdicts(run, res, P)
-    run.story(tell(res, P, model_name, backend))
-    print(run.summary["story"])
+    run.story(tell(res, P, model_name, backend), echo=True)
 
 
 def verdicts(run, res, P) -> None:

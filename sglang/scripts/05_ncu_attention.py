@@ -40,7 +40,6 @@ ncu log), server_<backend>.log, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -90,10 +89,7 @@ H = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="flashinfer only, shorter prompts (~2 min)")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/05_ncu_attention)")
+    p = cli.parser(__file__, __doc__, quick="flashinfer only, shorter prompts (~2 min)")
     p.add_argument("--backends", type=cli.choices_list(*KERNELS), default=None,
                    help="comma list (default: flashinfer; full run: flashinfer,triton)")
     p.add_argument("--layers", type=cli.non_negative_int, default=2, help="layers kept (shapes unchanged); 0 = the full model")
@@ -245,8 +241,7 @@ def main(argv=None) -> int:
         sg.table(run, "attention_kernels", s[[x for x in cols if x in s.columns]])
         sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [x for x in s.columns if x.startswith("stall_")]])
         verdicts(run, s, args)
-        run.story(tell(s, pk, args.layers))
-        print(run.summary["story"])
+        run.story(tell(s, pk, args.layers), echo=True)
     return 0
 
 

@@ -95,10 +95,7 @@ def configs(text: str) -> list[tuple[str, int]]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help=f"configs {QUICK_CONFIGS!r}, fewer requests")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/07_tp_scaling)")
+    p = cli.parser(__file__, __doc__, quick=f"configs {QUICK_CONFIGS!r}, fewer requests")
     p.add_argument("--configs", type=configs, default=None,
                    help=f"'preset:tp,tp;preset:tp' (default {FULL_CONFIGS!r}); each TP must fit the visible GPUs")
     p.add_argument("--no-nccl-compare", action="store_true", help="skip the --disable-custom-all-reduce run")
@@ -316,8 +313,7 @@ def report(run, df, akd, links: dict, have: int, gpu_name: str) -> None:
                (f"rate inf: {r['output_throughput']:.0f} out tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms, ITL p50 "
                 f"{r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms", [])]) for r in runs]
     items.append((f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:8]) or 'single GPU'}", []))
-    run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu_name}", items))
-    print(run.summary["story"])
+    run.story(story.tree(f"TENSOR PARALLEL SCALING — {have}x {gpu_name}", items), echo=True)
 
 
 # ------------------------------------------------------------------ earlier runs: merge, reanalyse

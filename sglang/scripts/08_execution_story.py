@@ -48,7 +48,6 @@ pressure.json, timeline.png, layer_tree.png, pressure.png, cache.png, server log
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -100,10 +99,7 @@ H = {  # the plan's expectations, restated for one H100/H200 (sglang/reports/pla
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--quick", action="store_true", help="plan scale reduced: 200 prompts for the pressure run")
-    p.add_argument("--out", default=None, help="results folder (default sglang/results/08_execution_story)")
+    p = cli.parser(__file__, __doc__, quick="plan scale reduced: 200 prompts for the pressure run")
     p.add_argument("--ncu", action="store_true", help="phase 5: every kernel of the traced steps on the Nsight Compute "
                    "counters (a second server, cut to 2 layers, under ncu; ~2-3 min)")
     p.add_argument("--reanalyse", metavar="DIR", default=None, help="no GPU, no server: redo the analysis from the "
@@ -566,8 +562,7 @@ def finish(run, data, pk, backend_why):
         if r["role"] in ("gate_up_proj", "lm_head")})
     for name, fig in figures(data, trees, pk).items():
         run.figure(name, fig)
-    run.story(story_text(data, trees, eff, pk, backend_why))
-    print(run.summary["story"])
+    run.story(story_text(data, trees, eff, pk, backend_why), echo=True)
 
 
 def figures(data, trees, pk) -> dict:
