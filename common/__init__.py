@@ -1,18 +1,34 @@
-"""hands-on shared helpers: one small module per job.
+"""hands-on shared helpers: one small module per job, each used by two or more of the three systems.
 
-    timing   time a GPU callable (events / CUDA graph / CUPTI), rates and % of peak
-    ranges   NVTX ranges that also show in torch-profiler traces
-    ncu      build and run Nsight Compute command lines, parse its CSVs, per-kernel summary
-    trace    torch-profiler Chrome traces and `nsys stats` CSVs -> one event table
-    story    ASCII execution stories: trees, timelines, tables
-    gpu      provenance snapshot, device peak table, measured-peak probe
-    results  results/<script-stem>/ run folders, atomic summary.json, failed runs
-    report   `make reports`: refresh auto blocks in <system>/reports/*.md, build INDEX.md
-    models   dummy-weight model presets (real architecture configs) as local model dirs
-    checks   one-line errors for a missing GPU, package, tool or permission
-    plots    the few figures several scripts draw (roofline, sweeps)
+Measuring
+    timing    the one GPU timer (CUPTI / events / CUDA graph, cold L2) and the one CPU timer; rates and % of a ceiling
+    gpu       provenance snapshot; this GPU's measured ceilings (DRAM, bf16 GEMM, NVLink), cached per GPU UUID
+    flops     FLOPs and minimum bytes of every kernel class (attention, GEMM, norms, RoPE, store, collectives, a layer)
+    ncu       Nsight Compute: command lines, the one log reader, CSV parsing, per-kernel summary, bound() and stalls
+    nsys      Nsight Systems: find a usable nsys, profile, stats tables
+    ranges    NVTX ranges that also show in torch-profiler traces
+Reading what happened
+    trace     traces -> one event table; the one range->kernel join (correlation ids, CUDA-graph replays);
+              labelled-call capture; layers of a step; kernel classes
+    timeline  the joined story: steps -> layers -> kernels -> counters; layer tree; Perfetto export
+    story     ASCII trees, timelines and tables
+    plots     the figures several scripts draw (roofline from measured ceilings, sweeps, joined timeline, layer tree)
+Judging
+    stats     percentiles, intervals (range of repetitions, bootstrap), the range over swept items
+    verdicts  hypotheses as data; verdicts on intervals and on facts
+Running
+    cli       argparse types and the parser every numbered script starts from (values checked before GPU work)
+    checks    one-line errors (SetupError, run_main) for a missing GPU, package, tool or permission
+    procs     child processes in their own group (stopped whole), OS-chosen ports, pidfiles, NCCL policy
+    results   run folders that replace the previous one whole; failed runs kept apart; summary.json last
+    report    `make reports`: auto blocks of <system>/reports/*.md refreshed all-or-nothing from finished runs
+    pipeline  the one runner behind every 06_full_pipeline.sh (steps as data in <system>/scripts/_steps.py)
+    jit       the JIT warm-up: FlashInfer and tvm-ffi modules built in parallel before anything is timed
+    models    dummy-weight model presets (real architecture configs) as local model dirs
 
 Nothing here imports torch at module import time: every script's --help works on a CPU box.
+What belongs to one system stays beside its scripts: sglang/scripts/_sglang.py (server, client, logs),
+flashinfer/scripts/_fi.py (layouts, references, plan_info, JIT cache), mini-sglang/scripts/_msgl.py.
 """
 from pathlib import Path
 

@@ -79,9 +79,9 @@ def param_count(preset_or_config) -> int:
     return v * h * (1 if c.get("tie_word_embeddings") else 2) + n * per_layer + h
 
 
-def kv_bytes_per_token(preset: str, dtype_bytes: int = 2) -> int:
+def kv_bytes_per_token(preset_or_config, dtype_bytes: int = 2) -> int:
     """KV-cache bytes one token occupies across all layers (K and V)."""
-    c = config(preset)
+    c = config(preset_or_config) if isinstance(preset_or_config, str) else preset_or_config
     d = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * d * dtype_bytes
 

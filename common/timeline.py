@@ -243,19 +243,6 @@ def _seg_index(kt, idx) -> int:
     return int(list(same.index).index(idx))
 
 
-def split_windows(ncu_rows, kinds: list[str]) -> list[int]:
-    """Index where each profiled window begins, for windows whose first kernel is known by name:
-    ``kinds`` lists a regex per window matched against kernel names in order. (A helper for reading
-    ncu output by eye; attach_counters aligns whole windows and does not need it.)"""
-    names = list(ncu_rows["kernel"])
-    out, i = [], 0
-    for rx in kinds:
-        while i < len(names) and not re.search(rx, names[i]):
-            i += 1
-        out.append(i)
-    return out
-
-
 # ------------------------------------------------------------------ the layer tree
 
 def layer_tree(kt, step: int, layer: int = 1):

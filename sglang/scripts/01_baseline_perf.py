@@ -317,7 +317,7 @@ def analyse(d, pd, model_dir, pk) -> dict:
     itl = pd.DataFrame(d["itl"])
     sh = sg.model_shape(model_dir)
     wbytes = models.param_count(sh["config"]) * 2.0                               # bf16 weights, read once per step
-    kvb = 2 * sh["layers"] * sh["hkv"] * sh["d"] * 2                              # K and V, bf16, per token
+    kvb = models.kv_bytes_per_token(sh["config"])                                 # K and V of every layer, bf16
     if len(itl):
         itl["bytes_per_step"] = wbytes + itl["kv_tokens"] * kvb
         itl["tb_s"] = itl["bytes_per_step"] / (itl["itl_ms"] * 1e-3) / 1e12
