@@ -8,8 +8,8 @@
 #   --all        the full sweeps (8B + 70B layouts, every length; 07 compiles every module cold)
 #   --ncu        adds the ncu passes: --ncu to 02-05, then ncu_profile.sh once per kernel class
 #                (decode, prefill, norm, rope -> flashinfer/results/ncu_profile/<class>/)
-#   --nsys       adds a Nsight Systems timeline of one decode and one prefill sweep
-#                (flashinfer/results/nsys_timeline/), or says nsys is not usable here
+#   --nsys       adds --nsys to 02 and 03: each re-runs its sweep under Nsight Systems and shows the
+#                kernels on a timeline (timeline.csv/.png; the torch-profiler trace where nsys is not usable)
 #   --only S,..  only these steps (names as --dry-run prints them); the other rows are kept from the last run
 #   --no-warmup  no JIT warm-up (python -m common.jit builds the modules the steps load, on all cores, first)
 #   --dry-run    print the steps, their commands and the ETA; run nothing
