@@ -307,6 +307,37 @@ def test_cross_check_without_cupti_python_falls_back_to_the_spaced_graph(monkeyp
     assert "not like for like" in _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
 
 
+def test_cross_check_points_times_each_point_and_keeps_the_rows_before_a_failure(monkeypatch, run):
+    """02 and 03 hand their points to _fi.cross_check_points: one row per point (its fields + cross_check's), each
+    ratio in the log, cross_check.csv; a point that cannot be made ends the loop as one point error, the rows
+    timed before it are kept. Each point's tensors are released before the next point is made."""
+    pytest.importorskip("pandas")
+    monkeypatch.setattr(_fi, "cupti_python", lambda: None)
+    calls = []
+    monkeypatch.setattr(_fi, "load_bench_gpu_time", lambda log: _fake_bgt(calls))
+    made = []
+
+    class W:
+        def run(self, q, cache, out=None):
+            made.append(("run", q))
+
+    def points():
+        for n in (1, 2, 3):
+            if n == 3:
+                raise RuntimeError("out of memory making point 3")
+            made.append(("make", n))
+            yield {"variant": "v", "batch": n}, f"v b{n}", W(), (f"cache{n}", f"q{n}", None)
+            made.append(("free", n))
+    rows = _fi.cross_check_points(run, points, _wb(0.102, 0.1122))
+    assert [(r["variant"], r["batch"]) for r in rows] == [("v", 1), ("v", 2)]
+    assert all(r["reference"] == "cupti_graph" and abs(r["ratio"] - 1.02) < 1e-9 for r in rows)
+    assert made.index(("free", 1)) < made.index(("make", 2))          # point 1 freed before point 2 is made
+    assert {("run", "q1"), ("run", "q2")} <= set(made)
+    assert [e["error"] for e in run.summary["point_errors"]] == ["RuntimeError: out of memory making point 3"]
+    assert "cross-check v b2: workbook / bench_gpu_time (cupti_graph) = 1.020" in (run.dir / "log.txt").read_text()
+    assert (run.dir / "cross_check.csv").read_text().count("\n") == 3      # header + the two rows
+
+
 def _rows(fixture_path, name):
     pd = pytest.importorskip("pandas")
     return pd.read_csv(fixture_path(name)).to_dict("records")

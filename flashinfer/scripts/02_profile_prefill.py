@@ -291,26 +291,16 @@ def trace_calls(run, x):
 
 
 def cross_check(run, x) -> list:
-    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check): cross_check.csv."""
-    import pandas as pd
-    xrows = []
-    try:
-        bgt = _fi.load_bench_gpu_time(run.log)
+    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check_points): cross_check.csv."""
+    def points():
         longest = int(x.m0["qo_len"].max())
         for be, b, qo, pre in [(x.backends[0], *PROBE)] + [(be, *PROBE) for be in x.backends[1:2]] + \
                               [(x.backends[0], 1, longest, 0)]:
             w = wrapper(x, be)
             _, _, k = make_point(x, w, x.lay0, b, qo, qo + pre)
-            xrows.append({"backend": be, "batch": b, "qo_len": qo, "kv_len": qo + pre, **_fi.cross_check(
-                bgt, lambda cache, q, out, w=w: w.run(q, cache, out=out), k["t"], bench)})
-            run.log(f"cross-check {be} b{b} qo{qo}: workbook / bench_gpu_time ({xrows[-1]['reference']}) "
-                    f"= {xrows[-1]['ratio']:.3f}")
+            yield {"backend": be, "batch": b, "qo_len": qo, "kv_len": qo + pre}, f"{be} b{b} qo{qo}", w, k["t"]
             del k
-    except Exception as e:  # noqa: BLE001 - the verdict says bench_gpu_time could not run
-        run.point_error({"cross_check": "bench_gpu_time"}, e)
-    if xrows:
-        run.table("cross_check", pd.DataFrame(xrows))
-    return xrows
+    return _fi.cross_check_points(run, points, bench)
 
 
 def profile_ncu(run, x):

@@ -276,27 +276,18 @@ def trace_calls(run, x):
 
 
 def cross_check(run, x) -> list:
-    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check): cross_check.csv."""
-    import pandas as pd
-    xrows, big = [], (int(x.m0["batch"].max()), int(x.m0["kv_len"].max()))
-    try:
-        bgt = _fi.load_bench_gpu_time(run.log)
+    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check_points): cross_check.csv."""
+    def points():
+        big = (int(x.m0["batch"].max()), int(x.m0["kv_len"].max()))
         for v, b, kv in XCHECK:
             b, kv = big if b == "max" else (b, kv)
             if v not in x.variants:
                 continue
             w = wrapper(x, v)
             _, _, k = make_point(x, w, x.lay0, b, kv)
-            xrows.append({"variant": v, "batch": b, "kv_len": kv, **_fi.cross_check(
-                bgt, lambda cache, q, out, w=w: w.run(q, cache, out=out), k["t"], bench)})
-            run.log(f"cross-check {v} b{b} kv{kv}: workbook / bench_gpu_time ({xrows[-1]['reference']}) "
-                    f"= {xrows[-1]['ratio']:.3f}")
+            yield {"variant": v, "batch": b, "kv_len": kv}, f"{v} b{b} kv{kv}", w, k["t"]
             del k
-    except Exception as e:  # noqa: BLE001 - the verdict says bench_gpu_time could not run
-        run.point_error({"cross_check": "bench_gpu_time"}, e)
-    if xrows:
-        run.table("cross_check", pd.DataFrame(xrows))
-    return xrows
+    return _fi.cross_check_points(run, points, bench)
 
 
 def profile_ncu(run, x):

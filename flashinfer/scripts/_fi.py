@@ -780,6 +780,28 @@ H_XCHECK = Hypothesis(
     source="PLAN.md success criteria, FlashInfer: 'agrees with bench_gpu_time within 3%'")
 
 
+def cross_check_points(run, points, bench) -> list:
+    """cross_check on every point of ``points()`` (a generator of (row fields, log label, wrapper, run args), made
+    lazily so that a point's tensors exist only while it is timed), each ratio in the log; cross_check.csv.
+    A failure (bench_gpu_time missing, a point that cannot be made) ends the loop as a point error: the rows
+    timed so far are kept, and the verdict says what could not run."""
+    import pandas as pd
+    xrows = []
+    try:
+        bgt = load_bench_gpu_time(run.log)
+        for fields, label, w, args in points():
+            xrows.append({**fields, **cross_check(bgt, lambda cache, q, out, w=w: w.run(q, cache, out=out), args,
+                                                  bench)})
+            del w, args                  # the point's tensors go before the next point is made
+            run.log(f"cross-check {label}: workbook / bench_gpu_time ({xrows[-1]['reference']}) "
+                    f"= {xrows[-1]['ratio']:.3f}")
+    except Exception as e:  # noqa: BLE001 - the verdict says bench_gpu_time could not run
+        run.point_error({"cross_check": "bench_gpu_time"}, e)
+    if xrows:
+        run.table("cross_check", pd.DataFrame(xrows))
+    return xrows
+
+
 def cross_check_ratios(xrows: list) -> list[float]:
     """Every like-for-like ratio of the rows: the REPEATS ratios of each shape (``ratio_reps``), else its one ratio."""
     out = []
