@@ -20,7 +20,7 @@ shows the same denominators in every report:
 * NVLink bus bandwidth (≥ 2 GPUs visible): an NCCL all-reduce sweep 1 MiB..1 GiB in spawned processes,
   busbw = algbw x 2(n-1)/n (nccl-tests), NVLink multicast off (common.procs.nccl_env).
 
-Each ceiling carries its method and the datasheet figure beside it (PEAK_TABLE). A datasheet figure is
+Each ceiling carries its method and the datasheet figure beside it (common/datasheet.csv). A datasheet figure is
 a denominator only where nothing was measured, and ``source`` then says "datasheet". The set is cached in
 ``~/.cache/hands-on/ceilings/<uuid>.json`` (HANDS_ON_CACHE overrides the base) with CEILINGS_VERSION, so a
 changed probe measures again. Reading the cache (``peaks``, ``cached_peaks``, ``show``) never imports torch
@@ -48,24 +48,11 @@ if __name__ == "__main__" and not __package__:    # run as a file: python3 commo
 
 from . import REPO_ROOT
 
-# Datasheet figures (dense, no sparsity). dram_tb_s: HBM/GDDR bandwidth in TB/s; bf16_tflops:
-# dense BF16 tensor-core TFLOP/s; nvlink_gb_s: total NVLink bandwidth per GPU, both directions.
-# Matched against torch.cuda.get_device_name() / nvidia-smi names, first match wins.
-PEAK_TABLE = [
-    # pattern,                         name,             dram,  bf16,  sms, l2_mb, nvlink
-    (r"H200 NVL",                      "H200 NVL",        4.8,   835, 132,  60,  900),
-    (r"H200",                          "H200 SXM",        4.8,   989, 132,  60,  900),
-    (r"H100 NVL",                      "H100 NVL",        3.9,   835, 132,  50,  600),
-    (r"H100.*PCIe",                    "H100 PCIe",       2.0,   756, 114,  50,  600),
-    (r"H100",                          "H100 SXM",        3.35,  989, 132,  50,  900),
-    (r"A100.*80GB.*PCIe|A100 80GB PCIe", "A100 80GB PCIe", 1.935, 312, 108, 40,  600),
-    (r"A100.*PCIE.*40GB|A100-PCIE",    "A100 40GB PCIe",  1.555, 312, 108,  40,  600),
-    (r"A100.*SXM4-80GB|A100.*80GB",    "A100 80GB SXM",   2.039, 312, 108,  40,  600),
-    (r"A100",                          "A100 40GB SXM",   1.555, 312, 108,  40,  600),
-    (r"L40S",                          "L40S",            0.864, 362, 142,  96,    0),
-    (r"B200",                          "B200",            8.0,  2250, 148, 126, 1800),
-    (r"L4\b",                          "L4",              0.300, 121,  58,  48,    0),
-]
+# Datasheet figures (dense, no sparsity), one row per GPU model in common/datasheet.csv: dram_tb_s
+# HBM/GDDR bandwidth in TB/s; bf16_tflops dense BF16 tensor-core TFLOP/s; nvlink_gb_s total NVLink
+# bandwidth per GPU, both directions. ``pattern`` is matched against torch.cuda.get_device_name() /
+# nvidia-smi names, first match wins (so "H200 NVL" stands before "H200"). Add a row for a new GPU.
+DATASHEET = Path(__file__).with_name("datasheet.csv")
 
 PACKAGES = ("torch", "triton", "flashinfer-python", "flashinfer", "sglang", "sglang-kernel", "sgl-kernel",
             "apache-tvm-ffi", "transformers", "nvtx", "nvidia-ml-py", "pandas", "matplotlib", "minisgl")
@@ -76,10 +63,12 @@ def device_spec(name: str | None) -> dict | None:
     """Datasheet row for a GPU name, or None when the table has no match."""
     if not name:
         return None
-    for pat, label, dram, bf16, sms, l2, nvl in PEAK_TABLE:
-        if re.search(pat, name, re.IGNORECASE):
-            return {"model": label, "dram_tb_s": dram, "bf16_tflops": bf16, "sms": sms,
-                    "l2_mb": l2, "nvlink_gb_s": nvl, "source": "datasheet"}
+    import csv
+    with open(DATASHEET, newline="") as f:
+        for row in csv.DictReader(f):
+            if re.search(row["pattern"], name, re.IGNORECASE):
+                num = {k: float(v) if "." in v else int(v) for k, v in row.items() if k not in ("pattern", "name")}
+                return {"model": row["name"], **num, "source": "datasheet"}
     return None
 
 
@@ -822,7 +811,7 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
     """The dict every script divides by, from a ceilings set (or the datasheet row when ``c`` is None).
 
     Keys: gpu, uuid, dram_tb_s, bf16_tflops, nvlink_busbw_gb_s, source ("measured" | "datasheet" |
-    "unknown"), sources (per key), method (a short text per key), datasheet (the PEAK_TABLE row),
+    "unknown"), sources (per key), method (a short text per key), datasheet (the common/datasheet.csv row),
     measured (the measured values, date, version, mode) and ceilings (the whole set, or None).
     """
     name = (c or {}).get("gpu") or name
@@ -928,6 +917,19 @@ def peaks(device: int = 0, *, measure: bool = True, quick: bool = True) -> dict:
     g = gpus()
     me = g[device] if 0 <= device < len(g) else {}
     return as_peaks(c, name=me.get("name"), uuid=me.get("uuid"))
+
+
+def ceiling_text(pk: dict, key: str = "dram_tb_s", short: bool = False) -> str:
+    """The denominator of a % column, named: 'the measured DRAM ceiling 4.62 TB/s (best of ...) of NVIDIA H200'
+    (``short``: 'the measured DRAM ceiling 4.62 TB/s', for a title that names the GPU already)."""
+    unit, what = ("TB/s", "DRAM") if key == "dram_tb_s" else ("TFLOP/s", "bf16 tensor")
+    src = (pk.get("sources") or {}).get(key) or pk.get("source") or "?"
+    how = (pk.get("method") or {}).get(key)
+    val = pk.get(key)
+    text = f"the {src} {what} ceiling {val:.3g} {unit}" if val else f"no {what} ceiling"
+    if short:
+        return text
+    return text + (f" ({how})" if how and how != src else "") + f" of {pk.get('gpu') or 'this GPU'}"
 
 
 def ceilings_table(c: dict | None, top_gemm: int = 3) -> list[dict]:

@@ -167,9 +167,13 @@ def roofline(points, peaks: dict, title: str = "Roofline", *, series_order=None,
 
 def sweep(df, x: str, y: str, hue: str | None = None, logx: bool = False, logy: bool = False,
           ylabel: str | None = None, title: str = "", hline: float | None = None, hline_label: str = "",
-          hue_order=None):
+          hue_order=None, of: str = ""):
     """One line per ``hue`` value of ``y`` against ``x`` (points with NaN are skipped); each line its own
-    colour and marker (see :func:`styles`; ``hue_order`` fixes the slots, e.g. LAYER_CLASSES)."""
+    colour and marker (see :func:`styles`; ``hue_order`` fixes the slots, e.g. LAYER_CLASSES).
+    ``of``: ``y`` is a % of this ceiling (common.gpu.ceiling_text): drawn at 100, named on the axis."""
+    if of:
+        hline, hline_label = 100, of
+        ylabel = ylabel or "% of " + of.split(" ceiling")[0] + " ceiling"
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     groups = [(None, df)] if hue is None else list(df.groupby(hue))

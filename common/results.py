@@ -353,6 +353,17 @@ class Run:
         self.summary["observations"].append({**rec, "evidence": evidence})
         return rec["verdict"]
 
+    def optional(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` for a pass the run can do without (an ncu pass, a counters phase): its
+        result, or None and a note '<what> skipped: <error line>' when it raises (no ncu, no permission, a
+        timeout); what was measured before it stands. Ctrl-C and SystemExit still end the run."""
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - said in the run's notes, the run goes on
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            self.note(f"{what} skipped: {e.__class__.__name__}: {first}")
+            return None
+
     def point_error(self, point: dict, exc: BaseException) -> None:
         """Record a failed sweep point (shape rejected, OOM, JIT failure) and keep going."""
         msg = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}"

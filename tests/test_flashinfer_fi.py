@@ -157,14 +157,6 @@ def test_over_shapes_is_the_full_range():
     assert stats.over([1.0] * 9 + [1.2]).hi == 1.2
 
 
-def test_ceiling_names_the_denominator():
-    pk = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source": "measured",
-          "sources": {"dram_tb_s": "measured"}, "method": {"dram_tb_s": "best of 4 probes: triton read"}}
-    assert _fi.ceiling(pk) == "the measured DRAM ceiling 4.28 TB/s (best of 4 probes: triton read) of NVIDIA H200"
-    assert _fi.ceiling(pk, "bf16_tflops").startswith("the measured bf16 tensor ceiling 712 TFLOP/s")
-    assert _fi.ceiling({"gpu": None}) == "no DRAM ceiling of this GPU"
-
-
 # ------------------------------------------------------------------ timeline
 
 def test_point_kernels_split_a_real_nsys_trace_at_a_marker(fixture_path):

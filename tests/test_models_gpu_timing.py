@@ -414,3 +414,12 @@ def test_peaks_measures_in_a_child_process_that_reports_failure(fake_gpus, monke
     with pytest.raises(RuntimeError, match=r"measuring the ceilings failed \(exit 2\).*\[setup\]"):
         gpu.peaks(0)
     assert list((fake_gpus / "ceilings").glob("measure-*.log"))
+
+
+def test_ceiling_names_the_denominator():
+    pk = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source": "measured",
+          "sources": {"dram_tb_s": "measured"}, "method": {"dram_tb_s": "best of 4 probes: triton read"}}
+    assert gpu.ceiling_text(pk) == "the measured DRAM ceiling 4.28 TB/s (best of 4 probes: triton read) of NVIDIA H200"
+    assert gpu.ceiling_text(pk, "bf16_tflops").startswith("the measured bf16 tensor ceiling 712 TFLOP/s")
+    assert gpu.ceiling_text({"gpu": None}) == "no DRAM ceiling of this GPU"
+    assert gpu.ceiling_text(pk, short=True) == "the measured DRAM ceiling 4.28 TB/s"

@@ -103,6 +103,19 @@ def test_point_errors_and_verdicts(tmp_path):
     assert s["point_errors"] == [{"batch": 256, "kv": 32768, "error": "MemoryError: CUDA out of memory. Tried to allocate 2 GiB"}]
 
 
+def test_an_optional_pass_that_fails_is_a_note_and_the_run_goes_on(tmp_path):
+    def ncu_pass(n):
+        raise RuntimeError(f"ncu: ERR_NVGPUCTRPERM x{n}\nsecond line")
+    with results.Run(_script(tmp_path), {}, quiet=True) as run:
+        assert run.optional("ncu pass", lambda: 7) == 7
+        assert run.optional("ncu pass", ncu_pass, 2) is None
+        with pytest.raises(KeyboardInterrupt):                   # Ctrl-C still ends the run
+            run.optional("counters", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+        run.table("sweep", [{"a": 1}])
+    s = results.load_summary(run.final_dir)
+    assert s["notes"] == ["ncu pass skipped: RuntimeError: ncu: ERR_NVGPUCTRPERM x2"] and s["status"] == "ok"
+
+
 def test_atomic_json_never_leaves_partial_file(tmp_path):
     p = tmp_path / "s.json"
     results.write_json_atomic(p, {"x": float("nan"), "y": [1.0, float("inf")]})

@@ -127,3 +127,13 @@ def test_sweep_colours_distinct():
     lines = [l for l in fig.axes[0].lines if l.get_gid()]
     assert len(lines) == 12
     assert len({tuple(round(v, 4) for v in l.get_color()[:3]) for l in lines}) == 12
+
+
+def test_a_percent_sweep_draws_and_names_its_ceiling():
+    import pandas as pd
+    df = pd.DataFrame({"tokens": [1, 2, 4], "pct_peak_dram": [40.0, 70.0, 91.0], "v": ["a"] * 3})
+    of = "the measured DRAM ceiling 4.7 TB/s (best of 7 probes: fill_) of NVIDIA H200"
+    ax = plots.sweep(df, "tokens", "pct_peak_dram", hue="v", of=of).axes[0]
+    assert ax.get_ylabel() == "% of the measured DRAM ceiling"
+    roof = [l for l in ax.lines if l.get_label() == of]
+    assert len(roof) == 1 and list(roof[0].get_ydata()) == [100, 100]

@@ -10,7 +10,6 @@ default serving configuration: prefill and decode CUDA graphs on):
 """
 import gzip
 import json
-import math
 import re
 
 import pytest

@@ -106,7 +106,7 @@ def measure_peaks(run, refresh: bool):
                  "datasheet": ds["bf16_tflops"] / ds["dram_tb_s"] if ds.get("dram_tb_s") else None,
                  "pct_of_datasheet": None, "is_ceiling": "", "method": "bf16 ceiling / DRAM ceiling"})
     run.table("peaks", pd.DataFrame(rows))
-    run.log(f"ceilings: {_fi.ceiling(pk)}; {_fi.ceiling(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
+    run.log(f"ceilings: {gpu.ceiling_text(pk)}; {gpu.ceiling_text(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
             f"{ds.get('bf16_tflops')} TFLOP/s")
     return pk, ridge
 
@@ -190,7 +190,7 @@ def tell(x) -> str:
     missing = [p["package"] for p in x.pkgs if p["version"] == "missing"]
     links = x.topo.get("links") or {}
     items = [
-        (f"ceilings: {_fi.ceiling(pk)}; {_fi.ceiling(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
+        (f"ceilings: {gpu.ceiling_text(pk)}; {gpu.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
          f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
         (f"FlashInfer {info['flashinfer']}: prefill auto -> {info['prefill_auto_backend']}; FA3 usable: "
          f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         run.headline(dram_ceiling_tb_s=x.pk["dram_tb_s"], bf16_ceiling_tflops=x.pk["bf16_tflops"],
                      ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled),
                      sm_count=x.props.multi_processor_count)
-        run.note(f"every % column of this track divides by {_fi.ceiling(x.pk)} or {_fi.ceiling(x.pk, 'bf16_tflops')}")
+        run.note(f"every % column of this track divides by {gpu.ceiling_text(x.pk)} or {gpu.ceiling_text(x.pk, 'bf16_tflops')}")
         # ---- verdicts
         judge(run, x)
         # ---- the story

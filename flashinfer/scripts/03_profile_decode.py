@@ -312,7 +312,7 @@ def profile_nsys(run, x):
 def figures(run, x):
     run.figure("bandwidth", plots.sweep(
         x.m0[x.m0["variant"] == x.variants[0]], x="kv_len", y="pct_peak_dram", hue="batch", logx=True,
-        ylabel="% of the measured DRAM ceiling", hline=100, hline_label=_fi.ceiling(x.pk),
+        of=gpu.ceiling_text(x.pk),
         title=f"Decode ({x.variants[0]}), {x.models[0]}, bf16 — {x.pk['gpu']}"))
     pts = [{"label": f"{r.variant} b{r.batch} kv{r.kv_len}" if r.kv_len == 4096 else "", "series": r.variant,
             "flop_per_byte": r.flop_per_byte, "tflop_s": r.tflop_s} for r in x.m0.itertuples()]
@@ -333,7 +333,7 @@ def judge_timing(run, x):
                      decode_tb_s=float(ref["tb_s"].median()), decode_pct_of_ceiling=float(ref["pct_peak_dram"].median()))
     run.judge(H_BW, list(ref["pct_peak_dram"]), evidence="reference.csv",
               premise=True if len(ref) else "the CUDA-core variant was not run (--variants)",
-              detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {_fi.ceiling(x.pk)}" if len(ref) else "")
+              detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {gpu.ceiling_text(x.pk)}" if len(ref) else "")
     if {"cuda", "tc"} <= set(x.variants):
         both = x.m0.pivot_table(index=["batch", "kv_len"], columns="variant", values="time_us").dropna()
         iv = stats.over(both["tc"] / both["cuda"])
@@ -409,11 +409,11 @@ def tell(x) -> str:
         items.append((f"{'CUDA cores' if r.variant == 'cuda' else 'tensor cores'}, batch {r.batch}, KV {r.kv_len}", kids))
     if len(x.ref):
         items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): " + ", ".join(
-            f"{v:.0f}%" for v in x.ref["pct_peak_dram"]) + f" of {_fi.ceiling(x.pk)}", []))
+            f"{v:.0f}%" for v in x.ref["pct_peak_dram"]) + f" of {gpu.ceiling_text(x.pk)}", []))
     if x.xrows:
         items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}"), []))
     text = story.tree(f"DECODE ATTENTION — {x.pk['gpu']}, {x.models[0]} heads ({x.lay0['hq']} q / {x.lay0['hkv']} kv, "
-                      f"d {x.lay0['d']}), bf16, page {PAGE}; % of {_fi.ceiling(x.pk)}", items)
+                      f"d {x.lay0['d']}), bf16, page {PAGE}; % of {gpu.ceiling_text(x.pk)}", items)
     if x.tl is not None:
         tl, src = x.tl
         shown = [lab for lab in ("decode cuda b=32 kv=4096", "decode cuda b=1 kv=32768") if lab in set(tl["label"])]
@@ -434,7 +434,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceilings every % divides by; correctness before timing
         x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {_fi.ceiling(x.pk)}; bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s")
+        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}; bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)

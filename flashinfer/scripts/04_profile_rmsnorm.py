@@ -251,7 +251,7 @@ def judge(run, x):
                  fusion_time_saving_pct=float(fu["time_saving_pct"].median()))
     where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2)"
     run.judge(H_BW, list(norm["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {_fi.ceiling(x.pk)}")
+              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
     small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)]
     run.judge(H_SMALL, list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
               detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token")
@@ -295,7 +295,7 @@ def tell(x) -> str:
         kids += [(f"{r['variant']}: {story.kernel_line(r)} [{ncu.bound_why(r)}]", []) for r in last.to_dict("records")]
     items.append((f"fusion point: {fu['tokens'].iloc[0]} tokens x {FUSION_HIDDEN} (one tensor "
                   f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 1e6:.0f} MB)", kids))
-    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {_fi.ceiling(x.pk)}", items)
+    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {gpu.ceiling_text(x.pk)}", items)
 
 
 def main(argv=None) -> int:
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, the norm path, correctness before timing
         x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {_fi.ceiling(x.pk)}")
+        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}")
         import flashinfer.norm as fnorm
         run.note("FlashInfer norm path: " + ("CUDA JIT `norm` module" if getattr(fnorm, "_USE_CUDA_NORM", True)
                                              else "CuTe-DSL kernels"))
@@ -322,8 +322,7 @@ def main(argv=None) -> int:
         x.fu = fusion(x)
         run.table("fusion", x.fu)
         run.figure("bandwidth", plots.sweep(x.df[x.df["hidden"] == args.hidden[0]], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, ylabel="% of the measured DRAM ceiling", hline=100,
-                                            hline_label=_fi.ceiling(x.pk),
+                                            hue="variant", logx=True, of=gpu.ceiling_text(x.pk),
                                             title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)

@@ -204,7 +204,7 @@ def judge(run, x):
     inpl = ref[ref["variant"] == INPLACE]
     run.headline(rope_inplace_tb_s=float(inpl["tb_s"].median()), rope_inplace_pct_of_ceiling=float(inpl["pct_peak_dram"].median()))
     run.judge(H_BW, list(inpl["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {_fi.ceiling(x.pk)}")
+              detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
     run.judge(H_INPLACE, [a / b for a, b in zip(per[INPLACE], per[OUT_OF_PLACE])], evidence="reference.csv")
     run.judge(H_ONE_REQ, [a / b for a, b in zip(per[ONE_REQ], per["apply_rope"])], evidence="reference.csv",
               detail=f"requests of {x.args.req_tokens} tokens")
@@ -246,7 +246,7 @@ def tell(x) -> str:
     items.append((f"reference ({REF['tokens']} tokens, d {REF['head_dim']}, {REPEATS} repetitions): " + "; ".join(
         f"{v} {g['time_us'].median():.1f} us" for v, g in x.ref.groupby("variant", sort=False)), []))
     return story.tree(f"ROPE — {x.pk['gpu']}, {MODEL} heads (32 q / 8 k), head_dim {x.d0}, bf16; % of "
-                      f"{_fi.ceiling(x.pk)}", items)
+                      f"{gpu.ceiling_text(x.pk)}", items)
 
 
 def main(argv=None) -> int:
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by; correctness before timing
         x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {_fi.ceiling(x.pk)}")
+        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)
@@ -269,8 +269,7 @@ def main(argv=None) -> int:
             x.kern = profile_ncu(run, x)
         # ---- analyse
         run.figure("bandwidth", plots.sweep(x.df[x.df["head_dim"] == x.d0], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, ylabel="% of the measured DRAM ceiling", hline=100,
-                                            hline_label=_fi.ceiling(x.pk),
+                                            hue="variant", logx=True, of=gpu.ceiling_text(x.pk),
                                             title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)

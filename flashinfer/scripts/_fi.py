@@ -442,16 +442,6 @@ def reference_rows(kern, **kw):
     return m.to_dict("records")
 
 
-def ceiling(pk: dict, key: str = "dram_tb_s") -> str:
-    """The denominator of a % column, named: 'the measured DRAM ceiling 4.62 TB/s (best of ...) of NVIDIA H200'."""
-    unit, what = ("TB/s", "DRAM") if key == "dram_tb_s" else ("TFLOP/s", "bf16 tensor")
-    src = (pk.get("sources") or {}).get(key) or pk.get("source") or "?"
-    how = (pk.get("method") or {}).get(key)
-    val = pk.get(key)
-    return (f"the {src} {what} ceiling {val:.3g} {unit}" if val else f"no {what} ceiling") + \
-        (f" ({how})" if how and how != src else "") + f" of {pk.get('gpu') or 'this GPU'}"
-
-
 # ------------------------------------------------------------------ timeline: each point's kernels on the GPU
 
 def _relative(k):

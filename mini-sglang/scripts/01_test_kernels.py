@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
 from common import cli, procs, story, trace  # noqa: E402
-from common.checks import require_gpu, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
 
@@ -310,9 +310,8 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    K = _msgl.require_minisgl("minisgl.kernel")
-    import torch
-    ngpu = require_gpu(torch)
+    K, torch = _msgl.require_gpu_stack("minisgl.kernel")
+    ngpu = torch.cuda.device_count()
     x = SimpleNamespace(args=args, pynccl="pynccl not selected (--kernels)")
     with Run(__file__, args, out=args.out) as run:
         # ---- correctness first, every family asked for

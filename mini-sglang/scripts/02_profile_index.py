@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
 from common import cli, flops, gpu, models, ncu, plots, story, trace  # noqa: E402
-from common.checks import require_gpu, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
@@ -351,9 +351,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    K = _msgl.require_minisgl("minisgl.kernel")
-    import torch
-    require_gpu(torch)
+    K, torch = _msgl.require_gpu_stack("minisgl.kernel")
     if args.ncu_target:
         return ncu_target(args)
     x = SimpleNamespace(args=args, p=plan(args), kern=None, splits=[],
@@ -361,7 +359,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
         x.pk = gpu.peaks()
-        x.ceiling = f"the {x.pk.get('source')} DRAM ceiling {x.pk['dram_tb_s']:.2f} TB/s"
+        x.ceiling = gpu.ceiling_text(x.pk, short=True)
         run.log(f"{x.pk['gpu']}: {x.ceiling} (datasheet {(x.pk.get('datasheet') or {}).get('dram_tb_s', '?')}), {x.sms} SMs")
         load_tables(run, torch, K, x)
         # ---- measure
@@ -374,15 +372,12 @@ def main(argv=None) -> int:
             x.splits = splits_sweep(run, torch, K, x)
             run.table("splits", x.splits)
         if not args.sweep and (not args.quick or args.ncu):
-            try:
-                x.kern = profile_ncu(run, x)
-            except Exception as e:   # no ncu, no permission, timeout: say so, keep the sweep
-                run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+            x.kern = run.optional("ncu pass", profile_ncu, run, x)
         # ---- analyse: the curves
         h0 = x.weights[0][1].shape[1]
         d0 = x.df[x.df["hidden"] == h0]
         run.figure("bandwidth", plots.sweep(d0, x="tokens", y="pct_peak_dram", hue="variant", logx=True,
-                                            ylabel="% of the measured DRAM ceiling", hline=100, hline_label=x.ceiling,
+                                            of=x.ceiling,
                                             title=f"embedding lookup, hidden {h0}, bf16 — {x.pk['gpu']}"))
         run.figure("bandwidth_by_hidden", plots.sweep(x.df[x.df["variant"] == V_MINI], x="tokens", y="tb_s", hue="hidden",
                                                       logx=True, ylabel="TB/s", hline=x.pk["dram_tb_s"], hline_label=x.ceiling,

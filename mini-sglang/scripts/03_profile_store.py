@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
 from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
-from common.checks import require_gpu, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
@@ -315,16 +315,14 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    K = _msgl.require_minisgl("minisgl.kernel")
-    import torch
-    require_gpu(torch)
+    K, torch = _msgl.require_gpu_stack("minisgl.kernel")
     if args.ncu_target:
         return ncu_target(args)
     x = SimpleNamespace(args=args, p=plan(args), launches=None, kern=None)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
         x.pk = gpu.peaks()
-        x.ceiling = f"the {x.pk.get('source')} DRAM ceiling {x.pk['dram_tb_s']:.2f} TB/s"
+        x.ceiling = gpu.ceiling_text(x.pk, short=True)
         run.log(f"{x.pk['gpu']}: {x.ceiling}; pool {POOL:,} slots per cache")
         make_pools(run, torch, K, x)
         # ---- measure
@@ -336,15 +334,12 @@ def main(argv=None) -> int:
             x.launches = trace_launches(run, torch, K, x)
             run.table("launches", x.launches)
             if not args.quick or args.ncu:
-                try:
-                    x.kern = profile_ncu(run, x)
-                except Exception as e:   # no ncu, no permission, timeout: say so, keep the sweep
-                    run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+                x.kern = run.optional("ncu pass", profile_ncu, run, x)
         # ---- analyse: the curves
         row0 = x.p.rows[0]
         run.figure("bandwidth", plots.sweep(x.df[x.df["row_bytes"] == row0].assign(
             series=lambda d: d["variant"] + " / " + d["pattern"]), x="tokens", y="pct_peak_dram", hue="series", logx=True,
-            ylabel="% of the measured DRAM ceiling", hline=100, hline_label=x.ceiling,
+            of=x.ceiling,
             title=f"KV store, {row0}-B rows (Llama-3.1-8B {ROWS[row0]}) — {x.pk['gpu']}"))
         dm = x.df[(x.df["variant"] == V_MINI) & (x.df["tokens"] == x.p.big)]
         run.figure("patterns", plots.sweep(dm, x="row_bytes", y="pct_peak_dram", hue="pattern", logx=True,

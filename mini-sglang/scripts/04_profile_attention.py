@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
 from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.checks import require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
@@ -240,6 +240,15 @@ def ncu_points(b, p) -> list[dict]:
             for ph, q, kv in p.compare for var in b.variants(ph) for i in range(REPEATS)]
 
 
+def profile_ncu(run, x):
+    """The counters of every compare point and variant, REPEATS launches each (this script under ncu)."""
+    run.log(f"ncu: every compare point and variant {REPEATS} times (tensor pipe, occupancy, DRAM, stalls)")
+    kern = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick",)), KERNELS, ncu_points(x.b, x.p),
+                          x.pk)[0].drop(columns=["q", "kv"])
+    run.table("ncu_kernels", kern)
+    return kern
+
+
 def ncu_target(args) -> int:
     """Under ncu: every compare point and variant REPEATS times (re-planned first: the points of one variant share a
     FlashInfer wrapper), a marker kernel before each."""
@@ -392,9 +401,7 @@ def tell(x) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    _msgl.require_minisgl("minisgl.attention")
-    import torch
-    require_gpu(torch)
+    _, torch = _msgl.require_gpu_stack("minisgl.attention")
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
     if args.ncu_target:
         return ncu_target(args)
@@ -403,7 +410,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: ceilings, backends offered here, correctness before timing
         x.pk = gpu.peaks()
-        x.ceiling = f"the {x.pk.get('source')} DRAM ceiling {x.pk['dram_tb_s']:.2f} TB/s"
+        x.ceiling = gpu.ceiling_text(x.pk, short=True)
         props = torch.cuda.get_device_properties(0)
         x.fa_ok, x.fa_why = fa_usable()
         x.fa_ok = x.fa_ok and props.major >= 9
@@ -421,13 +428,7 @@ def main(argv=None) -> int:
             run.table("compare", x.cmp)
             run.table("kernels", x.kern)
             if not args.quick or args.ncu:
-                try:
-                    run.log(f"ncu: every compare point and variant {REPEATS} times (tensor pipe, occupancy, DRAM, stalls)")
-                    x.ncu = _msgl.ncu_pass(run, __file__, _msgl.argv_of(args, ("quick",)), KERNELS, ncu_points(x.b, x.p),
-                                           x.pk)[0].drop(columns=["q", "kv"])
-                    run.table("ncu_kernels", x.ncu)
-                except Exception as e:
-                    run.note(f"ncu pass skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+                x.ncu = run.optional("ncu pass", profile_ncu, run, x)
         if x.p.do_sweep:
             x.sw = sweep(run, torch, x)
             run.table("sweep", x.sw)
@@ -440,7 +441,7 @@ def main(argv=None) -> int:
         if len(x.sw) and (x.sw["phase"] == "decode").any():
             d = x.sw[x.sw["phase"] == "decode"].assign(series=lambda s: s["variant"] + " bs=" + s["batch"].astype(str))
             run.figure("decode_sweep", plots.sweep(d, x="kv_len", y="pct_peak_dram", hue="series", logx=True,
-                                                   ylabel="% of the measured DRAM ceiling", hline=100,
+                                                   of=x.ceiling,
                                                    title=f"decode attention — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)

@@ -585,12 +585,7 @@ def main(argv=None) -> int:
         data = measure(run, fwd, args, s)
         init_s = fwd.init_s
         fwd.close()
-        rows = None
-        if s.ncu:
-            try:
-                rows = counters(run, args, pk)
-            except Exception as e:   # no ncu, no permission, timeout: said, the timeline stands
-                run.note(f"counters skipped: {e.__class__.__name__}: {str(e).splitlines()[0][:200]}")
+        rows = run.optional("counters", counters, run, args, pk) if s.ncu else None
         if args.nsys:
             nsys_tables(run, args)
         # ---- analyse: the joined tables, the Perfetto traces, the figures

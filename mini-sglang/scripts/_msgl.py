@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.checks import SetupError, require_module
+from common.checks import SetupError, require_gpu, require_module
 from common.procs import free_port
 
 COMMIT = "20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66"
@@ -52,6 +52,14 @@ def require_minisgl(part: str = "minisgl.kernel"):
     require_module("torch", "pip install -r requirements.txt")
     require_module("tvm_ffi", "pip install apache-tvm-ffi==0.1.11")
     return require_module(part, PIP_HINT)
+
+
+def require_gpu_stack(part: str = "minisgl.kernel"):
+    """(the mini-SGLang module ``part``, torch) on a machine with a CUDA GPU, or one SetupError line."""
+    mod = require_minisgl(part)
+    import torch
+    require_gpu(torch)
+    return mod, torch
 
 
 def source_root() -> Path | None:
