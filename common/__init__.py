@@ -15,7 +15,7 @@ Reading what happened
     plots     the figures several scripts draw (roofline from measured ceilings, sweeps, joined timeline, layer tree)
 Judging
     stats     percentiles, intervals (range of repetitions, bootstrap), the range over swept items
-    verdicts  hypotheses as data; verdicts on intervals and on facts
+    verdicts  hypotheses declared as text (declare); verdicts on intervals and on facts
 Running
     cli       argparse types and the parser every numbered script starts from (values checked before GPU work)
     checks    one-line errors (SetupError, run_main) for a missing GPU, package, tool or permission

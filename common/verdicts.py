@@ -1,26 +1,30 @@
-"""Hypotheses as data, verdicts judged on intervals.
+'''Hypotheses as data, verdicts judged on intervals.
 
-A script declares its hypotheses near the top, each with the quantity it is judged on, the range
-that confirms it and where that range comes from (the plan's figure)::
+A script declares its hypotheses near the top, as text that reads like the report's "expected" column:
+each with the quantity it is judged on, the range that confirms it and where that range comes from
+(the plan's figure)::
 
-    DECODE_BW = Hypothesis(
-        "decode-bw", "decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)",
-        quantity="decode attention TB/s as % of the measured DRAM ceiling", unit="%",
-        low=70, high=90, source="PLAN.md Session 3, 03_profile_decode: '~80% of peak HBM'")
+    H = declare(f"""
+    decode_bw = decode-bw: decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)
+        judged on: decode attention TB/s as % of the measured DRAM ceiling, {REPEATS} repetitions
+        confirmed: [70, 90]%
+        source: PLAN.md Session 3, 03_profile_decode: '~80% of peak HBM'
+    """)
 
 and judges it on repeated measurements::
 
-    run.judge(DECODE_BW, [81.2, 80.4, 82.0], evidence="sweep.csv row b32 kv4096")
+    run.judge(H["decode_bw"], [81.2, 80.4, 82.0], evidence="sweep.csv row b32 kv4096")
 
 Rule (the same everywhere): the interval of the measurement (common.stats.interval: the range of
 3-9 repetitions, a bootstrap 95% interval of more samples) lies inside [low, high] -> confirmed;
 entirely outside -> refuted; across a bound -> inconclusive. Fewer than 3 repetitions -> inconclusive
 (one sample is never judged). A failed premise (the condition the hypothesis depends on did not hold,
 e.g. "the split happened") makes the verdict inconclusive, whatever the number says.
-"""
+'''
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from .stats import Interval, interval
@@ -51,6 +55,75 @@ class Hypothesis:
     def expected(self) -> str:
         src = f"; source: {self.source}" if self.source else ""
         return f"{self.claim} — judged on {self.quantity}, confirmed in {self.range_text()}{src}"
+
+
+_FIELDS = {"judged on": "quantity", "confirmed": "range", "source": "source"}
+_NUM = r"-?\d+(?:\.\d+)?(?:e-?\d+)?"
+_RANGE = re.compile(rf"^(?:(?P<op>>=|<=)\s*(?P<v>{_NUM})|\[(?P<lo>{_NUM}),\s*(?P<hi>{_NUM})\])(?P<unit>.*)$")
+
+
+def _number(text: str):
+    return float(text) if any(c in text for c in ".e") else int(text)
+
+
+def parse_range(text: str) -> dict:
+    """'>= 15%', '<= 0.8', '[70, 90]%', '>= 0 pp' (Hypothesis.range_text's forms) -> low, high, unit."""
+    m = _RANGE.match(text.strip())
+    if not m:
+        raise ValueError(f"a range is '>= x', '<= x' or '[lo, hi]' with an optional unit, not {text!r}")
+    if m["op"]:
+        v = _number(m["v"])
+        return {"low": v, "high": None, "unit": m["unit"]} if m["op"] == ">=" else \
+            {"low": None, "high": v, "unit": m["unit"]}
+    return {"low": _number(m["lo"]), "high": _number(m["hi"]), "unit": m["unit"]}
+
+
+def declare(text: str) -> dict[str, Hypothesis]:
+    """The hypotheses of a script, from a text block (see the module doc): a line ``key = id: claim`` at
+    the block's left margin starts one; indented lines ``judged on:``, ``confirmed:`` (left out: no
+    range, a fact judged true/false) and ``source:`` follow; an indented line without a field name
+    continues the line above; ``#`` lines are comments. A malformed block raises ValueError naming
+    the line, so a script with a typo in its hypotheses fails at import, before any GPU work."""
+    lines = [l.rstrip() for l in text.splitlines()]
+    body = [l for l in lines if l.strip() and not l.strip().startswith("#")]
+    margin = min((len(l) - len(l.lstrip()) for l in body), default=0)
+    out: dict[str, Hypothesis] = {}
+    cur: dict | None = None
+    field = None
+
+    def close():
+        if cur is None:
+            return
+        if "quantity" not in cur:
+            raise ValueError(f"hypothesis {cur['key']!r} has no 'judged on:' line")
+        rng = parse_range(cur.pop("range")) if "range" in cur else {}
+        key = cur.pop("key")
+        if key in out:
+            raise ValueError(f"hypothesis key {key!r} declared twice")
+        out[key] = Hypothesis(**cur, **rng)
+
+    for raw in body:
+        indent = len(raw) - len(raw.lstrip()) - margin
+        line = raw.strip()
+        if indent == 0:
+            close()
+            m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([^\s:]+):\s*(.+)$", line)
+            if not m:
+                raise ValueError(f"expected 'key = id: claim', got {line!r}")
+            cur, field = {"key": m[1], "id": m[2], "claim": m[3]}, "claim"
+            continue
+        if cur is None:
+            raise ValueError(f"an indented line before the first 'key = id: claim': {line!r}")
+        name, sep, rest = line.partition(":")
+        if sep and name in _FIELDS:
+            field = _FIELDS[name]
+            if field in cur:
+                raise ValueError(f"hypothesis {cur['key']!r}: {name!r} given twice")
+            cur[field] = rest.strip()
+        else:
+            cur[field] += " " + line
+    close()
+    return out
 
 
 def verdict_for(h: Hypothesis, iv: Interval, premise: bool = True) -> str:

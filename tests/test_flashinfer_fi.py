@@ -370,7 +370,7 @@ def test_a_straddling_interval_is_inconclusive_not_refuted(fixture_path, run):
     rows = _rows(fixture_path, "fi_cross_check_decode_h200_b2e5.csv")
     ratios = _fi.cross_check_ratios(rows)
     assert min(ratios) == pytest.approx(0.9652, abs=1e-4) and max(ratios) > 1.02
-    rec = verdicts.judge(_fi.H_XCHECK, ratios)
+    rec = verdicts.judge(_fi.H["xcheck"], ratios)
     assert rec["verdict"] == "inconclusive" and "straddles [0.97, 1.03]" in rec["observed"]
     assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"   # and its premise failed too
 

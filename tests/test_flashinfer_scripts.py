@@ -115,7 +115,7 @@ def test_main_reads_as_phases_in_at_most_100_lines(script):
 @pytest.mark.parametrize("stem", [s[:-3] for s in NUMBERED])
 def test_hypotheses_are_data_with_a_source(stem):
     mod = load_script(stem)
-    hs = {k: v for k, v in vars(mod).items() if k.startswith("H_") and isinstance(v, verdicts.Hypothesis)}
+    hs = {k: v for k, v in getattr(mod, "H", {}).items() if isinstance(v, verdicts.Hypothesis)}
     assert hs, f"{stem} declares no hypotheses"
     for name, h in hs.items():
         assert h.source and h.claim and h.quantity, name
@@ -124,10 +124,10 @@ def test_hypotheses_are_data_with_a_source(stem):
 
 def test_the_plan_figures_are_judged_as_ranges_around_them():
     m03, m04, m05 = load_script("03_profile_decode"), load_script("04_profile_rmsnorm"), load_script("05_profile_rope")
-    assert (m03.H_BW.low, m03.H_BW.high) == (70, 90) and "80%" in m03.H_BW.source      # '~80% of peak HBM'
-    assert (m04.H_BW.low, m04.H_BW.high) == (75, 95) and "85%" in m04.H_BW.source      # '~85% of peak bandwidth'
-    assert (m04.H_FUSE_PLAN.low, m04.H_FUSE_PLAN.high) == (30, 50) and (m04.H_FUSE_BYTES.low, m04.H_FUSE_BYTES.high) == (15, 25)
-    assert (m05.H_BW.low, m05.H_BW.high) == (65, 85)
+    assert (m03.H["bw"].low, m03.H["bw"].high) == (70, 90) and "80%" in m03.H["bw"].source      # '~80% of peak HBM'
+    assert (m04.H["bw"].low, m04.H["bw"].high) == (75, 95) and "85%" in m04.H["bw"].source      # '~85% of peak bandwidth'
+    assert (m04.H["fuse_plan"].low, m04.H["fuse_plan"].high) == (30, 50) and (m04.H["fuse_bytes"].low, m04.H["fuse_bytes"].high) == (15, 25)
+    assert (m05.H["bw"].low, m05.H["bw"].high) == (65, 85)
 
 
 def test_kernel_regexes_match_real_ncu_names(fixture_path):
@@ -152,7 +152,7 @@ def test_sweeps_and_their_repetitions():
     assert one == [{"model": "llama-3.1-8b", "variant": "cuda", "batch": 32, "kv_len": 4096}]
     a2 = m02.parse_args(["--quick"])
     assert len(m02.plan_points(a2, ["fa2", "fa3"])) == 12 and len(m02.target_points(a2, ["fa2", "fa3"])) == 12 + 6
-    assert m02.for_backend(m02.H_OCC, "fa3").id == "prefill-occupancy-fa3"
+    assert m02.for_backend(m02.H["occ"], "fa3").id == "prefill-occupancy-fa3"
     assert len(m05.plan_points(m05.parse_args(["--quick"]))) == 4 * len(m05.VARIANTS)
     assert m05.nbytes({"variant": m05.INPLACE, "head_dim": 128, "tokens": 8192}) == flops.rope_bytes(
         8192, 32, 8, 128, per_token_extra=8 + 4 * 128)
@@ -201,8 +201,8 @@ def test_one_repetition_is_never_judged(fixture_path):
     """The old rule judged one sample against a threshold; the interval rule needs three."""
     m03 = load_script("03_profile_decode")
     pct = list(_decode_reference(fixture_path)["pct_peak_dram"])
-    assert verdicts.judge(m03.H_BW, pct[:1])["verdict"] == "inconclusive"
-    assert verdicts.judge(m03.H_BW, pct)["verdict"] == "refuted"
+    assert verdicts.judge(m03.H["bw"], pct[:1])["verdict"] == "inconclusive"
+    assert verdicts.judge(m03.H["bw"], pct)["verdict"] == "refuted"
 
 
 # ------------------------------------------------------------------ 04: RMSNorm and the fusion saving
@@ -249,7 +249,7 @@ def test_rmsnorm_is_memory_latency_bound_not_compute_bound(fixture_path, run):
     assert norm["sm_pct"] > norm["dram_pct"] and ncu.top_stall(norm) == "long_scoreboard"
     assert not norm["dram_pct"] > norm["sm_pct"]                     # what the old rule read: 'refuted'
     assert m04.memory_bound(norm) and ncu.bound(norm) == "memory-latency-bound"
-    assert run.fact(m04.H_BOUND, [m04.memory_bound(norm)], ncu.bound_why(norm)) == "confirmed"
+    assert run.fact(m04.H["bound"], [m04.memory_bound(norm)], ncu.bound_why(norm)) == "confirmed"
     assert "L1TEX" in run.summary["observations"][-1]["observed"]      # the stall's meaning is in the record
 
 
@@ -261,7 +261,7 @@ def test_rmsnorm_bandwidth_on_three_recorded_calls(fixture_path):
     us = list(k[k["short"] == "RMSNormKernel"]["dur_us"])
     pct = [rates(u / 1e3, bytes=m04.BYTES[m04.RMSNORM](8192, 4096), peaks=H200)["pct_peak_dram"] for u in us]
     assert len(pct) == 3 and 68 < min(pct) < max(pct) < 73
-    rec = verdicts.judge(m04.H_BW, pct)
+    rec = verdicts.judge(m04.H["bw"], pct)
     assert rec["verdict"] == "refuted" and rec["interval"]["method"] == "range"
 
 

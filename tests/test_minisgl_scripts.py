@@ -152,7 +152,7 @@ def test_main_reads_as_phases_in_at_most_100_lines(script):
 @pytest.mark.parametrize("script", PY, ids=lambda p: p.name)
 def test_hypotheses_are_data_with_a_source(script):
     mod = load(script.stem)
-    hs = {k: v for k, v in vars(mod).items() if k.startswith("H_") and isinstance(v, verdicts.Hypothesis)}
+    hs = {k: v for k, v in getattr(mod, "H", {}).items() if isinstance(v, verdicts.Hypothesis)}
     assert hs, f"{script.name} declares no hypotheses"
     for name, h in hs.items():
         assert h.source and h.claim and h.quantity, name
@@ -162,10 +162,10 @@ def test_hypotheses_are_data_with_a_source(script):
 def test_the_plan_figures_are_judged_as_their_ranges():
     m02, m03, m04, m05 = (load(s) for s in ("02_profile_index", "03_profile_store", "04_profile_attention",
                                             "05_profile_comm"))
-    assert (m02.H_BW_LARGE.low, m02.H_BW_LARGE.high) == (70, 80) and "70-80%" in m02.H_BW_LARGE.source
-    assert (m03.H_SEQ.low, m03.H_SEQ.high) == (70, 75) and (m03.H_RANDOM.low, m03.H_RANDOM.high) == (55, 65)
-    assert (m04.H_DECODE_BW.low, m04.H_DECODE_BW.high) == (70, 85) and "70-85%" in m04.H_DECODE_BW.source
-    assert (m05.H_BUSBW.low, m05.H_BUSBW.high) == (85, 95)
+    assert (m02.H["bw_large"].low, m02.H["bw_large"].high) == (70, 80) and "70-80%" in m02.H["bw_large"].source
+    assert (m03.H["seq"].low, m03.H["seq"].high) == (70, 75) and (m03.H["random"].low, m03.H["random"].high) == (55, 65)
+    assert (m04.H["decode_bw"].low, m04.H["decode_bw"].high) == (70, 85) and "70-85%" in m04.H["decode_bw"].source
+    assert (m05.H["busbw"].low, m05.H["busbw"].high) == (85, 95)
 
 
 def test_generic_jobs_come_from_common():
@@ -321,7 +321,7 @@ def test_radix_verdicts_are_ratios_of_one_repetition():
     m07 = load("07_profile_radix")
     p = m07.plan(SimpleNamespace(quick=True, depths=[4, 16], keys=[64], leaves=None))
     assert p.depths == [1, 4, 16] and 16 * m07.TURN in p.tokens and {8, 512} <= set(p.keys)
-    assert (m07.H_TOKENS.high, m07.H_MATCH_DEPTH.low) == (0.5, 0.5)
+    assert (m07.H["tokens"].high, m07.H["match_depth"].low) == (0.5, 0.5)
     assert "knife-edge" in m07.__doc__ and m07.REPEATS >= 3
 
 

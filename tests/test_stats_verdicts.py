@@ -79,3 +79,45 @@ def test_over_is_the_full_range_of_the_items():
     iv = stats.over([0.61, 0.64, 0.62, float("nan"), None], "shapes")
     assert (iv.lo, iv.hi, iv.n) == (0.61, 0.64, 3) and "3 shapes" in iv.method
     assert stats.over([1.0] * 20 + [1.3]).hi == 1.3        # many items stay a range, never a bootstrap
+
+
+def test_hypotheses_declared_as_text_read_back_as_the_report_writes_them():
+    reps = 5
+    H = verdicts.declare(f"""
+        # the plan's figure and where it is from
+        bw = decode-bw: decode is memory-bound at ~80% of peak HBM
+                (batch 32, KV 4096)
+            judged on: TB/s as % of the measured DRAM ceiling, {reps} repetitions
+            confirmed: [70, 90]%
+            source: PLAN.md session 3: '~80% of peak HBM'
+        share = tp-share: the all-reduce share grows
+            judged on: smallest rise between TP sizes
+            confirmed: >= 0 pp
+        ratio = ratio-small: one node costs at most half of the path
+            judged on: t(one node) / t(path)
+            confirmed: <= 0.5
+        fact = some-fact: the store is one launch
+            judged on: launches per call
+    """)
+    assert list(H) == ["bw", "share", "ratio", "fact"]
+    bw = H["bw"]
+    assert (bw.id, bw.low, bw.high, bw.unit) == ("decode-bw", 70, 90, "%")
+    assert bw.claim == "decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)"
+    assert bw.quantity.endswith("5 repetitions") and bw.source.startswith("PLAN.md session 3")
+    assert (H["share"].low, H["share"].high, H["share"].range_text()) == (0, None, ">= 0 pp")
+    assert (H["ratio"].low, H["ratio"].high) == (None, 0.5) and H["fact"].range_text() == "(no range)"
+    for h in H.values():                      # what the report prints is what was declared
+        if h.low is not None or h.high is not None:
+            assert verdicts.parse_range(h.range_text()) == {"low": h.low, "high": h.high, "unit": h.unit}
+
+
+@pytest.mark.parametrize("text, why", [
+    ("bw decode-bw: no key", "key = id: claim"),
+    ("bw = decode-bw: claim\n    confirmed: >= 1", "no 'judged on:'"),
+    ("bw = a: c\n    judged on: q\nbw = b: c\n    judged on: q", "declared twice"),
+    ("bw = a: c\n    judged on: q\n    confirmed: about 80%", "a range is"),
+    ("bw = a: c\n    judged on: q\n    judged on: r", "given twice"),
+])
+def test_a_malformed_hypothesis_block_fails_at_import_naming_the_line(text, why):
+    with pytest.raises(ValueError, match=why):
+        verdicts.declare(text)

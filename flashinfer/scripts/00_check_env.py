@@ -43,7 +43,7 @@ import _fi  # noqa: E402
 from common import cli, gpu, story  # noqa: E402
 from common.checks import profilers, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 PACKAGES = (  # (distribution, why this track needs it)
     ("torch", "tensors, CUDA events, torch.profiler"),
@@ -65,14 +65,20 @@ PACKAGES = (  # (distribution, why this track needs it)
 )
 
 
-H_NCU = Hypothesis("ncu-counters", "ncu can read the GPU performance counters (every hardware column needs them)",
-                   "one tiny kernel profiled (common.checks.profilers)", source="PLAN.md session 3: hardware to read")
-H_TIMELINE = Hypothesis("timeline-profiler", "a timeline profiler is available (nsys; else torch.profiler)",
-                        "common.nsys.find() / torch.profiler import", source="PLAN.md session 3: process to capture")
-H_AUTO = Hypothesis("auto-is-fa3", 'on sm90 FlashInfer\'s prefill backend "auto" is FA3',
-                    "flashinfer.utils.determine_attention_backend for bf16, head_dim 128", source="analysis.md H-11")
-H_NORM_PATH = Hypothesis("norm-path", "without nvidia-cutlass-dsl RMSNorm uses the CUDA JIT `norm` module",
-                         "flashinfer.norm._USE_CUDA_NORM against the package's presence", source="analysis.md H-14")
+H = declare("""
+    ncu = ncu-counters: ncu can read the GPU performance counters (every hardware column needs them)
+        judged on: one tiny kernel profiled (common.checks.profilers)
+        source: PLAN.md session 3: hardware to read
+    timeline = timeline-profiler: a timeline profiler is available (nsys; else torch.profiler)
+        judged on: common.nsys.find() / torch.profiler import
+        source: PLAN.md session 3: process to capture
+    auto = auto-is-fa3: on sm90 FlashInfer's prefill backend "auto" is FA3
+        judged on: flashinfer.utils.determine_attention_backend for bf16, head_dim 128
+        source: analysis.md H-11
+    norm_path = norm-path: without nvidia-cutlass-dsl RMSNorm uses the CUDA JIT `norm` module
+        judged on: flashinfer.norm._USE_CUDA_NORM against the package's presence
+        source: analysis.md H-14
+""")
 
 
 def parse_args(argv=None):
@@ -170,16 +176,16 @@ def flashinfer_paths(run, torch, fi, topo, prof) -> dict:
 
 def judge(run, x):
     cnt, props = x.prof["ncu"].get("counters"), x.props
-    run.fact(H_NCU, cnt == "ok" if cnt else None, f"ncu {x.prof['ncu'].get('version') or 'not found'}: counters "
+    run.fact(H["ncu"], cnt == "ok" if cnt else None, f"ncu {x.prof['ncu'].get('version') or 'not found'}: counters "
              f"{cnt or 'not probed'}", "tools.csv")
-    run.fact(H_TIMELINE, bool(x.prof["nsys"].get("path") or x.prof["torch_profiler"]["available"]),
+    run.fact(H["timeline"], bool(x.prof["nsys"].get("path") or x.prof["torch_profiler"]["available"]),
              f"nsys: {x.prof['nsys'].get('path') or 'not usable'}; torch.profiler: {x.prof['torch_profiler']['available']}",
              "tools.csv")
-    run.fact(H_AUTO, x.info["prefill_auto_backend"] == "fa3", f'compute capability {props.major}.{props.minor}: '
+    run.fact(H["auto"], x.info["prefill_auto_backend"] == "fa3", f'compute capability {props.major}.{props.minor}: '
              f'"auto" -> {x.info["prefill_auto_backend"]}', "environment.json",
              premise=True if props.major == 9 else f"compute capability {props.major}.{props.minor} is not sm90")
     cute = next(p["version"] for p in x.pkgs if p["package"] == "nvidia-cutlass-dsl") != "missing"
-    run.fact(H_NORM_PATH, x.info["cuda_norm_path"] != cute, f"nvidia-cutlass-dsl "
+    run.fact(H["norm_path"], x.info["cuda_norm_path"] != cute, f"nvidia-cutlass-dsl "
              f"{'installed' if cute else 'missing'}; _USE_CUDA_NORM = {x.info['cuda_norm_path']}", "environment.json")
 
 

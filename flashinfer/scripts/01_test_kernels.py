@@ -39,23 +39,28 @@ import _fi  # noqa: E402
 from common import cli, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 PAGE = 16
 TOL = {"attention": 2e-2, "norm": 1e-2, "rope": 1e-2}     # relative L2 error against float32 torch
 
-H_CORRECT = Hypothesis("correctness", "every studied FlashInfer API matches a plain torch reference",
-                       "relative L2 error of each check against its tolerance (fixed seeds: deterministic)",
-                       source="PLAN.md session 3, 01: 'a correctness baseline'")
-H_KERNELS = Hypothesis("api-kernels", "each API ends in the kernel the source reading names",
-                       "the kernels of each check's traced call (common.trace join)", source="analysis.md H-01")
-H_AUTO = Hypothesis("auto-is-fa3", 'backend="auto" runs FA3 on sm90', "the backend the auto wrapper's plan() chose",
-                    source="analysis.md H-11")
-H_NORM_PATH = Hypothesis("norm-path", "without nvidia-cutlass-dsl RMSNorm runs the CUDA JIT `norm` module; with it, "
-                         "CuTe-DSL", "flashinfer.norm._USE_CUDA_NORM against importing cutlass.cute",
-                         source="analysis.md H-14")
-H_REJECT = Hypothesis("rejected-shape", "a shape FlashInfer does not support is rejected with a clear error, not a "
-                      "wrong result", "decode CUDA cores with GQA group 5 (40 q / 8 kv heads)", source="analysis.md §5")
+H = declare("""
+    correct = correctness: every studied FlashInfer API matches a plain torch reference
+        judged on: relative L2 error of each check against its tolerance (fixed seeds: deterministic)
+        source: PLAN.md session 3, 01: 'a correctness baseline'
+    kernels = api-kernels: each API ends in the kernel the source reading names
+        judged on: the kernels of each check's traced call (common.trace join)
+        source: analysis.md H-01
+    auto = auto-is-fa3: backend="auto" runs FA3 on sm90
+        judged on: the backend the auto wrapper's plan() chose
+        source: analysis.md H-11
+    norm_path = norm-path: without nvidia-cutlass-dsl RMSNorm runs the CUDA JIT `norm` module; with it, CuTe-DSL
+        judged on: flashinfer.norm._USE_CUDA_NORM against importing cutlass.cute
+        source: analysis.md H-14
+    reject = rejected-shape: a shape FlashInfer does not support is rejected with a clear error, not a wrong result
+        judged on: decode CUDA cores with GQA group 5 (40 q / 8 kv heads)
+        source: analysis.md §5
+""")
 
 
 def parse_args(argv=None):
@@ -216,26 +221,26 @@ def trace_kernels(run, x):
 def judge(run, x):
     df = x.df
     bad = df[~df["ok"].astype(bool)]
-    run.fact(H_CORRECT, bool(df["ok"].all()) and not x.failures,
+    run.fact(H["correct"], bool(df["ok"].all()) and not x.failures,
              f"{int(df['ok'].sum())}/{len(df)} checks within tolerance (attention 2e-2, norm/RoPE 1e-2 relative L2 "
              "error)" + (f"; failed: {', '.join(dict.fromkeys(list(bad['check']) + x.failures))}" if x.failures else ""),
              "checks.csv")
     off = df[~df["kernel_as_predicted"]]
-    run.fact(H_KERNELS, off.empty, f"{len(df) - len(off)}/{len(df)} as predicted" + ("; not: " + "; ".join(
+    run.fact(H["kernels"], off.empty, f"{len(df) - len(off)}/{len(df)} as predicted" + ("; not: " + "; ".join(
         f"{r.check} ran {r.kernels or 'nothing'}" for r in off.itertuples()) if len(off) else ""), "checks.csv")
     auto = df[df["check"].str.contains("backend=auto")]
     major = x.torch.cuda.get_device_capability()[0]
     ran = str(auto.iloc[0]["check"]).split("ran ")[-1].rstrip(")") if len(auto) else None
-    run.fact(H_AUTO, ran == "fa3" if ran else None, f"auto ran {ran} on sm{major}x", "checks.csv",
+    run.fact(H["auto"], ran == "fa3" if ran else None, f"auto ran {ran} on sm{major}x", "checks.csv",
              premise=True if major == 9 else f"sm{major}x is not sm90")
     try:  # what flashinfer.norm itself tries (nvidia-cutlass-dsl)
         importlib.import_module("cutlass.cute")
         cute = True
     except Exception:  # noqa: BLE001
         cute = False
-    run.fact(H_NORM_PATH, x.cuda_norm != cute, f"nvidia-cutlass-dsl importable: {cute}; "
+    run.fact(H["norm_path"], x.cuda_norm != cute, f"nvidia-cutlass-dsl importable: {cute}; "
              f"flashinfer.norm._USE_CUDA_NORM = {x.cuda_norm}", "checks.csv")
-    run.fact(H_REJECT, x.rejected, f"decode CUDA cores, GQA group 5: {x.reject_msg}", "log.txt")
+    run.fact(H["reject"], x.rejected, f"decode CUDA cores, GQA group 5: {x.reject_msg}", "log.txt")
 
 
 def tell(x) -> str:

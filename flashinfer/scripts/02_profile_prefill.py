@@ -53,7 +53,7 @@ from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import Hypothesis, declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 QO_FULL = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -68,38 +68,58 @@ PAGE = 16
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §02 (A100)"
-H_AUTO = Hypothesis("auto-is-fa3", 'on sm90 (H100/H200) backend="auto" runs FA3, not the FA2 kernel the plan describes',
-                    "the backend plan() resolved (deterministic)", source="analysis.md H-11")
-H_RIDGE = Hypothesis("prefill-near-ridge", "prefill (seq 512, 32 heads) sits near the ridge point of the roofline",
-                     "intensity (common.flops FLOPs / minimum bytes) over the ridge of the measured ceilings, batch 1 "
-                     "qo 512: arithmetic, no timing; near = within a factor 2", source=f"{PLAN}: 'near the ridge point'")
-H_TENSOR = Hypothesis("prefill-tensor-bound", "prefill is tensor-core bound at long sequences",
-                      f"TFLOP/s (common.flops / CUPTI time) as % of the measured bf16 ceiling at qo 8192, {REPEATS} "
-                      "repetitions", low=30, unit="%", source="analysis.md H-08; the plan's tensor pipe ≈ 35% less 5 "
-                      "points as the floor")
-H_FA3_FASTER = Hypothesis("fa3-beats-fa2", "FA3 beats FA2 on the same shapes", "time ratio fa3 / fa2 on every swept "
-                          "query length of the first model", high=0.95, source="analysis.md H-11; 'beats' read as >= 5%")
-H_SPLIT_B1 = Hypothesis("prefill-split-b1", "a single short request (fa2, qo 512, empty cache) splits the KV and "
-                        "merges; batch 8 does not", f"split_kv and merge kernel of each of {REPEATS} traced calls",
-                        source="analysis.md H-10")
-H_FA3_NO_MERGE = Hypothesis("fa3-no-merge", "FA3 never launches a merge kernel (persistent scheduler, no split-KV)",
-                            "merge kernel in each traced fa3 call", source="analysis.md H-11")
-H_FILL = Hypothesis("prefill-fill-kernel", "run() without out= launches an extra fill kernel (torch.zeros) before "
-                    "attention", "kernels per traced call with and without out=", source="analysis.md H-12")
-H_OCC = Hypothesis("prefill-occupancy", "occupancy ~47%", f"achieved occupancy (ncu), {REPEATS} launches at qo 512",
-                   low=35, high=60, unit="%", source=f"{PLAN}: 'occupancy ≈ 47%', read as 35-60%")
-H_SMEM = Hypothesis("prefill-smem-limit", "occupancy is limited by shared memory",
-                    "ncu's occupancy limiter (launch__occupancy_limit_*: a launch property)", source=PLAN)
-H_PIPE = Hypothesis("prefill-tensor-pipe", "tensor pipe ~35%", f"tensor pipe % (ncu), {REPEATS} launches at qo 512",
-                    low=25, high=45, unit="%", source=f"{PLAN}: 'tensor pipe ≈ 35%', read as 25-45%")
-H_HBM = Hypothesis("prefill-hbm", "HBM ~72% of peak", f"ncu DRAM TB/s as % of the measured DRAM ceiling, {REPEATS} "
-                   "launches at qo 512", low=60, high=85, unit="%", source=f"{PLAN}: 'HBM ≈ 72-75% of peak'")
-H_STALL = Hypothesis("prefill-long-scoreboard", "stalls are led by long_scoreboard (then barrier, short_scoreboard)",
-                     f"top warp stall (ncu) of each of {REPEATS} launches at qo 512", source=PLAN)
-H_FA2_THEO = Hypothesis("fa2-theoretical-occupancy", "FA2 theoretical occupancy is ~12.5% (2 CTAs x 4 warps per SM)",
-                        "theoretical occupancy <= 20% (ncu: a launch property)", source="analysis.md H-09")
-H_FA3_GRID = Hypothesis("fa3-persistent-grid", "FA3 launches a persistent grid of one CTA per SM",
-                        "grid x (ncu) against the SM count", source="analysis.md H-11")
+H = declare(f"""
+    auto = auto-is-fa3: on sm90 (H100/H200) backend="auto" runs FA3, not the FA2 kernel the plan describes
+        judged on: the backend plan() resolved (deterministic)
+        source: analysis.md H-11
+    ridge = prefill-near-ridge: prefill (seq 512, 32 heads) sits near the ridge point of the roofline
+        judged on: intensity (common.flops FLOPs / minimum bytes) over the ridge of the measured ceilings, batch 1 qo
+            512: arithmetic, no timing; near = within a factor 2
+        source: {PLAN}: 'near the ridge point'
+    tensor = prefill-tensor-bound: prefill is tensor-core bound at long sequences
+        judged on: TFLOP/s (common.flops / CUPTI time) as % of the measured bf16 ceiling at qo 8192, {REPEATS}
+            repetitions
+        confirmed: >= 30%
+        source: analysis.md H-08; the plan's tensor pipe ≈ 35% less 5 points as the floor
+    fa3_faster = fa3-beats-fa2: FA3 beats FA2 on the same shapes
+        judged on: time ratio fa3 / fa2 on every swept query length of the first model
+        confirmed: <= 0.95
+        source: analysis.md H-11; 'beats' read as >= 5%
+    split_b1 = prefill-split-b1: a single short request (fa2, qo 512, empty cache) splits the KV and merges; batch 8
+            does not
+        judged on: split_kv and merge kernel of each of {REPEATS} traced calls
+        source: analysis.md H-10
+    fa3_no_merge = fa3-no-merge: FA3 never launches a merge kernel (persistent scheduler, no split-KV)
+        judged on: merge kernel in each traced fa3 call
+        source: analysis.md H-11
+    fill = prefill-fill-kernel: run() without out= launches an extra fill kernel (torch.zeros) before attention
+        judged on: kernels per traced call with and without out=
+        source: analysis.md H-12
+    occ = prefill-occupancy: occupancy ~47%
+        judged on: achieved occupancy (ncu), {REPEATS} launches at qo 512
+        confirmed: [35, 60]%
+        source: {PLAN}: 'occupancy ≈ 47%', read as 35-60%
+    smem = prefill-smem-limit: occupancy is limited by shared memory
+        judged on: ncu's occupancy limiter (launch__occupancy_limit_*: a launch property)
+        source: {PLAN}
+    pipe = prefill-tensor-pipe: tensor pipe ~35%
+        judged on: tensor pipe % (ncu), {REPEATS} launches at qo 512
+        confirmed: [25, 45]%
+        source: {PLAN}: 'tensor pipe ≈ 35%', read as 25-45%
+    hbm = prefill-hbm: HBM ~72% of peak
+        judged on: ncu DRAM TB/s as % of the measured DRAM ceiling, {REPEATS} launches at qo 512
+        confirmed: [60, 85]%
+        source: {PLAN}: 'HBM ≈ 72-75% of peak'
+    stall = prefill-long-scoreboard: stalls are led by long_scoreboard (then barrier, short_scoreboard)
+        judged on: top warp stall (ncu) of each of {REPEATS} launches at qo 512
+        source: {PLAN}
+    fa2_theo = fa2-theoretical-occupancy: FA2 theoretical occupancy is ~12.5% (2 CTAs x 4 warps per SM)
+        judged on: theoretical occupancy <= 20% (ncu: a launch property)
+        source: analysis.md H-09
+    fa3_grid = fa3-persistent-grid: FA3 launches a persistent grid of one CTA per SM
+        judged on: grid x (ncu) against the SM count
+        source: analysis.md H-11
+""")
 
 
 def for_backend(h: Hypothesis, be: str) -> Hypothesis:
@@ -233,7 +253,7 @@ def sweep(run, x):
 
 
 def reference(run, x):
-    """qo 8192 per backend (first model) timed REPEATS times: what H_TENSOR is judged on (reference.csv)."""
+    """qo 8192 per backend (first model) timed REPEATS times: what H["tensor"] is judged on (reference.csv)."""
     import pandas as pd
     rows = []
     for be in x.backends:
@@ -344,26 +364,26 @@ def figures(run, x):
 def judge_timing(run, x):
     """auto -> FA3, the ridge (arithmetic), tensor-bound at qo 8192 (REPEATS timings), FA3 vs FA2 over shapes."""
     cc = x.torch.cuda.get_device_capability()
-    run.fact(H_AUTO, x.auto == "fa3", f"auto -> {x.auto} on compute capability {cc[0]}.{cc[1]}", "summary.json notes",
+    run.fact(H["auto"], x.auto == "fa3", f"auto -> {x.auto} on compute capability {cc[0]}.{cc[1]}", "summary.json notes",
              premise=True if cc[0] == 9 else f"compute capability {cc[0]}.{cc[1]} is not sm90")
     lay, ridge = x.lay0, x.pk["bf16_tflops"] / x.pk["dram_tb_s"]
     ai = flops.intensity(flops.prefill_flops([512], [512], lay["hq"], lay["d"]),
                          flops.prefill_bytes([512], [512], lay["hq"], lay["hkv"], lay["d"]))
-    run.fact(H_RIDGE, 0.5 <= ai / ridge <= 2, f"qo 512: {ai:.0f} FLOP/byte vs ridge {ridge:.0f} "
+    run.fact(H["ridge"], 0.5 <= ai / ridge <= 2, f"qo 512: {ai:.0f} FLOP/byte vs ridge {ridge:.0f} "
              f"({gpu.ceiling_text(x.pk, 'bf16_tflops')} / {gpu.ceiling_text(x.pk)}): {ai / ridge:.2f}x", "sweep.csv")
     for be in x.backends:
         ref = x.ref[x.ref["backend"] == be]
         if len(ref):
             run.headline(**{f"{be}_qo8192_tflop_s": float(ref["tflop_s"].median()),
                             f"{be}_qo8192_pct_of_bf16_ceiling": float(ref["pct_peak_tflops"].median())})
-        run.judge(for_backend(H_TENSOR, be), list(ref["pct_peak_tflops"]), evidence="reference.csv",
+        run.judge(for_backend(H["tensor"], be), list(ref["pct_peak_tflops"]), evidence="reference.csv",
                   detail=f"of {gpu.ceiling_text(x.pk, 'bf16_tflops')}; DRAM {ref['pct_peak_dram'].median():.0f}% of the "
                          "DRAM ceiling (formula bytes)" if len(ref) else "")
     if {"fa2", "fa3"} <= set(x.backends):
         piv = x.m0.pivot_table(index="qo_len", columns="backend", values="time_us").dropna()
         iv = stats.over(piv["fa3"] / piv["fa2"], "query lengths")
         run.headline(fa3_over_fa2_time_median=iv.point)
-        run.judge(H_FA3_FASTER, iv, evidence="sweep.csv")
+        run.judge(H["fa3_faster"], iv, evidence="sweep.csv")
     _fi.judge_cross_check(run, x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}")
 
 
@@ -373,19 +393,19 @@ def judge_calls(run, x):
     given = pc["out_given"].astype(bool)
     one, probe = pc[(pc["batch"] == 1) & given], pc[(pc["batch"] == PROBE[0]) & given]
     if len(one) and len(probe):
-        run.fact(H_SPLIT_B1, [bool(r.plan_split_kv) and r.merge_us > 0 for r in one.itertuples()] +
+        run.fact(H["split_b1"], [bool(r.plan_split_kv) and r.merge_us > 0 for r in one.itertuples()] +
                  [not r.plan_split_kv and r.merge_us == 0 for r in probe.itertuples()],
                  f"b1 qo512: split_kv={one['plan_split_kv'].iloc[0]}, {_fi.pick(x.cs, label=one['label'].iloc[0])['kernels']}"
                  f"; b8 qo512 kv4096: split_kv={probe['plan_split_kv'].iloc[0]}, "
                  f"{_fi.pick(x.cs, label=probe['label'].iloc[0])['kernels']}", "calls.csv")
     fa3 = x.pc[x.pc["backend"] == "fa3"]
     if len(fa3):
-        run.fact(H_FA3_NO_MERGE, [m == 0 for m in fa3["merge_us"]], "; ".join(
+        run.fact(H["fa3_no_merge"], [m == 0 for m in fa3["merge_us"]], "; ".join(
             f"{r.label}: {r.kernels}" for r in x.cs[x.cs["backend"] == "fa3"].itertuples()), "calls.csv")
     none = pc[(pc["batch"] == PROBE[0]) & ~given]
     if len(none) and len(probe):
         n, g = _fi.pick(x.cs, label=none["label"].iloc[0]), _fi.pick(x.cs, label=probe["label"].iloc[0])
-        run.fact(H_FILL, [bool(f) for f in none["fill_kernel"]] + [not f for f in probe["fill_kernel"]] +
+        run.fact(H["fill"], [bool(f) for f in none["fill_kernel"]] + [not f for f in probe["fill_kernel"]] +
                  [k - probe["kernels"].median() == 1 for k in none["kernels"]],
                  f"out=None: {n['kernels']} ({n['kernels_per_call']:.0f}/call); out given: {g['kernels']} "
                  f"({g['kernels_per_call']:.0f}/call)", "calls.csv")
@@ -397,19 +417,19 @@ def judge_ncu(run, x):
     for be in x.backends:
         rows = [r for r in _fi.reference_rows(x.kern, backend=be) if r["role"] == "attention"]
         where, h = f"{len(rows)} launches of {be} b1 qo512 (kernels.csv, kind=reference)", lambda hh: for_backend(hh, be)
-        run.judge(h(H_OCC), [r["occupancy_pct"] for r in rows], evidence=where)
-        run.fact(h(H_SMEM), ["shared_mem" in str(r["limiter"]) for r in rows] or None,
+        run.judge(h(H["occ"]), [r["occupancy_pct"] for r in rows], evidence=where)
+        run.fact(h(H["smem"]), ["shared_mem" in str(r["limiter"]) for r in rows] or None,
                  f"limiter {rows[0]['limiter'] if rows else 'n/a'}", where)
-        run.judge(h(H_PIPE), [r["tensor_pct"] for r in rows], evidence=where, detail="; ".join(
+        run.judge(h(H["pipe"]), [r["tensor_pct"] for r in rows], evidence=where, detail="; ".join(
             dict.fromkeys(ncu.bound_why(r) for r in rows)))
-        run.judge(h(H_HBM), [r.get("pct_peak_dram") for r in rows], evidence=where, detail=f"of {gpu.ceiling_text(x.pk)}")
-        run.fact(h(H_STALL), [ncu.top_stall(r) == "long_scoreboard" for r in rows] or None,
+        run.judge(h(H["hbm"]), [r.get("pct_peak_dram") for r in rows], evidence=where, detail=f"of {gpu.ceiling_text(x.pk)}")
+        run.fact(h(H["stall"]), [ncu.top_stall(r) == "long_scoreboard" for r in rows] or None,
                  "; ".join(dict.fromkeys(f"{r['top_stalls']}" for r in rows)) or "n/a", where)
         if be == "fa2":
-            run.fact(H_FA2_THEO, [r["theoretical_occupancy_pct"] <= 20 for r in rows] or None,
+            run.fact(H["fa2_theo"], [r["theoretical_occupancy_pct"] <= 20 for r in rows] or None,
                      f"theoretical {rows[0]['theoretical_occupancy_pct']:.1f}%" if rows else "n/a", where)
         if be == "fa3":
-            run.fact(H_FA3_GRID, [(_fi.grid_dims(r.get("grid")) or (0,))[0] == sms for r in rows] or None,
+            run.fact(H["fa3_grid"], [(_fi.grid_dims(r.get("grid")) or (0,))[0] == sms for r in rows] or None,
                      f"grid {rows[0].get('grid') if rows else 'n/a'}, {sms} SMs", where)
 
 

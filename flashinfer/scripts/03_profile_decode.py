@@ -55,7 +55,7 @@ from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 BATCHES_FULL, KV_FULL = (1, 8, 32, 64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -70,45 +70,62 @@ PAGE = 16
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §03 (A100)"
-H_BW = Hypothesis("decode-bw", "decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)",
-                  f"CUDA-core decode TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling, "
-                  f"{REPEATS} repetitions", low=70, high=90, unit="%", source=f"{PLAN}: '~80% of peak HBM', read as 70-90%")
-H_SPLIT = Hypothesis("decode-split", "the KV is split into 8 chunks of 512 tokens at batch 32 / KV 4096",
-                     "plan_info split_kv and KV chunk at the reference point (a planner decision: deterministic)",
-                     source=f"{PLAN}: 'split-K into 8 chunks of 512'; analysis.md §5.1 predicts 4 x 1024 on 132 SMs")
-H_SPLIT_STOPS = Hypothesis("decode-split-stops", "splitting stops as the batch fills the GPU: the smallest batch "
-                           "splits, the largest does not", "plan_info split_kv at the smallest and largest swept batch",
-                           source="analysis.md H-05")
-H_PLAN_CPU = Hypothesis("plan-no-kernel", "plan() is CPU work: it launches no kernel, the GPU sees only copies",
-                        f"kernels and copies of each of the {REPEATS} traced plan() calls", source="analysis.md H-03")
-H_MERGE_IFF = Hypothesis("merge-iff-split", "run() launches the attention kernel plus one merge kernel exactly when "
-                         "plan_info says split_kv", f"merge kernel seen vs split_kv, each of {REPEATS} calls per traced "
-                         "shape", source="analysis.md H-03, H-05")
-H_MERGE_BIG = Hypothesis("merge-small-at-batch-32", "the merge kernel is a small share of decode time at batch >= 32",
-                         "merge kernel share of each traced call's kernel time at batch >= 32", high=10, unit="%",
-                         source="analysis.md H-06 ('visible only at small batch with long KV'); 10% read as small")
-H_MERGE_SMALL = Hypothesis("merge-visible-at-batch-1", "the merge kernel is a visible share at the smallest batch with "
-                           "the longest KV", "merge share of each traced call at the smallest batch, longest KV",
-                           low=10, unit="%", source="analysis.md H-06; 10% read as visible")
-H_TC_KERNEL = Hypothesis("tc-runs-prefill-kernel", "tensor-core decode runs the prefill kernel",
-                         "kernels of each traced tensor-core call", source="analysis.md H-07")
-H_TC_SPEED = Hypothesis("tc-no-slower", "tensor-core decode is no slower than CUDA cores at GQA group 4",
-                        "time ratio tc / cuda on every swept shape of the first model", high=1.05,
-                        source="analysis.md H-07; 5% read as 'no slower' (about one timing's spread)")
-H_OCC = Hypothesis("decode-occupancy", "occupancy ~75% (batch 32, KV 4096)", f"achieved occupancy (ncu), {REPEATS} "
-                   "launches of the CUDA-core reference point", low=60, high=90, unit="%",
-                   source=f"{PLAN}: 'occupancy ≈ 75%', read as 60-90%")
-H_TC_PIPE = Hypothesis("decode-tensor-pipe", "tensor pipe ~15%", f"tensor pipe % (ncu), {REPEATS} launches",
-                       low=5, high=25, unit="%", source=f"{PLAN}: 'tensor pipe ≈ 15%', read as 5-25%")
-H_NO_TC = Hypothesis("cuda-decode-no-tensor", "the CUDA-core decode kernel uses no tensor cores",
-                     f"tensor pipe % (ncu), {REPEATS} launches", high=2, unit="%",
-                     source="analysis.md H-04: 'sm__pipe_tensor_cycles_active ≈ 0'")
-H_LSB = Hypothesis("decode-long-scoreboard", "long_scoreboard is ~65% of the warp stalls",
-                   f"long_scoreboard share of all stall reasons (ncu), {REPEATS} launches", low=55, high=75, unit="%",
-                   source=f"{PLAN}: 'long_scoreboard ≈ 65% of stalls', read as 55-75%")
-H_BOUND = Hypothesis("cuda-decode-dram-bound", "CUDA-core decode is DRAM-bound",
-                     f"common.ncu.bound() of each of {REPEATS} launches (DRAM %, SM %, top stall and what it means)",
-                     source="analysis.md H-04")
+H = declare(f"""
+    bw = decode-bw: decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)
+        judged on: CUDA-core decode TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling,
+            {REPEATS} repetitions
+        confirmed: [70, 90]%
+        source: {PLAN}: '~80% of peak HBM', read as 70-90%
+    split = decode-split: the KV is split into 8 chunks of 512 tokens at batch 32 / KV 4096
+        judged on: plan_info split_kv and KV chunk at the reference point (a planner decision: deterministic)
+        source: {PLAN}: 'split-K into 8 chunks of 512'; analysis.md §5.1 predicts 4 x 1024 on 132 SMs
+    split_stops = decode-split-stops: splitting stops as the batch fills the GPU: the smallest batch splits, the
+            largest does not
+        judged on: plan_info split_kv at the smallest and largest swept batch
+        source: analysis.md H-05
+    plan_cpu = plan-no-kernel: plan() is CPU work: it launches no kernel, the GPU sees only copies
+        judged on: kernels and copies of each of the {REPEATS} traced plan() calls
+        source: analysis.md H-03
+    merge_iff = merge-iff-split: run() launches the attention kernel plus one merge kernel exactly when plan_info says
+            split_kv
+        judged on: merge kernel seen vs split_kv, each of {REPEATS} calls per traced shape
+        source: analysis.md H-03, H-05
+    merge_big = merge-small-at-batch-32: the merge kernel is a small share of decode time at batch >= 32
+        judged on: merge kernel share of each traced call's kernel time at batch >= 32
+        confirmed: <= 10%
+        source: analysis.md H-06 ('visible only at small batch with long KV'); 10% read as small
+    merge_small = merge-visible-at-batch-1: the merge kernel is a visible share at the smallest batch with the longest
+            KV
+        judged on: merge share of each traced call at the smallest batch, longest KV
+        confirmed: >= 10%
+        source: analysis.md H-06; 10% read as visible
+    tc_kernel = tc-runs-prefill-kernel: tensor-core decode runs the prefill kernel
+        judged on: kernels of each traced tensor-core call
+        source: analysis.md H-07
+    tc_speed = tc-no-slower: tensor-core decode is no slower than CUDA cores at GQA group 4
+        judged on: time ratio tc / cuda on every swept shape of the first model
+        confirmed: <= 1.05
+        source: analysis.md H-07; 5% read as 'no slower' (about one timing's spread)
+    occ = decode-occupancy: occupancy ~75% (batch 32, KV 4096)
+        judged on: achieved occupancy (ncu), {REPEATS} launches of the CUDA-core reference point
+        confirmed: [60, 90]%
+        source: {PLAN}: 'occupancy ≈ 75%', read as 60-90%
+    tc_pipe = decode-tensor-pipe: tensor pipe ~15%
+        judged on: tensor pipe % (ncu), {REPEATS} launches
+        confirmed: [5, 25]%
+        source: {PLAN}: 'tensor pipe ≈ 15%', read as 5-25%
+    no_tc = cuda-decode-no-tensor: the CUDA-core decode kernel uses no tensor cores
+        judged on: tensor pipe % (ncu), {REPEATS} launches
+        confirmed: <= 2%
+        source: analysis.md H-04: 'sm__pipe_tensor_cycles_active ≈ 0'
+    lsb = decode-long-scoreboard: long_scoreboard is ~65% of the warp stalls
+        judged on: long_scoreboard share of all stall reasons (ncu), {REPEATS} launches
+        confirmed: [55, 75]%
+        source: {PLAN}: 'long_scoreboard ≈ 65% of stalls', read as 55-75%
+    bound = cuda-decode-dram-bound: CUDA-core decode is DRAM-bound
+        judged on: common.ncu.bound() of each of {REPEATS} launches (DRAM %, SM %, top stall and what it means)
+        source: analysis.md H-04
+""")
 
 
 def parse_args(argv=None):
@@ -222,7 +239,7 @@ def sweep(run, x):
 
 
 def reference(run, x):
-    """The reference point(s) timed REPEATS times: the values H_BW is judged on (reference.csv)."""
+    """The reference point(s) timed REPEATS times: the values H["bw"] is judged on (reference.csv)."""
     import pandas as pd
     rows = []
     for r in [p for p in target_points(x.args) if p["kind"] == "reference" and p["rep"] == 0]:
@@ -326,52 +343,52 @@ def figures(run, x):
 
 
 def judge_timing(run, x):
-    """H_BW on the reference repetitions, H_TC_SPEED over the swept shapes, the bench_gpu_time cross-check."""
+    """H["bw"] on the reference repetitions, H["tc_speed"] over the swept shapes, the bench_gpu_time cross-check."""
     ref = x.ref[x.ref["variant"] == "cuda"]
     if len(ref):
         run.headline(decode_point="CUDA cores, batch 32, KV 4096", decode_us=float(ref["time_us"].median()),
                      decode_tb_s=float(ref["tb_s"].median()), decode_pct_of_ceiling=float(ref["pct_peak_dram"].median()))
-    run.judge(H_BW, list(ref["pct_peak_dram"]), evidence="reference.csv",
+    run.judge(H["bw"], list(ref["pct_peak_dram"]), evidence="reference.csv",
               premise=True if len(ref) else "the CUDA-core variant was not run (--variants)",
               detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {gpu.ceiling_text(x.pk)}" if len(ref) else "")
     if {"cuda", "tc"} <= set(x.variants):
         both = x.m0.pivot_table(index=["batch", "kv_len"], columns="variant", values="time_us").dropna()
         iv = stats.over(both["tc"] / both["cuda"])
         run.headline(tc_over_cuda_time_median=iv.point)
-        run.judge(H_TC_SPEED, iv, evidence="sweep.csv")
+        run.judge(H["tc_speed"], iv, evidence="sweep.csv")
     _fi.judge_cross_check(run, x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}")
 
 
 def judge_plan_and_calls(run, x):
     """What plan() decided and what run() launched (facts; per-call shares judged on intervals)."""
     ref = _fi.pick(x.ref, variant="cuda", rep=0) if len(x.ref) else None
-    run.fact(H_SPLIT, bool(ref and ref["split_kv"] and ref["kv_chunk_tokens"] == 512),
+    run.fact(H["split"], bool(ref and ref["split_kv"] and ref["kv_chunk_tokens"] == 512),
              f"plan_info: split_kv={ref['split_kv']}, chunk {ref['kv_chunk_tokens']} tokens -> "
              f"{-(-4096 // (ref['kv_chunk_tokens'] or 4096))} chunk(s), grid x {ref['grid_x']}" if ref else "not run",
              "reference.csv", premise=True if ref else "the CUDA-core reference point was not run")
     at = x.m0[(x.m0["variant"] == x.variants[0]) & (x.m0["kv_len"] == 4096)].sort_values("batch")
     lo, hi = (at.iloc[0], at.iloc[-1]) if len(at) >= 2 else (None, None)
-    run.fact(H_SPLIT_STOPS, bool(lo is not None and lo["split_kv"] and not hi["split_kv"]),
+    run.fact(H["split_stops"], bool(lo is not None and lo["split_kv"] and not hi["split_kv"]),
              f"KV 4096: batch {lo['batch']} split_kv={lo['split_kv']} ({lo['chunks_per_request']} chunks), batch "
              f"{hi['batch']} split_kv={hi['split_kv']}" if lo is not None else "-", "sweep.csv",
              premise=True if lo is not None else "fewer than 2 batch sizes swept at KV 4096")
     if x.ps is not None and len(x.ps):
-        run.fact(H_PLAN_CPU, [r.kernels == 0 and r.copies >= 1 for r in _fi.per_call(x.prows).itertuples()],
+        run.fact(H["plan_cpu"], [r.kernels == 0 and r.copies >= 1 for r in _fi.per_call(x.prows).itertuples()],
                  "; ".join(f"{r.label}: {r.kernels_per_call:.0f} kernels, {r.copies_per_call:.0f} copies per call "
                            f"({r.copies or '-'})" for r in x.ps.itertuples()), "plan_calls.csv")
     agree = [(r.merge_us > 0) == bool(r.plan_split_kv) for r in x.pc.itertuples()]
-    run.fact(H_MERGE_IFF, agree, f"{sum(agree)}/{len(agree)} traced calls agree with plan_info" + "".join(
+    run.fact(H["merge_iff"], agree, f"{sum(agree)}/{len(agree)} traced calls agree with plan_info" + "".join(
         f"; {r.label}: merge {r.merge_us > 0}, split_kv {r.plan_split_kv}" for r in x.pc.drop_duplicates("label").itertuples()),
         "calls.csv")
     pc = x.pc[x.pc["variant"] == "cuda"] if "cuda" in x.variants else x.pc
-    run.judge(H_MERGE_BIG, stats.over(pc[pc["batch"] >= 32]["merge_share_pct"], "traced calls"),
+    run.judge(H["merge_big"], stats.over(pc[pc["batch"] >= 32]["merge_share_pct"], "traced calls"),
               evidence="calls.csv", digits=2)
     small = pc[(pc["batch"] == pc["batch"].min()) & (pc["kv_len"] == pc["kv_len"].max())]
-    run.judge(H_MERGE_SMALL, stats.over(small["merge_share_pct"], "traced calls"), evidence="calls.csv", digits=2,
+    run.judge(H["merge_small"], stats.over(small["merge_share_pct"], "traced calls"), evidence="calls.csv", digits=2,
               premise=True if len(small) and small["plan_split_kv"].all() else "plan_info did not split that shape")
     tc = x.cs[x.cs["variant"] == "tc"]
     if len(tc):
-        run.fact(H_TC_KERNEL, ["BatchPrefillWithPagedKVCacheKernel" in k for k in tc["kernels"]],
+        run.fact(H["tc_kernel"], ["BatchPrefillWithPagedKVCacheKernel" in k for k in tc["kernels"]],
                  "; ".join(f"{r.label}: {r.kernels}" for r in tc.itertuples()), "calls.csv")
 
 
@@ -379,13 +396,13 @@ def judge_ncu(run, x):
     """The plan's hardware figures on the REPEATS ncu launches of the CUDA-core reference point."""
     rows = [r for r in _fi.reference_rows(x.kern, variant="cuda") if r["role"] == "attention"]
     where = f"{len(rows)} launches of CUDA-core b32 kv4096 (kernels.csv, kind=reference)"
-    run.judge(H_OCC, [r["occupancy_pct"] for r in rows], evidence=where,
+    run.judge(H["occ"], [r["occupancy_pct"] for r in rows], evidence=where,
               detail=f"limiter {rows[0]['limiter']}, theoretical {rows[0]['theoretical_occupancy_pct']:.1f}%" if rows else "")
-    run.judge(H_TC_PIPE, [r["tensor_pct"] for r in rows], evidence=where)
-    run.judge(H_NO_TC, [r["tensor_pct"] for r in rows], evidence=where)
-    run.judge(H_LSB, [r.get("stall_long_scoreboard_pct") for r in rows], evidence=where,
+    run.judge(H["tc_pipe"], [r["tensor_pct"] for r in rows], evidence=where)
+    run.judge(H["no_tc"], [r["tensor_pct"] for r in rows], evidence=where)
+    run.judge(H["lsb"], [r.get("stall_long_scoreboard_pct") for r in rows], evidence=where,
               detail=f"top stalls {rows[0]['top_stalls']}" if rows else "")
-    run.fact(H_BOUND, [ncu.bound(r) == "memory-bound" for r in rows] or None,
+    run.fact(H["bound"], [ncu.bound(r) == "memory-bound" for r in rows] or None,
              "; ".join(dict.fromkeys(ncu.bound_why(r) for r in rows)) or "not profiled", where)
 
 

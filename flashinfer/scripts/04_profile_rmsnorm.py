@@ -52,7 +52,7 @@ from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 HIDDEN = (4096, 8192)
@@ -69,26 +69,34 @@ KERNELS = "RMSNorm|vectorized_elementwise|unrolled_elementwise|reduce_kernel"  #
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §04 (A100)"
-H_BW = Hypothesis("rmsnorm-bw", "RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts",
-                  f"flashinfer.rmsnorm TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at "
-                  f"the fusion point (>= {L2_FACTOR}x L2), {REPEATS} repetitions", low=75, high=95, unit="%",
-                  source=f"{PLAN}: '85% of peak bandwidth', read as 75-95%")
-H_SMALL = Hypothesis("rmsnorm-small", "a handful of tokens cannot fill the GPU (far below the ceiling)",
-                     f"% of the DRAM ceiling at {SMALL_TOKENS} token, {REPEATS} repetitions", high=20, unit="%",
-                     source=f"{PLAN}; flashinfer/reports/plan.md §04: 'launch/latency bound'; 20% read as far below")
-H_BOUND = Hypothesis("rmsnorm-memory-bound", "RMSNorm is memory-bound (it waits on DRAM, not on math)",
-                     f"common.ncu.bound() of RMSNormKernel at the fusion point, {REPEATS} launches: memory-bound or "
-                     "memory-latency-bound (SM % above DRAM % with a memory top stall)", source=f"{PLAN}; analysis.md H-13")
-H_FUSE_PLAN = Hypothesis("fusion-40", "fusing the residual add saves ~40% of memory traffic",
-                         "traffic saved by fused_add_rmsnorm vs torch add + flashinfer.rmsnorm at the fusion point "
-                         "(ncu DRAM bytes with --ncu, else time at equal bandwidth)", low=30, high=50, unit="%",
-                         source=f"{PLAN}: '40% less memory traffic', read as 30-50%")
-H_FUSE_BYTES = Hypothesis("fusion-20-bytes", "fusing the residual add saves ~20% of the DRAM bytes (10H -> 8H per row)",
-                          f"measured DRAM bytes (ncu, reads + writes) saved at the fusion point, {REPEATS} launches each",
-                          low=15, high=25, unit="%", source="flashinfer/reports/plan.md §04 (H100/H200), analysis.md §10")
-H_FUSE_TIME = Hypothesis("fusion-20-time", "fusing the residual add saves ~20% of the time (memory-bound: time ~ bytes)",
-                         f"kernel time saved at the fusion point, {REPEATS} interleaved repetitions", low=15, high=25,
-                         unit="%", source="flashinfer/reports/plan.md §04 (H100/H200): the 20% byte count")
+H = declare(f"""
+    bw = rmsnorm-bw: RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts
+        judged on: flashinfer.rmsnorm TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at the
+            fusion point (>= {L2_FACTOR}x L2), {REPEATS} repetitions
+        confirmed: [75, 95]%
+        source: {PLAN}: '85% of peak bandwidth', read as 75-95%
+    small = rmsnorm-small: a handful of tokens cannot fill the GPU (far below the ceiling)
+        judged on: % of the DRAM ceiling at {SMALL_TOKENS} token, {REPEATS} repetitions
+        confirmed: <= 20%
+        source: {PLAN}; flashinfer/reports/plan.md §04: 'launch/latency bound'; 20% read as far below
+    bound = rmsnorm-memory-bound: RMSNorm is memory-bound (it waits on DRAM, not on math)
+        judged on: common.ncu.bound() of RMSNormKernel at the fusion point, {REPEATS} launches: memory-bound or
+            memory-latency-bound (SM % above DRAM % with a memory top stall)
+        source: {PLAN}; analysis.md H-13
+    fuse_plan = fusion-40: fusing the residual add saves ~40% of memory traffic
+        judged on: traffic saved by fused_add_rmsnorm vs torch add + flashinfer.rmsnorm at the fusion point (ncu DRAM
+            bytes with --ncu, else time at equal bandwidth)
+        confirmed: [30, 50]%
+        source: {PLAN}: '40% less memory traffic', read as 30-50%
+    fuse_bytes = fusion-20-bytes: fusing the residual add saves ~20% of the DRAM bytes (10H -> 8H per row)
+        judged on: measured DRAM bytes (ncu, reads + writes) saved at the fusion point, {REPEATS} launches each
+        confirmed: [15, 25]%
+        source: flashinfer/reports/plan.md §04 (H100/H200), analysis.md §10
+    fuse_time = fusion-20-time: fusing the residual add saves ~20% of the time (memory-bound: time ~ bytes)
+        judged on: kernel time saved at the fusion point, {REPEATS} interleaved repetitions
+        confirmed: [15, 25]%
+        source: flashinfer/reports/plan.md §04 (H100/H200): the 20% byte count
+""")
 
 
 def parse_args(argv=None):
@@ -250,27 +258,27 @@ def judge(run, x):
     run.headline(rmsnorm_tb_s=float(norm["tb_s"].median()), rmsnorm_pct_of_ceiling=float(norm["pct_peak_dram"].median()),
                  fusion_time_saving_pct=float(fu["time_saving_pct"].median()))
     where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2)"
-    run.judge(H_BW, list(norm["pct_peak_dram"]), evidence="reference.csv",
+    run.judge(H["bw"], list(norm["pct_peak_dram"]), evidence="reference.csv",
               detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
     small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)]
-    run.judge(H_SMALL, list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
+    run.judge(H["small"], list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
               detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token")
     how = (f"time at {where} (fused {fu['fused_us'].median():.0f} us, {fu['fused_tb_s'].median():.2f} TB/s effective; "
            f"add+norm {fu['add_norm_us'].median():.0f} us, {fu['add_norm_tb_s'].median():.2f} TB/s; formula bytes "
            f"{fu['formula_saving_pct'].iloc[0]:.0f}% fewer)")
-    run.judge(H_FUSE_TIME, list(fu["time_saving_pct"]), evidence="fusion.csv", detail=how)
+    run.judge(H["fuse_time"], list(fu["time_saving_pct"]), evidence="fusion.csv", detail=how)
     if x.kern is None:
-        run.judge(H_FUSE_PLAN, list(fu["time_saving_pct"]), evidence="fusion.csv",
+        run.judge(H["fuse_plan"], list(fu["time_saving_pct"]), evidence="fusion.csv",
                   detail=f"no --ncu: judged on {how}, at equal bandwidth time ~ bytes")
         return
     bytes_how = (f"ncu DRAM bytes at {where}: fused {fu['fused_dram_mb'].median():.0f} MB vs add+norm "
                  f"{fu['add_norm_dram_mb'].median():.0f} MB; writes counted {fu['fused_writes_counted'].median():.2f}x the "
                  "formula's (>= 8x L2: the dirty lines left in L2 are at most 1/8 of one tensor)")
     run.headline(fusion_dram_saving_pct=float(fu["dram_saving_pct"].median()))
-    run.judge(H_FUSE_BYTES, list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
-    run.judge(H_FUSE_PLAN, list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
+    run.judge(H["fuse_bytes"], list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
+    run.judge(H["fuse_plan"], list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
     rows = [r for r in _fi.reference_rows(x.kern, variant=RMSNORM, tokens=big) if r["kernel"] == "RMSNormKernel"]
-    run.fact(H_BOUND, [memory_bound(r) for r in rows] or None,
+    run.fact(H["bound"], [memory_bound(r) for r in rows] or None,
              "; ".join(dict.fromkeys(ncu.bound_why(r) for r in rows)) or "RMSNormKernel not profiled",
              f"ncu_kernels.csv ({len(rows)} launches, kind=reference)")
 

@@ -47,7 +47,7 @@ from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 TOKENS_FULL = (1, 16, 128, 1024, 4096, 8192, 16384, 32768)
@@ -62,27 +62,37 @@ MODEL = "llama-3.1-8b"
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §05 (A100)"
-H_BW = Hypothesis("rope-bw", "RoPE (cos/sin cache, in place) is memory-bound at ~75% of peak HBM",
-                  f"{INPLACE} TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at 32k tokens, "
-                  f"{REPEATS} repetitions", low=65, high=85, unit="%", source=f"{PLAN}: '≈ 75% of peak HBM', read as 65-85%")
-H_SWITCH = Hypothesis("rope-kernel-switch", "the cos/sin-cache API switches from the head-parallel kernel (few tokens) "
-                      "to the token-parallel one (many tokens)", "kernel of the in-place API at the fewest and most "
-                      "tokens (a dispatch decision)", source="analysis.md H-15")
-H_APIS = Hypothesis("rope-api-kernels", "each RoPE API runs the kernel the source reading names",
-                    "kernel of each API's traced call (regex of _fi.ROPE_APIS)", source="analysis.md H-01")
-H_INPLACE = Hypothesis("rope-inplace-cost", "in-place RoPE costs the same as out-of-place (same bytes, outputs elsewhere)",
-                       f"time in-place / out-of-place at 32k tokens, {REPEATS} interleaved repetitions", low=0.9, high=1.1,
-                       source="analysis.md §11: both read and write q and k once; 10% read as 'the same'")
-H_ONE_REQ = Hypothesis("rope-one-request", "apply_rope with one long request under-fills the GPU (one CTA per request "
-                       "and head)", f"time as 1 request / as requests of --req-tokens at 32k tokens, {REPEATS} "
-                       "repetitions", low=2, source="analysis.md H-15; 2x read as 'under-fills'")
-H_ONFLY = Hypothesis("rope-on-the-fly", "computing cos/sin on the fly (pos_ids API) costs more issue slots than reading "
-                     "the cache", f"SM % of apply_rope_pos_ids minus SM % of the in-place cache API (ncu), {REPEATS} "
-                     "launches each", low=2, unit=" points", source="analysis.md H-15; > 2 points: beyond ncu's "
-                     "launch-to-launch noise")
-H_FORMULA = Hypothesis("rope-formula-bytes", "the in-place kernel moves about the bytes of the formula (each q/k element "
-                       "read and written once)", f"ncu DRAM bytes / common.flops.rope_bytes at 32k tokens, {REPEATS} "
-                       "launches", low=0.8, high=1.3, source="flashinfer/reports/plan.md §05: 'bytes vs. formula'")
+H = declare(f"""
+    bw = rope-bw: RoPE (cos/sin cache, in place) is memory-bound at ~75% of peak HBM
+        judged on: {INPLACE} TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at 32k tokens,
+            {REPEATS} repetitions
+        confirmed: [65, 85]%
+        source: {PLAN}: '≈ 75% of peak HBM', read as 65-85%
+    switch = rope-kernel-switch: the cos/sin-cache API switches from the head-parallel kernel (few tokens) to the
+            token-parallel one (many tokens)
+        judged on: kernel of the in-place API at the fewest and most tokens (a dispatch decision)
+        source: analysis.md H-15
+    apis = rope-api-kernels: each RoPE API runs the kernel the source reading names
+        judged on: kernel of each API's traced call (regex of _fi.ROPE_APIS)
+        source: analysis.md H-01
+    inplace = rope-inplace-cost: in-place RoPE costs the same as out-of-place (same bytes, outputs elsewhere)
+        judged on: time in-place / out-of-place at 32k tokens, {REPEATS} interleaved repetitions
+        confirmed: [0.9, 1.1]
+        source: analysis.md §11: both read and write q and k once; 10% read as 'the same'
+    one_req = rope-one-request: apply_rope with one long request under-fills the GPU (one CTA per request and head)
+        judged on: time as 1 request / as requests of --req-tokens at 32k tokens, {REPEATS} repetitions
+        confirmed: >= 2
+        source: analysis.md H-15; 2x read as 'under-fills'
+    onfly = rope-on-the-fly: computing cos/sin on the fly (pos_ids API) costs more issue slots than reading the cache
+        judged on: SM % of apply_rope_pos_ids minus SM % of the in-place cache API (ncu), {REPEATS} launches each
+        confirmed: >= 2 points
+        source: analysis.md H-15; > 2 points: beyond ncu's launch-to-launch noise
+    formula = rope-formula-bytes: the in-place kernel moves about the bytes of the formula (each q/k element read and
+            written once)
+        judged on: ncu DRAM bytes / common.flops.rope_bytes at 32k tokens, {REPEATS} launches
+        confirmed: [0.8, 1.3]
+        source: flashinfer/reports/plan.md §05: 'bytes vs. formula'
+""")
 
 
 def parse_args(argv=None):
@@ -203,28 +213,28 @@ def judge(run, x):
     per = {v: list(ref[ref["variant"] == v].sort_values("rep")["time_us"]) for v in REF_VARIANTS}
     inpl = ref[ref["variant"] == INPLACE]
     run.headline(rope_inplace_tb_s=float(inpl["tb_s"].median()), rope_inplace_pct_of_ceiling=float(inpl["pct_peak_dram"].median()))
-    run.judge(H_BW, list(inpl["pct_peak_dram"]), evidence="reference.csv",
+    run.judge(H["bw"], list(inpl["pct_peak_dram"]), evidence="reference.csv",
               detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
-    run.judge(H_INPLACE, [a / b for a, b in zip(per[INPLACE], per[OUT_OF_PLACE])], evidence="reference.csv")
-    run.judge(H_ONE_REQ, [a / b for a, b in zip(per[ONE_REQ], per["apply_rope"])], evidence="reference.csv",
+    run.judge(H["inplace"], [a / b for a, b in zip(per[INPLACE], per[OUT_OF_PLACE])], evidence="reference.csv")
+    run.judge(H["one_req"], [a / b for a, b in zip(per[ONE_REQ], per["apply_rope"])], evidence="reference.csv",
               detail=f"requests of {x.args.req_tokens} tokens")
     sub = x.df[x.df["head_dim"] == x.d0]
     cache = sub[sub["variant"] == INPLACE].sort_values("tokens")
     k_lo, k_hi = (cache.iloc[0]["kernel"], cache.iloc[-1]["kernel"]) if len(cache) >= 2 else ("", "")
-    run.fact(H_SWITCH, bool("HeadParallelism" in k_lo and k_hi and "HeadParallelism" not in k_hi),
+    run.fact(H["switch"], bool("HeadParallelism" in k_lo and k_hi and "HeadParallelism" not in k_hi),
              f"{cache['tokens'].min()} tokens: {k_lo or '?'}; {cache['tokens'].max()} tokens: {k_hi or '?'}", "sweep.csv",
              premise=True if len(cache) >= 2 else "fewer than 2 token counts swept")
     firsts = sub.drop_duplicates("variant")
-    run.fact(H_APIS, [bool(re.search(_fi.ROPE_APIS[api(r.variant)][2], r.kernel or "")) for r in firsts.itertuples()],
+    run.fact(H["apis"], [bool(re.search(_fi.ROPE_APIS[api(r.variant)][2], r.kernel or "")) for r in firsts.itertuples()],
              "; ".join(f"{r.variant}: {r.kernel or 'nothing'}" for r in firsts.itertuples()), "sweep.csv")
     if x.kern is None:
         return
     rows = {v: _fi.reference_rows(x.kern, variant=v) for v in ("apply_rope_pos_ids", INPLACE)}
-    run.judge(H_ONFLY, [a["sm_pct"] - c["sm_pct"] for a, c in zip(rows["apply_rope_pos_ids"], rows[INPLACE])],
+    run.judge(H["onfly"], [a["sm_pct"] - c["sm_pct"] for a, c in zip(rows["apply_rope_pos_ids"], rows[INPLACE])],
               evidence="kernels.csv (kind=reference)", detail="top stalls: pos_ids " + "; ".join(dict.fromkeys(
                   r["top_stalls"] for r in rows["apply_rope_pos_ids"])) + " | cache " + "; ".join(dict.fromkeys(
                       r["top_stalls"] for r in rows[INPLACE])))
-    run.judge(H_FORMULA, [r["measured_over_formula"] for r in rows[INPLACE]], evidence="kernels.csv (kind=reference)",
+    run.judge(H["formula"], [r["measured_over_formula"] for r in rows[INPLACE]], evidence="kernels.csv (kind=reference)",
               detail="L2 hit " + ", ".join(f"{r['l2_hit_pct']:.0f}%" for r in rows[INPLACE]))
 
 

@@ -48,26 +48,32 @@ import _fi  # noqa: E402
 from common import cli, story  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 MODULES = ("decode", "prefill_fa2", "prefill_fa3", "tc_decode", "norm", "rope")
 PAGE = 16
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-H_COLD_WARM = Hypothesis("jit-cold-warm", "a cold cache costs seconds of nvcc per module, a warm one milliseconds to load",
-                         "every module: cold >= 1 s, warm < 0.5 s (one compile each: far from both bounds)",
-                         source="analysis.md H-02")
-H_PLAN = Hypothesis("jit-in-plan", "attention modules are compiled inside plan(), not run()",
-                    "the steps of the attention wrappers that built a .so (cold pass)", source="analysis.md H-02")
-H_NORM = Hypothesis("jit-norm-shared", "rmsnorm compiles `norm` on its first call; fused_add_rmsnorm then compiles nothing",
-                    "what the first rmsnorm and fused_add_rmsnorm calls built (cold pass)", source="analysis.md H-02")
-H_TC_REUSE = Hypothesis("jit-tc-reuses-fa2", "tensor-core decode reuses the fa2 prefill module",
-                        "what tc decode's plan() built after the fa2 prefill (cold pass)", source="analysis.md §6")
-H_SLOWEST = Hypothesis("jit-prefill-slowest", "the prefill module is the slowest to build (10 translation units)",
-                       "the module with the longest cold compile", source="flashinfer/reports/plan.md §07")
-H_CLI = Hypothesis("jit-cli", "FlashInfer's own CLI (module-status) lists the module(s) compiled here as compiled",
-                   "`python -m flashinfer module-status --filter compiled` on the temporary cache",
-                   source="flashinfer/reports/plan.md §07: module status")
+H = declare("""
+    cold_warm = jit-cold-warm: a cold cache costs seconds of nvcc per module, a warm one milliseconds to load
+        judged on: every module: cold >= 1 s, warm < 0.5 s (one compile each: far from both bounds)
+        source: analysis.md H-02
+    plan = jit-in-plan: attention modules are compiled inside plan(), not run()
+        judged on: the steps of the attention wrappers that built a .so (cold pass)
+        source: analysis.md H-02
+    norm = jit-norm-shared: rmsnorm compiles `norm` on its first call; fused_add_rmsnorm then compiles nothing
+        judged on: what the first rmsnorm and fused_add_rmsnorm calls built (cold pass)
+        source: analysis.md H-02
+    tc_reuse = jit-tc-reuses-fa2: tensor-core decode reuses the fa2 prefill module
+        judged on: what tc decode's plan() built after the fa2 prefill (cold pass)
+        source: analysis.md §6
+    slowest = jit-prefill-slowest: the prefill module is the slowest to build (10 translation units)
+        judged on: the module with the longest cold compile
+        source: flashinfer/reports/plan.md §07
+    cli = jit-cli: FlashInfer's own CLI (module-status) lists the module(s) compiled here as compiled
+        judged on: `python -m flashinfer module-status --filter compiled` on the temporary cache
+        source: flashinfer/reports/plan.md §07: module status
+""")
 
 
 def parse_args(argv=None):
@@ -269,34 +275,34 @@ def judge(run, x):
         ok = mdf.dropna(subset=["cold_s", "warm_s"])
         run.headline(**{f"cold_{r.short.split()[0]}_s": r.cold_s for r in ok.itertuples()},
                      warm_load_max_s=float(ok["warm_s"].max()) if len(ok) else None)
-        run.fact(H_COLD_WARM, bool(len(ok) and (ok["cold_s"] >= 1).all() and (ok["warm_s"] < 0.5).all()),
+        run.fact(H["cold_warm"], bool(len(ok) and (ok["cold_s"] >= 1).all() and (ok["warm_s"] < 0.5).all()),
                  "; ".join(f"{r.short}: cold {r.cold_s:.1f} s, warm {r.warm_s * 1e3:.0f} ms" for r in ok.itertuples()),
                  "modules.csv")
     cold_steps = sdf[sdf["pass"] == "cold"]
     att = cold_steps[cold_steps["module"].isin(["decode", "prefill_fa2", "prefill_fa3"])]
     if len(att):
         where = sorted(set(att[att["compiled"].fillna("") != ""]["step"]))
-        run.fact(H_PLAN, where == ["plan()"], f"compiling steps of the attention wrappers: {', '.join(where) or 'none'}",
+        run.fact(H["plan"], where == ["plan()"], f"compiling steps of the attention wrappers: {', '.join(where) or 'none'}",
                  "steps.csv")
     if "norm" in x.cold_mods:
         n = cold_steps[cold_steps["module"] == "norm"].set_index("step")["compiled"].fillna("")
-        run.fact(H_NORM, n.get("rmsnorm() first") == "norm" and not n.get("fused_add_rmsnorm() first"),
+        run.fact(H["norm"], n.get("rmsnorm() first") == "norm" and not n.get("fused_add_rmsnorm() first"),
                  f"rmsnorm first: {n.get('rmsnorm() first') or 'nothing'}; fused_add_rmsnorm first: "
                  f"{n.get('fused_add_rmsnorm() first') or 'nothing'}", "steps.csv")
     if "tc_decode" in x.cold_mods and "prefill_fa2" in x.cold_mods:
         tcp = cold_steps[(cold_steps["module"] == "tc_decode") & (cold_steps["step"] == "plan()")]
         first = x.cold_mods.index("prefill_fa2") < x.cold_mods.index("tc_decode")
-        run.fact(H_TC_REUSE, bool(len(tcp)) and not tcp.iloc[0]["compiled"] if len(tcp) else None,
+        run.fact(H["tc_reuse"], bool(len(tcp)) and not tcp.iloc[0]["compiled"] if len(tcp) else None,
                  f"tc decode plan() after the fa2 prefill: compiled {tcp.iloc[0]['compiled'] or 'nothing'}"
                  if len(tcp) else "not run", "steps.csv",
                  premise=True if first else "tc_decode ran before prefill_fa2 (--modules order)")
     if len(mdf) >= 3:
         slow = mdf.sort_values("cold_s").iloc[-1]
-        run.fact(H_SLOWEST, str(slow["module"]).startswith("batch_prefill"),
+        run.fact(H["slowest"], str(slow["module"]).startswith("batch_prefill"),
                  f"slowest: {slow['short']} {slow['cold_s']:.1f} s, {slow['objects']} objects", "modules.csv")
     c0 = x.cli[0]
     listed = [u for u in mdf["module"] if u in c0["text"]] if len(mdf) else []
-    run.fact(H_CLI, len(listed) == len(mdf), f"{len(listed)}/{len(mdf)} listed; CLI total {c0['total_modules']}, "
+    run.fact(H["cli"], len(listed) == len(mdf), f"{len(listed)}/{len(mdf)} listed; CLI total {c0['total_modules']}, "
              f"compiled {c0['compiled']}, {c0['seconds']:.0f} s", "cli.csv",
              premise=True if c0["rc"] == 0 and len(mdf) else f"the CLI ended rc={c0['rc']} after {c0['seconds']:.0f} s")
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from common.stats import Interval
-from common.verdicts import Hypothesis
+from common.verdicts import declare
 
 MERGE_RX = "MergeState"           # merge kernels: MergeStateKernel, (PersistentVariableLength)MergeStatesKernel
 REPEATS = 3                       # repetitions of every judged measurement (common.verdicts needs >= 3)
@@ -763,11 +763,14 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     return out
 
 
-H_XCHECK = Hypothesis(
-    "timer-cross-check", "the workbook's timer agrees with FlashInfer's own bench_gpu_time on the same shapes within 3%",
-    "workbook / bench_gpu_time kernel time, same instrument (CUPTI) and same write-only L2 flush, every shape "
-    "and repetition", low=0.97, high=1.03,
-    source="PLAN.md success criteria, FlashInfer: 'agrees with bench_gpu_time within 3%'")
+H = declare("""
+    xcheck = timer-cross-check: the workbook's timer agrees with FlashInfer's own bench_gpu_time on the same shapes
+            within 3%
+        judged on: workbook / bench_gpu_time kernel time, same instrument (CUPTI) and same write-only L2 flush, every
+            shape and repetition
+        confirmed: [0.97, 1.03]
+        source: PLAN.md success criteria, FlashInfer: 'agrees with bench_gpu_time within 3%'
+""")
 
 
 def cross_check_points(run, points, bench) -> list:
@@ -803,12 +806,12 @@ def cross_check_ratios(xrows: list) -> list[float]:
 
 def judge_cross_check(run, xrows: list, label) -> dict | str:
     """The verdict of the bench_gpu_time cross-check (``label(row)`` names a shape), judged on the range of all
-    shapes x repetitions against H_XCHECK. Premise: the like-for-like comparison could be made (bench_gpu_time's
+    shapes x repetitions against H["xcheck"]. Premise: the like-for-like comparison could be made (bench_gpu_time's
     CUPTI mode ran, i.e. cupti-python >= 13 is installed); without it the spaced-graph reading is shown for
     reference and the verdict is inconclusive, never refuted or confirmed."""
     import statistics
     if not xrows:
-        return run.fact(H_XCHECK, None, "bench_gpu_time could not run (see errors)", "cross_check.csv")
+        return run.fact(H["xcheck"], None, "bench_gpu_time could not run (see errors)", "cross_check.csv")
     vals = cross_check_ratios(xrows)
     run.headline(bench_gpu_time_max_deviation_pct=100 * max(abs(v - 1) for v in vals))
     like = all(x["reference"] == "cupti_graph" for x in xrows)
@@ -818,7 +821,7 @@ def judge_cross_check(run, xrows: list, label) -> dict | str:
         f"over bench_gpu_time's {'/'.join(sorted({x['reference'] for x in xrows}))} mode (pip install cupti-python)")
     iv = Interval(statistics.median(vals), min(vals), max(vals), len(vals),
                   f"range over {len(xrows)} shapes x {len(vals) // len(xrows)} repetition(s)")
-    return run.judge(H_XCHECK, iv, evidence="cross_check.csv", premise=premise, digits=4,
+    return run.judge(H["xcheck"], iv, evidence="cross_check.csv", premise=premise, digits=4,
                      detail=cross_check_detail(xrows, label))
 
 

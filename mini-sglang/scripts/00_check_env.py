@@ -47,24 +47,30 @@ from _msgl import REPEATS  # noqa: E402
 from common import cli, gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 INDEX_ROW = 8192                      # Llama-3.1-8B embedding row: hidden 4096 bf16
 STORE_ROWS = (2048, 256)              # Llama-3.1-8B KV rows: 8 KV heads x 128 x bf16 (TP1), 1 head (TP8)
 PLAN = "PLAN.md session 2 / mini-sglang/reports/plan.md (00)"
 
-H_JIT = Hypothesis("jit-first-use", "index/store compile on first use (nvcc via tvm-ffi) and are cached per row size",
-                   f"each JIT module called here (index {INDEX_ROW} B, store {STORE_ROWS[0]} B and {STORE_ROWS[1]} B rows) "
-                   "built in the tvm-ffi cache after its first call", source=f"{PLAN}: 'JIT readiness (tvm-ffi, nvcc)'")
-H_RELOAD = Hypothesis("jit-reload-ms", "a second process loads a cached module in milliseconds",
-                      f"ms for a fresh process to load the cached index module (torch import excluded), {REPEATS} "
-                      "fresh processes", high=500, unit=" ms",
-                      source=f"{PLAN}: 'cached, so a second process loads them in milliseconds', read as < 500 ms")
-H_AOT = Hypothesis("aot-prebuilt", "radix (and PyNCCL) are AOT modules, prebuilt before first use",
-                   "each AOT-listed module used here (radix; PyNCCL in the full run) absent from the JIT cache's "
-                   "first-use builds", source="seed 002 kernel catalog ('CPU AOT', 'CUDA AOT'); kernel/utils.py:load_aot")
-H_PYNCCL = Hypothesis("pynccl-builds", "PyNCCL builds here (nvcc + -lnccl; needs NCCL >= 2.27 at run time)",
-                      "the PyNCCL module builds and loads", source=f"{PLAN} (05 needs it); analysis.md §3")
+H = declare(f"""
+    jit = jit-first-use: index/store compile on first use (nvcc via tvm-ffi) and are cached per row size
+        judged on: each JIT module called here (index {INDEX_ROW} B, store {STORE_ROWS[0]} B and {STORE_ROWS[1]} B
+            rows) built in the tvm-ffi cache after its first call
+        source: {PLAN}: 'JIT readiness (tvm-ffi, nvcc)'
+    reload = jit-reload-ms: a second process loads a cached module in milliseconds
+        judged on: ms for a fresh process to load the cached index module (torch import excluded), {REPEATS} fresh
+            processes
+        confirmed: <= 500 ms
+        source: {PLAN}: 'cached, so a second process loads them in milliseconds', read as < 500 ms
+    aot = aot-prebuilt: radix (and PyNCCL) are AOT modules, prebuilt before first use
+        judged on: each AOT-listed module used here (radix; PyNCCL in the full run) absent from the JIT cache's
+            first-use builds
+        source: seed 002 kernel catalog ('CPU AOT', 'CUDA AOT'); kernel/utils.py:load_aot
+    pynccl = pynccl-builds: PyNCCL builds here (nvcc + -lnccl; needs NCCL >= 2.27 at run time)
+        judged on: the PyNCCL module builds and loads
+        source: {PLAN} (05 needs it); analysis.md §3
+""")
 
 
 def parse_args(argv=None):
@@ -241,18 +247,18 @@ def judge(run, x):
     idx = _msgl.index_splits(INDEX_ROW)
     mods = {"index": built(x.jit, "index", f"{INDEX_ROW}_{idx}_128_1_false"),
             **{f"store {r}": built(x.jit, "store", f"{r}_") for r in STORE_ROWS}}
-    _msgl.fact(run, H_JIT, [bool(v) for v in mods.values()], "jit_cache.csv",
+    _msgl.fact(run, H["jit"], [bool(v) for v in mods.values()], "jit_cache.csv",
                detail="; ".join(f"{k}: {', '.join(r['folder'] for r in v) or 'not in the cache'} (first call "
                                 f"{x.first[k]:.2f} s)" for k, v in mods.items()))
-    run.judge(H_RELOAD, x.reload, evidence="log.txt (reload_ms in 3 fresh processes)", digits=3)
+    run.judge(H["reload"], x.reload, evidence="log.txt (reload_ms in 3 fresh processes)", digits=3)
     aot = {"radix": bool(built(x.jit, "radix"))}
     if not x.args.quick:   # a failed PyNCCL build was a build at first use too: not prebuilt either
         aot["pynccl"] = bool(built(x.jit, "pynccl")) or x.nccl_err is not None
-    _msgl.fact(run, H_AOT, [not v for v in aot.values()], "jit_cache.csv",
+    _msgl.fact(run, H["aot"], [not v for v in aot.values()], "jit_cache.csv",
                detail="; ".join(f"{k} {'built by tvm-ffi at first use' if v else 'not in the JIT cache'}" for k, v in aot.items())
                + (" (radix was already cached before this run)" if x.radix_cached_before else ""))
     if not x.args.quick:
-        _msgl.fact(run, H_PYNCCL, x.nccl_err is None, "log.txt",
+        _msgl.fact(run, H["pynccl"], x.nccl_err is None, "log.txt",
                    detail=f"build {'ok in %.1f s' % x.t_nccl if x.nccl_err is None else 'FAILED: ' + x.nccl_err}; torch "
                           f"NCCL {x.nccl}; libnccl.so for the linker: {x.nccl_link['linker'] or 'not found'}")
 

@@ -48,7 +48,7 @@ from _msgl import REPEATS  # noqa: E402
 from common import cli, procs, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 HIDDEN, VOCAB = 4096, 128256          # Llama-3.1-8B embedding
 QKV_Q = 32 * 128                      # query width in the fused QKV buffer (the engine's layout)
@@ -57,24 +57,30 @@ CALL_STORE, CALL_INDEX, CALL_MASK = "call: store_cache L=64 row=2048B", "call: i
     "call: indexing TP2 rank1 vocab_range L=64"
 
 PLAN = "PLAN.md session 2 / mini-sglang/reports/plan.md (01)"
-H_STORE_LAUNCHES = Hypothesis("store-two-launches", "store: K and V copied by two separate kernel launches (2 sync points)",
-                              f"kernel launches per store_cache call (torch.profiler, {REPEATS} traced calls)",
-                              low=2, high=2, source="seed 002 / PLAN.md session 2: 'K copy ... V copy in a separate "
-                              "kernel launch, 2 kernel launches'")
-H_WARP = Hypothesis("index-one-warp", "index: 1 warp per token (64 warps for 64 tokens)",
-                    f"warps per token of one indexing() call at 64 tokens (trace grid x block / 32 / 64), {REPEATS} "
-                    "traced calls", low=1, high=1, source="seed 002 / PLAN.md session 2: '64 warps (1 per token)'")
-H_BLOCK = Hypothesis("index-256-threads", "index: fixed 256 threads per block",
-                     f"threads per block of index_kernel (trace), {REPEATS} traced calls", low=256, high=256,
-                     source="seed 002: 'Fixed 256 threads'")
-H_MASK = Hypothesis("index-masked-kernel", "TP embedding uses a separate masked kernel that zero-fills foreign ids",
-                    "each traced vocab_range call launched a masked kernel, and every masked case matched",
-                    source=f"{PLAN}: 'masked vs plain'")
-H_MATCH = Hypothesis("kernels-match", "index, store and radix match their torch references exactly",
-                     "every case of the families run here bit-identical", source=f"{PLAN}: correctness first")
-H_ALL = Hypothesis("all-kernels-match", "all custom kernels match torch references (success criterion)",
-                   "every case of index, store, radix and PyNCCL bit-identical",
-                   source="mini-sglang/reports/plan.md success criteria: 'All four custom kernels ... pass correctness'")
+H = declare(f"""
+    store_launches = store-two-launches: store: K and V copied by two separate kernel launches (2 sync points)
+        judged on: kernel launches per store_cache call (torch.profiler, {REPEATS} traced calls)
+        confirmed: [2, 2]
+        source: seed 002 / PLAN.md session 2: 'K copy ... V copy in a separate kernel launch, 2 kernel launches'
+    warp = index-one-warp: index: 1 warp per token (64 warps for 64 tokens)
+        judged on: warps per token of one indexing() call at 64 tokens (trace grid x block / 32 / 64), {REPEATS}
+            traced calls
+        confirmed: [1, 1]
+        source: seed 002 / PLAN.md session 2: '64 warps (1 per token)'
+    block = index-256-threads: index: fixed 256 threads per block
+        judged on: threads per block of index_kernel (trace), {REPEATS} traced calls
+        confirmed: [256, 256]
+        source: seed 002: 'Fixed 256 threads'
+    mask = index-masked-kernel: TP embedding uses a separate masked kernel that zero-fills foreign ids
+        judged on: each traced vocab_range call launched a masked kernel, and every masked case matched
+        source: {PLAN}: 'masked vs plain'
+    match = kernels-match: index, store and radix match their torch references exactly
+        judged on: every case of the families run here bit-identical
+        source: {PLAN}: correctness first
+    all = all-kernels-match: all custom kernels match torch references (success criterion)
+        judged on: every case of index, store, radix and PyNCCL bit-identical
+        source: mini-sglang/reports/plan.md success criteria: 'All four custom kernels ... pass correctness'
+""")
 
 
 def parse_args(argv=None):
@@ -217,7 +223,7 @@ def nccl_worker(rank, world, port, buffers):
 
 
 def check_pynccl(run, chk, ngpu) -> str | bool:
-    """PyNCCL on 2 ranks when two GPUs are visible; True, or why it did not run (the premise of H_ALL)."""
+    """PyNCCL on 2 ranks when two GPUs are visible; True, or why it did not run (the premise of H["all"])."""
     if ngpu < 2:
         run.note(f"pynccl: not run, {ngpu} GPU visible (needs two GPUs of one host)")
         return f"PyNCCL needs two GPUs of one host; {ngpu} visible here, so its cases were not run"
@@ -272,26 +278,26 @@ def judge(run, x):
     j, chk = x.launches, x.chk
     if "store" in x.args.kernels:
         st = per_call(j, CALL_STORE)
-        run.judge(H_STORE_LAUNCHES, [len(c) for c in st], evidence="launches.csv",
+        run.judge(H["store_launches"], [len(c) for c in st], evidence="launches.csv",
                   detail=f"{', '.join(dict.fromkeys(r['kernel'] for c in st for r in c))}; plain torch index_put of K "
                          f"and V: {[len(c) for c in per_call(j, 'call: torch index_put K and V L=64')]} launches")
     if "index" in x.args.kernels:
         ix = per_call(j, CALL_INDEX)
         first = ix[0][0] if ix and ix[0] else {}
-        run.judge(H_WARP, [c[0]["warps_per_token"] for c in ix if c], evidence="launches.csv",
+        run.judge(H["warp"], [c[0]["warps_per_token"] for c in ix if c], evidence="launches.csv",
                   detail=f"grid {first.get('grid')} x block {first.get('block')}; our reading of index.py: "
                          f"{_msgl.index_launch(64, HIDDEN * 2)['warps_per_token']} warps per token")
-        run.judge(H_BLOCK, [int(str(c[0]["block"]).split("x")[0]) for c in ix if c and c[0]["block"]],
+        run.judge(H["block"], [int(str(c[0]["block"]).split("x")[0]) for c in ix if c and c[0]["block"]],
                   evidence="launches.csv")
         mk = per_call(j, CALL_MASK)
-        _msgl.fact(run, H_MASK, [bool(c) and "masked" in c[0]["kernel"] for c in mk] + chk.of("index (vocab mask)"),
+        _msgl.fact(run, H["mask"], [bool(c) and "masked" in c[0]["kernel"] for c in mk] + chk.of("index (vocab mask)"),
                    "launches.csv, checks.csv", detail=f"vocab_range call launched "
                    f"{', '.join(dict.fromkeys(r['kernel'] for c in mk for r in c)) or 'nothing'}; masked cases "
                    f"{chk.summary('index (vocab mask)')}")
     fams = [k for k in ("index", "index (vocab mask)", "store", "radix") if chk.of(k)]
-    _msgl.fact(run, H_MATCH, chk.of(*fams), "checks.csv", detail="; ".join(f"{k}: {chk.summary(k)}" for k in fams))
+    _msgl.fact(run, H["match"], chk.of(*fams), "checks.csv", detail="; ".join(f"{k}: {chk.summary(k)}" for k in fams))
     premise = x.pynccl if "pynccl" in x.args.kernels else "pynccl not selected (--kernels)"
-    _msgl.fact(run, H_ALL, chk.of(*fams, "pynccl"), "checks.csv", premise=premise,
+    _msgl.fact(run, H["all"], chk.of(*fams, "pynccl"), "checks.csv", premise=premise,
                detail="; ".join(f"{k}: {chk.summary(k)}" for k in fams + ["pynccl"] if chk.of(k)))
 
 

@@ -52,7 +52,7 @@ from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 MODELS = ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "tiny-llama")
@@ -66,36 +66,48 @@ KERNELS = "index_kernel|indexSelect|gather|Gather"
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 2 / seed 002 ('Index: BW efficiency 70-80%', A100)"
-H_WARPS = Hypothesis("index-64-warps", "64 tokens: 64 warps (1 warp per token)",
-                     f"warps launched by one lookup of {STORY_TOKENS} tokens, Llama-3.1-8B rows (trace grid x block / 32), "
-                     f"{REPEATS} traced calls", low=64, high=64, source=f"{PLAN}: '64 warps (1 per token)'")
-H_BW64 = Hypothesis("index-bw-64", "64 tokens reach ~78% of peak bandwidth (purely bandwidth-bound)",
-                    f"% of the measured DRAM ceiling at {STORY_TOKENS} tokens, hidden 4096, {REPEATS} repetitions",
-                    low=70, high=85, unit="%", source=f"{PLAN}: '78% of peak bandwidth', read as 70-85%")
-H_BW_LARGE = Hypothesis("index-bw-large", "large lookups reach 70-80% of peak bandwidth",
-                        f"% of the measured DRAM ceiling at the largest token count, hidden 4096, {REPEATS} repetitions",
-                        low=70, high=80, unit="%", source=f"{PLAN}: 'range 70-80%'")
-H_LATENCY = Hypothesis("index-64-latency", "at 64 tokens the grid is smaller than the SM count, so the kernel is "
-                       "latency-bound, well below the large-lookup share", f"% of the measured DRAM ceiling at "
-                       f"{STORY_TOKENS} tokens, {REPEATS} repetitions (premise: grid < SMs)", high=50, unit="%",
-                       source="mini-sglang/reports/plan.md 02 restated: 'well below that share' read as < 50%")
-H_SPLITS = Hypothesis("index-more-warps", "small batches would run faster with more warps per token ('dynamic thread "
-                      "count')", f"default-split time / best other split time at {STORY_TOKENS} tokens, {REPEATS} "
-                      "repetitions", low=1.10, source="PLAN.md session 2 optimisation notes: 'dynamic thread count'; "
-                      "'faster' read as >= 10%")
-H_NCU_BOUND = Hypothesis("index-ncu-bound", "SM ~32% and purely bandwidth-bound at 64 tokens (ncu)",
-                         f"common.ncu.bound() of index_kernel at {STORY_TOKENS} tokens is memory-bound, {REPEATS} launches",
-                         source=f"{PLAN}: 'SM 32%', 'purely bandwidth-bound'")
-H_NCU_GRID = Hypothesis("index-ncu-grid", "ncu launch stats match the template: grid = ceil(splits x tokens / 4), block 128",
-                        f"ncu Grid/Block Size of index_kernel at {STORY_TOKENS} tokens equal the prediction from "
-                        f"index.py:41-47, {REPEATS} launches", source="analysis.md §6.1 (code reading)")
-H_COALESCE = Hypothesis("index-coalescing", "coalescing is perfect (every byte of every sector used)",
-                        f"measured / ideal store sectors per request of index_kernel at the largest ncu token count, "
-                        f"{REPEATS} launches", low=0.95, high=1.05, source=f"{PLAN}: 'coalescing 100%'")
-H_TP2 = Hypothesis("index-tp2-reads", "TP2 masked lookup reads about half the rows for the same writes",
-                   f"ncu DRAM read bytes of the TP2-masked lookup / the plain lookup at the largest ncu token count, "
-                   f"{REPEATS} launches each", low=0.4, high=0.6, source="mini-sglang/reports/plan.md 02 TP row: "
-                   "'reads about half as much', read as 0.4-0.6")
+H = declare(f"""
+    warps = index-64-warps: 64 tokens: 64 warps (1 warp per token)
+        judged on: warps launched by one lookup of {STORY_TOKENS} tokens, Llama-3.1-8B rows (trace grid x block / 32),
+            {REPEATS} traced calls
+        confirmed: [64, 64]
+        source: {PLAN}: '64 warps (1 per token)'
+    bw64 = index-bw-64: 64 tokens reach ~78% of peak bandwidth (purely bandwidth-bound)
+        judged on: % of the measured DRAM ceiling at {STORY_TOKENS} tokens, hidden 4096, {REPEATS} repetitions
+        confirmed: [70, 85]%
+        source: {PLAN}: '78% of peak bandwidth', read as 70-85%
+    bw_large = index-bw-large: large lookups reach 70-80% of peak bandwidth
+        judged on: % of the measured DRAM ceiling at the largest token count, hidden 4096, {REPEATS} repetitions
+        confirmed: [70, 80]%
+        source: {PLAN}: 'range 70-80%'
+    latency = index-64-latency: at 64 tokens the grid is smaller than the SM count, so the kernel is latency-bound,
+            well below the large-lookup share
+        judged on: % of the measured DRAM ceiling at {STORY_TOKENS} tokens, {REPEATS} repetitions (premise: grid <
+            SMs)
+        confirmed: <= 50%
+        source: mini-sglang/reports/plan.md 02 restated: 'well below that share' read as < 50%
+    splits = index-more-warps: small batches would run faster with more warps per token ('dynamic thread count')
+        judged on: default-split time / best other split time at {STORY_TOKENS} tokens, {REPEATS} repetitions
+        confirmed: >= 1.1
+        source: PLAN.md session 2 optimisation notes: 'dynamic thread count'; 'faster' read as >= 10%
+    ncu_bound = index-ncu-bound: SM ~32% and purely bandwidth-bound at 64 tokens (ncu)
+        judged on: common.ncu.bound() of index_kernel at {STORY_TOKENS} tokens is memory-bound, {REPEATS} launches
+        source: {PLAN}: 'SM 32%', 'purely bandwidth-bound'
+    ncu_grid = index-ncu-grid: ncu launch stats match the template: grid = ceil(splits x tokens / 4), block 128
+        judged on: ncu Grid/Block Size of index_kernel at {STORY_TOKENS} tokens equal the prediction from
+            index.py:41-47, {REPEATS} launches
+        source: analysis.md §6.1 (code reading)
+    coalesce = index-coalescing: coalescing is perfect (every byte of every sector used)
+        judged on: measured / ideal store sectors per request of index_kernel at the largest ncu token count,
+            {REPEATS} launches
+        confirmed: [0.95, 1.05]
+        source: {PLAN}: 'coalescing 100%'
+    tp2 = index-tp2-reads: TP2 masked lookup reads about half the rows for the same writes
+        judged on: ncu DRAM read bytes of the TP2-masked lookup / the plain lookup at the largest ncu token count,
+            {REPEATS} launches each
+        confirmed: [0.4, 0.6]
+        source: mini-sglang/reports/plan.md 02 TP row: 'reads about half as much', read as 0.4-0.6
+""")
 
 
 def parse_args(argv=None):
@@ -283,15 +295,15 @@ def judge(run, x):
     c0 = [r for r in x.cfg if r["model"] == x.weights[0][0]]
     ref = x.ref
     at = lambda tok: list(ref[ref["tokens"] == tok]["pct_peak_dram"])  # noqa: E731
-    run.judge(H_WARPS, [r["warps"] for r in c0], evidence="launch_config.csv",
+    run.judge(H["warps"], [r["warps"] for r in c0], evidence="launch_config.csv",
               detail=f"template {c0[0]['template'] if c0 else '?'}: {c0[0]['num_splits'] if c0 else '?'} warps per "
                      f"{c0[0]['row_bytes'] if c0 else '?'}-B row in {c0[0]['predicted_block'] if c0 else '?'}-thread blocks")
     p64, pbig = at(STORY_TOKENS), at(x.p.big)
-    run.judge(H_BW64, p64, evidence="reference.csv", premise=_msgl.within_ceiling(p64 + pbig), detail=x.ceiling)
-    run.judge(H_BW_LARGE, pbig, evidence="reference.csv", premise=_msgl.within_ceiling(p64 + pbig),
+    run.judge(H["bw64"], p64, evidence="reference.csv", premise=_msgl.within_ceiling(p64 + pbig), detail=x.ceiling)
+    run.judge(H["bw_large"], pbig, evidence="reference.csv", premise=_msgl.within_ceiling(p64 + pbig),
               detail=f"{x.p.big} tokens, {ref[ref['tokens'] == x.p.big]['tb_s'].median():.2f} TB/s; {x.ceiling}")
     grid = _msgl.index_launch(STORY_TOKENS, x.weights[0][1].shape[1] * 2)["grid"]
-    run.judge(H_LATENCY, p64, evidence="reference.csv, launch_config.csv", detail=f"{grid} blocks for {x.sms} SMs",
+    run.judge(H["latency"], p64, evidence="reference.csv, launch_config.csv", detail=f"{grid} blocks for {x.sms} SMs",
               premise=True if grid < x.sms else f"the grid ({grid} blocks) fills the {x.sms} SMs")
     if x.splits:
         import pandas as pd
@@ -301,26 +313,26 @@ def judge(run, x):
         dflt = int(sp[sp["default"]]["splits"].iloc[0])
         best = int(med.drop(dflt).idxmin())
         ratios = [a / b for a, b in zip(sp[sp["splits"] == dflt]["time_us"], sp[sp["splits"] == best]["time_us"])]
-        run.judge(H_SPLITS, ratios, evidence="splits.csv", detail=f"default {dflt} warps/row {med[dflt]:.2f} us, best "
+        run.judge(H["splits"], ratios, evidence="splits.csv", detail=f"default {dflt} warps/row {med[dflt]:.2f} us, best "
                                                                   f"other {best} warps/row {med[best]:.2f} us")
     if x.kern is None:
         return
     km = x.kern[(x.kern["variant"] == V_MINI) & x.kern["kernel"].str.contains("index_kernel")]
     r64 = km[km["tokens"] == STORY_TOKENS].to_dict("records")
     g = _msgl.index_launch(STORY_TOKENS, x.weights[0][1].shape[1] * 2)
-    _msgl.fact(run, H_NCU_BOUND, [ncu.bound(r) == "memory-bound" for r in r64], "ncu_kernels.csv",
+    _msgl.fact(run, H["ncu_bound"], [ncu.bound(r) == "memory-bound" for r in r64], "ncu_kernels.csv",
                detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in r64)))
-    _msgl.fact(run, H_NCU_GRID, [first_dim(r["grid"]) == g["grid"] and first_dim(r["block"]) == 128 for r in r64],
+    _msgl.fact(run, H["ncu_grid"], [first_dim(r["grid"]) == g["grid"] and first_dim(r["block"]) == 128 for r in r64],
                "ncu_kernels.csv", detail=f"ncu grid {r64[0]['grid'] if r64 else '?'} block {r64[0]['block'] if r64 else '?'}; "
                                          f"predicted {g['grid']} x 128")
     top = max(x.p.ncu_tokens)
     rbig = km[km["tokens"] == top]
-    run.judge(H_COALESCE, list(rbig["st_sectors_per_request"] / g["lane_bytes"]), evidence="ncu_kernels.csv",
+    run.judge(H["coalesce"], list(rbig["st_sectors_per_request"] / g["lane_bytes"]), evidence="ncu_kernels.csv",
               detail=f"{rbig['st_sectors_per_request'].median():.2f} store / {rbig['ld_sectors_per_request'].median():.2f} "
                      f"load sectors per request at {top} tokens; ideal with {g['lane_bytes']}-B lanes: {g['lane_bytes']}")
     mk = x.kern[(x.kern["variant"] == V_MASK) & (x.kern["tokens"] == top) & x.kern["kernel"].str.contains("index")]
     pairs = list(zip(mk.sort_values("rep")["dram_read_mb"], rbig.sort_values("rep")["dram_read_mb"]))
-    run.judge(H_TP2, [a / b for a, b in pairs if b], evidence="ncu_kernels.csv",
+    run.judge(H["tp2"], [a / b for a, b in pairs if b], evidence="ncu_kernels.csv",
               detail=f"DRAM read {mk['dram_read_mb'].median():.1f} MB masked vs {rbig['dram_read_mb'].median():.1f} MB plain; "
                      f"writes {mk['dram_write_mb'].median():.1f} vs {rbig['dram_write_mb'].median():.1f} MB")
 

@@ -50,7 +50,7 @@ from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 POOL = 1 << 20                                   # KV slots (4 GiB for 2048-B rows, K and V)
@@ -65,32 +65,41 @@ KERNELS = "store_kv_cache|index_put|indexing|elementwise|scatter"
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 2 / seed 002 ('Store (seq) 70-75%, Store (rand) 55-65%', A100)"
-H_LAUNCHES = Hypothesis("store-launches", "store makes two kernel launches per call at every row size (K copy, then V "
-                        "copy; 2 sync points)", f"exactly two kernel launches per store_cache call, every traced call "
-                        f"({REPEATS} per row size and token count {TRACE_TOKENS})", low=2, high=2,
-                        source="PLAN.md session 2: 'Store launching separately for K and V (an opportunity for fusion)'")
-H_FUSED = Hypothesis("store-fused-85", "the K and V copies reach ~72% of peak each; fused they would reach ~85%",
-                     f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, sequential, {REPEATS} "
-                     "repetitions (premise: the store is two launches)", low=80, high=90, unit="%",
-                     source="seed 002 / mini-sglang/reports/plan.md 03: '72% per copy; fusing would reach 85%'")
-H_SEQ = Hypothesis("store-seq-bw", "sequential slots reach 70-75% of peak",
-                   f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions",
-                   low=70, high=75, unit="%", source=f"{PLAN}")
-H_RANDOM = Hypothesis("store-random-bw", "random slots reach only 55-65% of peak",
-                      f"% of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions",
-                      low=55, high=65, unit="%", source=f"{PLAN}")
-H_GAP_WIDE = Hypothesis("store-gap-wide-rows", "random vs sequential slots differ little for rows >= 512 B (code reading)",
-                        f"random / sequential time at the largest token count, 2048-B rows, {REPEATS} repetitions",
-                        low=0.9, high=1.1, source="mini-sglang/reports/plan.md 03 patterns (restated): 'difference "
-                        "small for rows >= 512 B', read as within 10%")
-H_GAP_256 = Hypothesis("store-gap-256", "random vs sequential slots: the difference shows at 256-B rows (TP8 shapes)",
-                       f"random / sequential time at the largest token count, 256-B rows, {REPEATS} repetitions",
-                       low=1.1, source="mini-sglang/reports/plan.md 03 patterns (restated): 'visible for 256-B rows', "
-                       "read as >= 10% slower")
-H_NCU_RANDOM = Hypothesis("store-ncu-random", "random slots cost DRAM efficiency (ncu)",
-                          f"ncu time of store_kv_cache, random / sequential slots, first row size at the largest ncu "
-                          f"token count, {REPEATS} launches each", low=1.1,
-                          source=f"{PLAN}: random below sequential; 'cost' read as >= 10%")
+H = declare(f"""
+    launches = store-launches: store makes two kernel launches per call at every row size (K copy, then V copy; 2 sync
+            points)
+        judged on: exactly two kernel launches per store_cache call, every traced call ({REPEATS} per row size and
+            token count {TRACE_TOKENS})
+        confirmed: [2, 2]
+        source: PLAN.md session 2: 'Store launching separately for K and V (an opportunity for fusion)'
+    fused = store-fused-85: the K and V copies reach ~72% of peak each; fused they would reach ~85%
+        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, sequential, {REPEATS}
+            repetitions (premise: the store is two launches)
+        confirmed: [80, 90]%
+        source: seed 002 / mini-sglang/reports/plan.md 03: '72% per copy; fusing would reach 85%'
+    seq = store-seq-bw: sequential slots reach 70-75% of peak
+        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions
+        confirmed: [70, 75]%
+        source: {PLAN}
+    random = store-random-bw: random slots reach only 55-65% of peak
+        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions
+        confirmed: [55, 65]%
+        source: {PLAN}
+    gap_wide = store-gap-wide-rows: random vs sequential slots differ little for rows >= 512 B (code reading)
+        judged on: random / sequential time at the largest token count, 2048-B rows, {REPEATS} repetitions
+        confirmed: [0.9, 1.1]
+        source: mini-sglang/reports/plan.md 03 patterns (restated): 'difference small for rows >= 512 B', read as
+            within 10%
+    gap_256 = store-gap-256: random vs sequential slots: the difference shows at 256-B rows (TP8 shapes)
+        judged on: random / sequential time at the largest token count, 256-B rows, {REPEATS} repetitions
+        confirmed: >= 1.1
+        source: mini-sglang/reports/plan.md 03 patterns (restated): 'visible for 256-B rows', read as >= 10% slower
+    ncu_random = store-ncu-random: random slots cost DRAM efficiency (ncu)
+        judged on: ncu time of store_kv_cache, random / sequential slots, first row size at the largest ncu token
+            count, {REPEATS} launches each
+        confirmed: >= 1.1
+        source: {PLAN}: random below sequential; 'cost' read as >= 10%
+""")
 
 
 def parse_args(argv=None):
@@ -257,7 +266,7 @@ def judge(run, x):
     launches = None
     if x.launches is not None:
         launches, names = launches_per_call(x.launches, V_MINI)
-        _msgl.fact(run, H_LAUNCHES, [n == 2 for n in launches], "launches.csv",
+        _msgl.fact(run, H["launches"], [n == 2 for n in launches], "launches.csv",
                    detail=f"{sorted(set(launches))} launch(es) per call: {names}, copying K and V rows together; torch "
                           f"index_put of K and V: {sorted(set(launches_per_call(x.launches, V_TORCH)[0]))} per call")
     premise = ("launches not traced (--compare-patterns)" if launches is None else
@@ -265,15 +274,15 @@ def judge(run, x):
                f"store_cache already copies K and V in one launch ({sorted(set(launches))} per call, launches.csv): "
                "there is no unfused store to compare")
     detail = f"{big} tokens, {row0}-B rows; {x.ceiling}"
-    run.judge(H_FUSED, pct(row0, "sequential"), evidence="reference.csv", premise=premise if ok_ceiling is True
+    run.judge(H["fused"], pct(row0, "sequential"), evidence="reference.csv", premise=premise if ok_ceiling is True
               else ok_ceiling, detail=detail)
-    run.judge(H_SEQ, pct(row0, "sequential"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
-    run.judge(H_RANDOM, pct(row0, "random"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
+    run.judge(H["seq"], pct(row0, "sequential"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
+    run.judge(H["random"], pct(row0, "random"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
     ratio = lambda row: [r / s for r, s in zip(*(ref[(ref["row_bytes"] == row) & (ref["pattern"] == p)]  # noqa: E731
                                                   .sort_values("rep")["time_us"] for p in ("random", "sequential")))]
-    run.judge(H_GAP_WIDE, ratio(row0), evidence="reference.csv", premise=True if row0 >= 512 else
+    run.judge(H["gap_wide"], ratio(row0), evidence="reference.csv", premise=True if row0 >= 512 else
               f"the first row size is {row0} B (< 512)")
-    run.judge(H_GAP_256, ratio(256), evidence="reference.csv", premise=True if 256 in x.p.rows else
+    run.judge(H["gap_256"], ratio(256), evidence="reference.csv", premise=True if 256 in x.p.rows else
               "no 256-B rows in this run (--rows)")
     if x.kern is not None:
         km = x.kern[(x.kern["variant"] == V_MINI) & x.kern["kernel"].str.contains("store_kv_cache")]
@@ -286,7 +295,7 @@ def judge(run, x):
                          f"{s_['st_sectors_per_request'].median():.1f} vs {r_['st_sectors_per_request'].median():.1f} "
                          "sectors/store (sequential vs random)")
         key = max(vals, key=lambda k: (k[0] == row0, k[1]), default=None)     # the first row size, most tokens
-        run.judge(H_NCU_RANDOM, vals.get(key, []), evidence="ncu_kernels.csv",
+        run.judge(H["ncu_random"], vals.get(key, []), evidence="ncu_kernels.csv",
                   detail=(f"judged at {key[0]} B x {key[1]} tokens; " if key else "") + "; ".join(lines))
 
 

@@ -56,7 +56,7 @@ from common.checks import require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the points, as data
 HQ, HKV, HD = 32, 8, 128
@@ -72,31 +72,38 @@ D32, P2048 = "decode bs=32 kv=4096", "prefill bs=1 q=2048 kv=2048"
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 2 / seed 002 (A100: 'Prefill Attention 50-80 TFLOPs', 'Decode Attention 1.4-1.7 TB/s')"
-H_TC_KERNEL = Hypothesis("fi-tc-decode-kernel", "fi decode with tensor cores (GQA >= 4) runs FlashInfer's prefill kernel",
-                         f"every traced call ({REPEATS} each) of fi {D32}: a BatchPrefill kernel; of fi tc=off: none",
-                         source="analysis.md (attention/fi.py:237-242 use_tensor_cores: GQA >= 4)")
-H_DECODE_BW = Hypothesis("decode-attn-bw", "decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)",
-                         f"fi decode TB/s (common.flops.decode_bytes incl. the page index) as % of the measured DRAM "
-                         f"ceiling, {REPEATS} repetitions", low=70, high=85, unit="%",
-                         source=f"{PLAN}: '1.4-1.7 TB/s (70-85% of peak)'")
-H_TC_DIFF = Hypothesis("fi-tc-on-off", "tensor cores on/off: same KV bytes, different kernel and time",
-                       f"the attention kernels of fi and fi tc=off at {D32} differ, call by call ({REPEATS} traced calls)",
-                       source="mini-sglang/reports/plan.md 04: 'KV bytes equal either way'")
-H_PREFILL = Hypothesis("prefill-attn-tflops", "prefill attention reaches at least 16-26% of the dense bf16 peak "
-                       "(A100: 50-80 TFLOP/s)", f"fi {P2048} TFLOP/s (common.flops.prefill_flops, causal) as % of the "
-                       f"measured bf16 ceiling, {REPEATS} repetitions", low=16, unit="%",
-                       source=f"{PLAN}; mini-sglang/reports/plan.md 04 restated: 'at least that share'")
-H_PLAN_SYNC = Hypothesis("fi-plan-sync", "fi plans lazily inside the first attention call of a step, after one event "
-                         "synchronize", f"exactly one cudaEventSynchronize inside each traced fi forward (plan reset "
-                         f"first), {REPEATS} per point", low=1, high=1,
-                         source="attention/fi.py:123-132 (_initialize_metadata_once)")
-H_NCU_DECODE = Hypothesis("decode-ncu", "decode: memory-bound, long-scoreboard stalls first, low tensor use",
-                          f"common.ncu.bound() memory-bound and top stall long_scoreboard for the decode attention "
-                          f"kernel at {D32}, {REPEATS} launches per variant", source=f"{PLAN}: 'memory-bound, "
-                          "long-scoreboard stalls first, low tensor-core use'")
-H_NCU_PREFILL = Hypothesis("prefill-ncu-tensor", "prefill keeps the tensor pipe busy (> 30% of its peak)",
-                           f"ncu tensor-pipe % of the prefill attention kernel at {P2048}, {REPEATS} launches", low=30,
-                           unit="%", source=f"{PLAN}; mini-sglang/reports/plan.md 04 'tensor pipe busy', read as > 30%")
+H = declare(f"""
+    tc_kernel = fi-tc-decode-kernel: fi decode with tensor cores (GQA >= 4) runs FlashInfer's prefill kernel
+        judged on: every traced call ({REPEATS} each) of fi {D32}: a BatchPrefill kernel; of fi tc=off: none
+        source: analysis.md (attention/fi.py:237-242 use_tensor_cores: GQA >= 4)
+    decode_bw = decode-attn-bw: decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)
+        judged on: fi decode TB/s (common.flops.decode_bytes incl. the page index) as % of the measured DRAM ceiling,
+            {REPEATS} repetitions
+        confirmed: [70, 85]%
+        source: {PLAN}: '1.4-1.7 TB/s (70-85% of peak)'
+    tc_diff = fi-tc-on-off: tensor cores on/off: same KV bytes, different kernel and time
+        judged on: the attention kernels of fi and fi tc=off at {D32} differ, call by call ({REPEATS} traced calls)
+        source: mini-sglang/reports/plan.md 04: 'KV bytes equal either way'
+    prefill = prefill-attn-tflops: prefill attention reaches at least 16-26% of the dense bf16 peak (A100: 50-80
+            TFLOP/s)
+        judged on: fi {P2048} TFLOP/s (common.flops.prefill_flops, causal) as % of the measured bf16 ceiling,
+            {REPEATS} repetitions
+        confirmed: >= 16%
+        source: {PLAN}; mini-sglang/reports/plan.md 04 restated: 'at least that share'
+    plan_sync = fi-plan-sync: fi plans lazily inside the first attention call of a step, after one event synchronize
+        judged on: exactly one cudaEventSynchronize inside each traced fi forward (plan reset first), {REPEATS} per
+            point
+        confirmed: [1, 1]
+        source: attention/fi.py:123-132 (_initialize_metadata_once)
+    ncu_decode = decode-ncu: decode: memory-bound, long-scoreboard stalls first, low tensor use
+        judged on: common.ncu.bound() memory-bound and top stall long_scoreboard for the decode attention kernel at
+            {D32}, {REPEATS} launches per variant
+        source: {PLAN}: 'memory-bound, long-scoreboard stalls first, low tensor-core use'
+    ncu_prefill = prefill-ncu-tensor: prefill keeps the tensor pipe busy (> 30% of its peak)
+        judged on: ncu tensor-pipe % of the prefill attention kernel at {P2048}, {REPEATS} launches
+        confirmed: >= 30%
+        source: {PLAN}; mini-sglang/reports/plan.md 04 'tensor pipe busy', read as > 30%
+""")
 
 
 def parse_args(argv=None):
@@ -340,36 +347,36 @@ def judge(run, x):
     pts = lambda var, pt, col: list(c[(c["variant"] == var) & (c["point"] == pt)][col]) if len(c) else []  # noqa: E731
     if x.kern is not None and len(pts("fi", D32, "time_us")):
         on, off = attention_calls(x.kern, f"fi {D32}"), attention_calls(x.kern, f"fi tc=off {D32}")
-        _msgl.fact(run, H_TC_KERNEL, [any("Prefill" in k for k in ks) for ks in on] +
+        _msgl.fact(run, H["tc_kernel"], [any("Prefill" in k for k in ks) for ks in on] +
                    [not any("Prefill" in k for k in ks) for ks in off], "kernels.csv",
                    detail=f"tc on: {', '.join(dict.fromkeys(k for ks in on for k in ks))}; tc off: "
                           f"{', '.join(dict.fromkeys(k for ks in off for k in ks))}")
-        _msgl.fact(run, H_TC_DIFF, [a != b for a, b in zip(on, off)], "kernels.csv, compare.csv",
+        _msgl.fact(run, H["tc_diff"], [a != b for a, b in zip(on, off)], "kernels.csv, compare.csv",
                    detail=f"{int(pts('fi', D32, 'bytes')[0]):,} B both (common.flops); {pts('fi', D32, 'time_us')[0]:.1f} us"
                           f" (on) vs {pts('fi tc=off', D32, 'time_us')[0]:.1f} us (off), rep 0")
     dec = pts("fi", D32, "pct_peak_dram")
-    run.judge(H_DECODE_BW, dec, evidence="compare.csv",
+    run.judge(H["decode_bw"], dec, evidence="compare.csv",
               premise=_msgl.within_ceiling(dec + pts("fi tc=off", D32, "pct_peak_dram")),
               detail=f"{x.ceiling}; tc off: {', '.join(f'{v:.0f}%' for v in pts('fi tc=off', D32, 'pct_peak_dram'))}")
     pre = pts("fi", P2048, "pct_peak_tflops")
-    run.judge(H_PREFILL, pre, evidence="compare.csv", premise=_msgl.within_ceiling(pre, "the measured bf16 ceiling"),
+    run.judge(H["prefill"], pre, evidence="compare.csv", premise=_msgl.within_ceiling(pre, "the measured bf16 ceiling"),
               detail=f"{', '.join(f'{v:.0f}' for v in pts('fi', P2048, 'tflop_s'))} TFLOP/s of "
                      f"{x.pk['bf16_tflops']:.0f} ({x.pk.get('source')})")
     if x.syncs:
         fi_calls = [n for name, n in x.syncs if name.startswith("call: fi")]
         one = pts("fi", "decode bs=1 kv=4096", "plan_cpu_us")
-        _msgl.fact(run, H_PLAN_SYNC, [n == 1 for n in fi_calls], "trace.json",
+        _msgl.fact(run, H["plan_sync"], [n == 1 for n in fi_calls], "trace.json",
                    detail=f"per traced call: {sorted(set(fi_calls))}" + (f"; plan() {one[0]:.0f} us CPU vs "
                           f"{pts('fi', 'decode bs=1 kv=4096', 'time_us')[0]:.1f} us kernel at bs 1" if one else ""))
     if x.ncu is None:
         return
     main_kernel = x.ncu[~x.ncu["kernel"].str.contains("Merge")]
     dec_rows = main_kernel[main_kernel["call"].isin([f"fi {D32}", f"fi tc=off {D32}"])].to_dict("records")
-    _msgl.fact(run, H_NCU_DECODE, [ncu.bound(r).startswith("memory") and ncu.top_stall(r) == "long_scoreboard"
+    _msgl.fact(run, H["ncu_decode"], [ncu.bound(r).startswith("memory") and ncu.top_stall(r) == "long_scoreboard"
                                    for r in dec_rows], "ncu_kernels.csv",
                detail="; ".join(dict.fromkeys(f"{r['variant']}: {ncu.bound_why(r)}" for r in dec_rows)))
     pre_rows = main_kernel[main_kernel["call"] == f"fi {P2048}"]
-    run.judge(H_NCU_PREFILL, list(pre_rows["tensor_pct"]), evidence="ncu_kernels.csv",
+    run.judge(H["ncu_prefill"], list(pre_rows["tensor_pct"]), evidence="ncu_kernels.csv",
               detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in pre_rows.to_dict("records"))))
 
 

@@ -56,7 +56,7 @@ from common.checks import SetupError, require_gpu, require_module, run_main  # n
 from common.results import Run  # noqa: E402
 from common.stats import Interval  # noqa: E402
 from common.timing import bench  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 KiB, MiB = 1 << 10, 1 << 20
@@ -68,21 +68,26 @@ CALLS = 10                           # back-to-back calls per timed sample: rank
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "PLAN.md session 2 / seed 002 ('NCCL AllReduce NVLink Util 85-95%', A100)"
-H_BUSBW = Hypothesis("allreduce-busbw", "all-reduce reaches 85-95% of NVLink bandwidth (large messages)",
-                     "busbw of the best implementation at the largest message as % of the measured GPU0->GPU1 copy "
-                     "(bootstrap 95% interval over its samples)", low=85, high=95, unit="%", source=PLAN)
-H_COPIES = Hypothesis("pynccl-copies", "the symmetric buffer adds device-to-device copies around every all-reduce "
-                      "(code: two)", "exactly two DtoD copies in every traced buffered call, none in a direct call "
-                      "(rank 0 trace)", source="seed 002 / PLAN.md session 2: 'symmetric buffer costs an extra device "
-                      "copy'; pynccl.cu:105-123")
-H_SHARE = Hypothesis("pynccl-copy-share", "the copies' share is largest for decode-sized messages",
-                     "copy share (1 - direct / buffered time) at the smallest message minus at the largest, eager, first "
-                     "TP size (percentage points; intervals from the samples)", low=0, unit=" pp",
-                     source="mini-sglang/reports/plan.md 05: 'whose share is largest for decode-sized messages'")
-H_GRAPH = Hypothesis("graph-small-latency", "CUDA-graph replay lowers small-message latency (the engine replays decode)",
-                     "graph / eager time at the smallest message, every implementation (the claim holds for each: the "
-                     "interval spans all of them)", high=1.0,
-                     source="mini-sglang/reports/plan.md 05: 'eager vs CUDA graph'; 'lowers' read as < 1")
+H = declare(f"""
+    busbw = allreduce-busbw: all-reduce reaches 85-95% of NVLink bandwidth (large messages)
+        judged on: busbw of the best implementation at the largest message as % of the measured GPU0->GPU1 copy
+            (bootstrap 95% interval over its samples)
+        confirmed: [85, 95]%
+        source: {PLAN}
+    copies = pynccl-copies: the symmetric buffer adds device-to-device copies around every all-reduce (code: two)
+        judged on: exactly two DtoD copies in every traced buffered call, none in a direct call (rank 0 trace)
+        source: seed 002 / PLAN.md session 2: 'symmetric buffer costs an extra device copy'; pynccl.cu:105-123
+    share = pynccl-copy-share: the copies' share is largest for decode-sized messages
+        judged on: copy share (1 - direct / buffered time) at the smallest message minus at the largest, eager, first
+            TP size (percentage points; intervals from the samples)
+        confirmed: >= 0 pp
+        source: mini-sglang/reports/plan.md 05: 'whose share is largest for decode-sized messages'
+    graph = graph-small-latency: CUDA-graph replay lowers small-message latency (the engine replays decode)
+        judged on: graph / eager time at the smallest message, every implementation (the claim holds for each: the
+            interval spans all of them)
+        confirmed: <= 1
+        source: mini-sglang/reports/plan.md 05: 'eager vs CUDA graph'; 'lowers' read as < 1
+""")
 
 
 def parse_args(argv=None):
@@ -252,7 +257,7 @@ def judge(run, x):
     best = big.sort_values("busbw_gb_s").iloc[-1].to_dict()
     nan = Interval(math.nan, math.nan, math.nan, 0, "none")
     iv = inverse(time_iv(best), best["busbw_gb_s"] * best["time_us"] * 100 / x.p2p) if x.p2p else nan
-    run.judge(H_BUSBW, iv, evidence="allreduce.csv", premise=True if x.p2p else "the GPU0->GPU1 copy was not measured",
+    run.judge(H["busbw"], iv, evidence="allreduce.csv", premise=True if x.p2p else "the GPU0->GPU1 copy was not measured",
               detail=f"best busbw {best['busbw_gb_s']:.0f} GB/s at {int(best['bytes']) // MiB} MiB (TP{best['tp']} "
                      f"{best['impl']} {best['mode']})"
                      + (f" = {100 * best['busbw_gb_s'] / x.p2p:.0f}% of the measured GPU0->GPU1 copy ({x.p2p:.0f} GB/s)"
@@ -261,7 +266,7 @@ def judge(run, x):
                      + (f"; NVLink all-reduce ceiling (common.gpu) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
     if x.launches is not None:
         nb, nd, first = copy_counts(x.launches)
-        _msgl.fact(run, H_COPIES, [n == 2 for n in nb] + [n == 0 for n in nd], "launches.csv",
+        _msgl.fact(run, H["copies"], [n == 2 for n in nb] + [n == 0 for n in nd], "launches.csv",
                    detail=f"DtoD memcpy per call: buffered {nb}, direct {nd} (rank 0 trace)" + (
                        "; the first traced call of a communicator also ran one-time host-to-device copies/memsets (NCCL "
                        "setup): " + ", ".join(f"{k[6:]} {n}" for k, n in first.items()) if first else ""))
@@ -273,7 +278,7 @@ def judge(run, x):
         large = share_iv(time_iv(rows[("pynccl direct", hi_n)]), time_iv(rows[("pynccl buffer", hi_n)]))
         diff = Interval(small.point - large.point, small.lo - large.hi, small.hi - large.lo, min(small.n, large.n),
                         "difference of " + small.method)
-        run.judge(H_SHARE, diff, evidence="copy_overhead.csv, allreduce.csv",
+        run.judge(H["share"], diff, evidence="copy_overhead.csv, allreduce.csv",
                   detail=f"copy share {small.point:.0f}% at {lo_n // KiB} KiB vs {large.point:.0f}% at {hi_n // MiB} MiB "
                          f"(eager, TP{tp0})")
     g = df[(df["tp"] == tp0) & (df["bytes"] == df["bytes"].min())]
@@ -285,7 +290,7 @@ def judge(run, x):
         iv = (stats.interval([v.point for v in ivs.values()]) if one else
               Interval(statistics.median(v.point for v in ivs.values()), min(v.lo for v in ivs.values()),
                        max(v.hi for v in ivs.values()), min(v.n for v in ivs.values()), "span of the implementations' intervals"))
-        run.judge(H_GRAPH, iv, evidence="allreduce.csv", detail="; ".join(
+        run.judge(H["graph"], iv, evidence="allreduce.csv", detail="; ".join(
             f"{i}: {m['eager']['time_us']:.1f} us eager vs {m['graph']['time_us']:.1f} us graph" for i, m in pairs.items())
             + ("; one median per point recorded: the interval spans the implementations" if one else ""))
 

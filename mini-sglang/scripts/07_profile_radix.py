@@ -50,7 +50,7 @@ from common import cli, plots, story  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench_cpu  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 KEYS_FULL, KEYS_QUICK = (8, 64, 256, 512, 4096, 32768), (8, 512, 4096, 32768)
@@ -62,34 +62,43 @@ CPP, PY, TORCH = "fast_compare_key (C++)", "python loop on lists", "torch ne + n
 
 # ------------------------------------------------------------------ the hypotheses, as data
 SRC = "analysis.md §4.4 / §6.4 (code reading); mini-sglang/reports/plan.md 07"
-H_MATCH_DEPTH = Hypothesis("radix-match-depth", "match cost follows path depth (node by node)",
-                           "(t(deepest path) - t(1 node)) / t(deepest path): the share of a deep match spent beyond its "
-                           f"first node, {REPEATS} repetitions", low=0.5, high=1.0,
-                           source=f"{SRC}: 'match/insert cost follows path length'; 'follows' read as: the nodes past "
-                           "the first are most (>= half) of a deep match")
-H_INSERT_DEPTH = Hypothesis("radix-insert-depth", "insert cost follows path depth (node by node)",
-                            "(t(deepest path) - t(1 node)) / t(deepest path) of inserting one turn under the deepest "
-                            f"node, {REPEATS} repetitions", low=0.5, high=1.0,
-                            source=f"{SRC}: 'match/insert cost follows path length'")
-H_TOKENS = Hypothesis("radix-tokens", "match cost hardly follows the token count",
-                      "t(match one node of N tokens) / t(match a path of N/256 nodes of 256 tokens), the same N tokens "
-                      f"as the deepest path, {REPEATS} repetitions", high=0.5,
-                      source=f"{SRC}: 'hardly the token count (the compare is a tight C++ loop)'; 'hardly' read as: "
-                      "one node costs at most half of the path with the same tokens")
-H_EVICT = Hypothesis("radix-evict-tree", "evict cost follows the size of the whole tree (full leaf scan per call)",
-                     "growth exponent of evict(64 tokens) time vs node count, log(t_big / t_small) / log(nodes_big / "
-                     f"nodes_small), {REPEATS} repetitions", low=0.5, high=1.5,
-                     source=f"{SRC}: 'evict cost follows tree size'; 'follows' read as roughly linear (exponent 0.5-1.5)")
-H_FFI = Hypothesis("radix-ffi-short", "per call the FFI crossing dominates short keys",
-                   f"fast_compare_key time at {MID_KEY} tokens / at {SHORT_KEY} tokens, {REPEATS} repetitions", high=1.5,
-                   source=f"{SRC}: 'the FFI crossing dominates short keys'; read as: 64x the tokens costs < 1.5x")
-H_LONG = Hypothesis("radix-mismatch-long", "std::mismatch dominates only keys of thousands of tokens",
-                    f"fast_compare_key time at the longest key / at {SHORT_KEY} tokens, {REPEATS} repetitions", low=2,
-                    source=f"{SRC}: 'std::mismatch only keys of thousands of tokens'; read as: >= 2x by 32k tokens")
-H_SHARE = Hypothesis("radix-compare-share", "fast_compare_key is a small part of a match (the Python walk dominates)",
-                     f"% of a match through the middle depth spent in its compares (depth x t(compare of ~{TURN} "
-                     f"tokens) / t(match)), {REPEATS} repetitions", high=30, unit="%",
-                     source=f"{SRC}: 'a small part', read as < 30%")
+H = declare(f"""
+    match_depth = radix-match-depth: match cost follows path depth (node by node)
+        judged on: (t(deepest path) - t(1 node)) / t(deepest path): the share of a deep match spent beyond its first
+            node, {REPEATS} repetitions
+        confirmed: [0.5, 1]
+        source: {SRC}: 'match/insert cost follows path length'; 'follows' read as: the nodes past the first are most
+            (>= half) of a deep match
+    insert_depth = radix-insert-depth: insert cost follows path depth (node by node)
+        judged on: (t(deepest path) - t(1 node)) / t(deepest path) of inserting one turn under the deepest node,
+            {REPEATS} repetitions
+        confirmed: [0.5, 1]
+        source: {SRC}: 'match/insert cost follows path length'
+    tokens = radix-tokens: match cost hardly follows the token count
+        judged on: t(match one node of N tokens) / t(match a path of N/256 nodes of 256 tokens), the same N tokens as
+            the deepest path, {REPEATS} repetitions
+        confirmed: <= 0.5
+        source: {SRC}: 'hardly the token count (the compare is a tight C++ loop)'; 'hardly' read as: one node costs at
+            most half of the path with the same tokens
+    evict = radix-evict-tree: evict cost follows the size of the whole tree (full leaf scan per call)
+        judged on: growth exponent of evict(64 tokens) time vs node count, log(t_big / t_small) / log(nodes_big /
+            nodes_small), {REPEATS} repetitions
+        confirmed: [0.5, 1.5]
+        source: {SRC}: 'evict cost follows tree size'; 'follows' read as roughly linear (exponent 0.5-1.5)
+    ffi = radix-ffi-short: per call the FFI crossing dominates short keys
+        judged on: fast_compare_key time at {MID_KEY} tokens / at {SHORT_KEY} tokens, {REPEATS} repetitions
+        confirmed: <= 1.5
+        source: {SRC}: 'the FFI crossing dominates short keys'; read as: 64x the tokens costs < 1.5x
+    long = radix-mismatch-long: std::mismatch dominates only keys of thousands of tokens
+        judged on: fast_compare_key time at the longest key / at {SHORT_KEY} tokens, {REPEATS} repetitions
+        confirmed: >= 2
+        source: {SRC}: 'std::mismatch only keys of thousands of tokens'; read as: >= 2x by 32k tokens
+    share = radix-compare-share: fast_compare_key is a small part of a match (the Python walk dominates)
+        judged on: % of a match through the middle depth spent in its compares (depth x t(compare of ~{TURN} tokens) /
+            t(match)), {REPEATS} repetitions
+        confirmed: <= 30%
+        source: {SRC}: 'a small part', read as < 30%
+""")
 
 
 def parse_args(argv=None):
@@ -226,26 +235,26 @@ def judge(run, x):
                                  & (g["page_size"] == 1)]["us"].iloc[0])
     one = lambda g, n: float(g[(g["series"] == "tokens") & (g["tokens"] == n)]["us"].iloc[0])  # noqa: E731
     cpp = lambda g, n: float(g[(g["impl"] == CPP) & (g["key_tokens"] == n)]["us"].iloc[0])  # noqa: E731
-    for h, op in ((H_MATCH_DEPTH, "match"), (H_INSERT_DEPTH, "insert")):
+    for h, op in ((H["match_depth"], "match"), (H["insert_depth"], "insert")):
         run.judge(h, per_rep(od, lambda g: (t(g, op, dmax) - t(g, op, 1)) / t(g, op, dmax)), evidence="ops.csv",
                   detail=f"{op}: " + ", ".join(f"{t(g, op, 1):.1f} -> {t(g, op, dmax):.1f} us" for _r, g in od.groupby("rep"))
                   + f" from depth 1 to {dmax}")
-    run.judge(H_TOKENS, per_rep(od, lambda g: one(g, dmax * TURN) / t(g, "match", dmax)), evidence="ops.csv",
+    run.judge(H["tokens"], per_rep(od, lambda g: one(g, dmax * TURN) / t(g, "match", dmax)), evidence="ops.csv",
               detail=f"{dmax * TURN} tokens: one node {statistics.median(per_rep(od, lambda g: one(g, dmax * TURN))):.1f} us vs "
                      f"{dmax} nodes {statistics.median(per_rep(od, lambda g: t(g, 'match', dmax))):.1f} us (medians)")
     lo, hi = min(p.leaves), max(p.leaves)
     at = lambda g, n, col: float(g[g["leaves"] == n][col].iloc[0])  # noqa: E731
     ex = lambda g, col: math.log(at(g, hi, col) / at(g, lo, col)) / math.log(at(g, hi, "nodes") / at(g, lo, "nodes"))  # noqa: E731
-    run.judge(H_EVICT, per_rep(ev, lambda g: ex(g, "evict_one_leaf_us")) if hi > lo else [], evidence="evict.csv",
+    run.judge(H["evict"], per_rep(ev, lambda g: ex(g, "evict_one_leaf_us")) if hi > lo else [], evidence="evict.csv",
               premise=True if hi > lo else "one tree size only (--leaves)",
               detail=f"leaf scan alone: exponent {statistics.median(per_rep(ev, lambda g: ex(g, 'leaf_scan_us'))):.2f}"
               if hi > lo else "")
-    run.judge(H_FFI, per_rep(cm, lambda g: cpp(g, MID_KEY) / cpp(g, SHORT_KEY)), evidence="compare.csv",
+    run.judge(H["ffi"], per_rep(cm, lambda g: cpp(g, MID_KEY) / cpp(g, SHORT_KEY)), evidence="compare.csv",
               detail=f"{statistics.median(per_rep(cm, lambda g: cpp(g, SHORT_KEY))):.2f} us at {SHORT_KEY} tokens")
-    run.judge(H_LONG, per_rep(cm, lambda g: cpp(g, max(p.keys)) / cpp(g, SHORT_KEY)), evidence="compare.csv",
+    run.judge(H["long"], per_rep(cm, lambda g: cpp(g, max(p.keys)) / cpp(g, SHORT_KEY)), evidence="compare.csv",
               detail=f"{statistics.median(per_rep(cm, lambda g: cpp(g, max(p.keys)))):.2f} us at {max(p.keys)} tokens")
     near = min(p.keys, key=lambda n: abs(n - TURN))
-    run.judge(H_SHARE, [100 * mid * cpp(gc, near) / t(go, "match", mid) for (_a, gc), (_b, go) in
+    run.judge(H["share"], [100 * mid * cpp(gc, near) / t(go, "match", mid) for (_a, gc), (_b, go) in
                         zip(cm.groupby("rep", sort=True), od.groupby("rep", sort=True))], evidence="ops.csv + compare.csv",
               detail=f"depth {mid}: {mid} compares of {near} tokens")
 

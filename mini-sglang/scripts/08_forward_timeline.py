@@ -85,7 +85,7 @@ from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.trace import TraceError  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the run, as data
 VARIANTS = ("eager", "graph", "graph-no-overlap", "eager-no-overlap")
@@ -101,37 +101,44 @@ EXPECTED_LAYER = ["norm", "gemm", "rope", "kv_store", "attention", "gemm", "norm
 
 # ------------------------------------------------------------------ the hypotheses, as data
 PLAN = "mini-sglang/reports/plan.md, expected observations 06 (the forward timeline, now 08)"
-H_ORDER = Hypothesis("layer-order", "each layer runs ~10 kernels in a fixed order: norm, QKV GEMM, RoPE, store, "
-                     "attention (+merge), O GEMM, add-norm, gate/up GEMM, act, down GEMM",
-                     "every layer of every traced step: its kernel classes in launch order (split-K reduce and merge "
-                     "folded into their GEMM / attention) equal that sequence", source=f"{PLAN}: '~10 kernels per layer "
-                     "in a fixed order'")
-H_RANGES = Hypothesis("layer-ranges-eager", "NVTX Layer_i ranges are present in eager steps and agree with the layers "
-                      "found in the kernel names", "every traced eager step: one Layer_i range per model layer, and every "
-                      "kernel inside Layer_i assigned to layer i by common.trace.assign_layers", source=f"{PLAN}: 'Layer_i "
-                      "/ MHA / MLP ranges'; PLAN.md session 2, 06 row")
-H_NO_RANGES = Hypothesis("no-ranges-in-graphs", "inside a CUDA-graph replay no Layer_i range is emitted",
-                         "every traced graph decode step: 0 Layer_i ranges (premise: the step launched a CUDA graph)",
-                         source=f"{PLAN}: 'no Layer_i ranges inside graph replays'")
-H_PLAN_SYNC = Hypothesis("plan-sync-per-step", "one FlashInfer plan sync (cudaEventSynchronize) per step",
-                         "every traced step of every variant: exactly one cudaEventSynchronize inside it",
-                         source=f"{PLAN}: 'one plan sync per step'; attention/fi.py:123-132")
-H_GRAPH = Hypothesis("graph-vs-eager", "CUDA-graph replay makes a decode step cheaper than eager launches",
-                     f"eager / graph decode step GPU time (median step of each generate), {REPEATS} repetitions",
-                     low=1.05, source=f"{PLAN}: 'eager -> graph replay' (no figure; 'cheaper' read as >= 5% less time)")
-H_OVERLAP = Hypothesis("overlap-gap", "overlap scheduling keeps the GPU gap between decode steps small; without it the "
-                       "gap grows", f"median GPU idle before a decode step, graph without overlap minus graph with "
-                       f"overlap (us), {REPEATS} repetitions", low=10, unit=" us",
-                       source=f"{PLAN}: 'small GPU gaps with overlap, larger without'; 'larger' read as >= 10 us more "
-                       "per step (CUDA events resolve ~1 us)")
-H_PREFIX = Hypothesis("prefix-hit", "a shared prefix becomes cached_len and a shorter prefill",
-                      f"prefill GPU time of a prompt sharing {PREFIX} tokens with the previous one / of that previous "
-                      f"prompt, {REPEATS} prefixes (premise: cached_len >= {PREFIX} every time)", high=0.9,
-                      source="mini-sglang/reports/plan.md 07 row: 'a shared prefix shows as cached_len and a shorter "
-                      "prefill' (measured in the engine here); 'shorter' read as >= 10% less time")
-H_STATE = Hypothesis("counters-every-class", "per-kernel hardware state through a whole forward: every kernel class of "
-                     "a layer on the counters", "each kernel class of layer 1 in the eager prefill and decode steps has "
-                     "Nsight Compute counters", source="PLAN.md session 2 (06 row: 'per-kernel state'); issue 14 item 9")
+H = declare(f"""
+    order = layer-order: each layer runs ~10 kernels in a fixed order: norm, QKV GEMM, RoPE, store, attention
+            (+merge), O GEMM, add-norm, gate/up GEMM, act, down GEMM
+        judged on: every layer of every traced step: its kernel classes in launch order (split-K reduce and merge
+            folded into their GEMM / attention) equal that sequence
+        source: {PLAN}: '~10 kernels per layer in a fixed order'
+    ranges = layer-ranges-eager: NVTX Layer_i ranges are present in eager steps and agree with the layers found in the
+            kernel names
+        judged on: every traced eager step: one Layer_i range per model layer, and every kernel inside Layer_i
+            assigned to layer i by common.trace.assign_layers
+        source: {PLAN}: 'Layer_i / MHA / MLP ranges'; PLAN.md session 2, 06 row
+    no_ranges = no-ranges-in-graphs: inside a CUDA-graph replay no Layer_i range is emitted
+        judged on: every traced graph decode step: 0 Layer_i ranges (premise: the step launched a CUDA graph)
+        source: {PLAN}: 'no Layer_i ranges inside graph replays'
+    plan_sync = plan-sync-per-step: one FlashInfer plan sync (cudaEventSynchronize) per step
+        judged on: every traced step of every variant: exactly one cudaEventSynchronize inside it
+        source: {PLAN}: 'one plan sync per step'; attention/fi.py:123-132
+    graph = graph-vs-eager: CUDA-graph replay makes a decode step cheaper than eager launches
+        judged on: eager / graph decode step GPU time (median step of each generate), {REPEATS} repetitions
+        confirmed: >= 1.05
+        source: {PLAN}: 'eager -> graph replay' (no figure; 'cheaper' read as >= 5% less time)
+    overlap = overlap-gap: overlap scheduling keeps the GPU gap between decode steps small; without it the gap grows
+        judged on: median GPU idle before a decode step, graph without overlap minus graph with overlap (us),
+            {REPEATS} repetitions
+        confirmed: >= 10 us
+        source: {PLAN}: 'small GPU gaps with overlap, larger without'; 'larger' read as >= 10 us more per step (CUDA
+            events resolve ~1 us)
+    prefix = prefix-hit: a shared prefix becomes cached_len and a shorter prefill
+        judged on: prefill GPU time of a prompt sharing {PREFIX} tokens with the previous one / of that previous
+            prompt, {REPEATS} prefixes (premise: cached_len >= {PREFIX} every time)
+        confirmed: <= 0.9
+        source: mini-sglang/reports/plan.md 07 row: 'a shared prefix shows as cached_len and a shorter prefill'
+            (measured in the engine here); 'shorter' read as >= 10% less time
+    state = counters-every-class: per-kernel hardware state through a whole forward: every kernel class of a layer on
+            the counters
+        judged on: each kernel class of layer 1 in the eager prefill and decode steps has Nsight Compute counters
+        source: PLAN.md session 2 (06 row: 'per-kernel state'); issue 14 item 9
+""")
 
 
 def parse_args(argv=None):
@@ -452,37 +459,37 @@ def judge(run, a, variants):
     """Every verdict: the facts on every traced step / layer, the times on the 3 repetitions."""
     import pandas as pd
     order, rng = pd.DataFrame(a["order"]), pd.DataFrame(a["ranges"])
-    _msgl.fact(run, H_ORDER, list(order["matches"]) if len(order) else [], "layer_check.csv", detail=(
+    _msgl.fact(run, H["order"], list(order["matches"]) if len(order) else [], "layer_check.csv", detail=(
         f"{len(order)} layers of {order.groupby('variant')['step'].nunique().sum()} steps; most common: "
         f"{order['sequence'].mode().iloc[0]}; other kernels: "
         f"{', '.join(sorted(set(', '.join(order['others']).split(', ')) - {''})) or 'none'}") if len(order) else
         "no layers found in the traced steps (common.trace.assign_layers)")
     eager = rng[rng["variant"].str.startswith("eager")]
-    _msgl.fact(run, H_RANGES, [bool(r["agree"]) and r["layer_ranges"] == r["model_layers"] for r in eager.to_dict("records")],
+    _msgl.fact(run, H["ranges"], [bool(r["agree"]) and r["layer_ranges"] == r["model_layers"] for r in eager.to_dict("records")],
                "layer_check.csv", premise=True if len(eager) else "no eager variant in this run (--variants)",
                detail=f"Layer_i ranges per eager step: {sorted(set(eager['layer_ranges']))}" if len(eager) else "")
     gd = rng[rng["variant"].str.startswith("graph") & (rng["mode"] == "decode")]
-    _msgl.fact(run, H_NO_RANGES, [r["layer_ranges"] == 0 for r in gd.to_dict("records")], "layer_check.csv",
+    _msgl.fact(run, H["no_ranges"], [r["layer_ranges"] == 0 for r in gd.to_dict("records")], "layer_check.csv",
                premise=True if len(gd) and (gd["graph_launches"] > 0).all() else
                "no graph decode step launched a CUDA graph (graphs not captured for this batch size?)",
                detail=f"cudaGraphLaunch per graph decode step: {sorted(set(gd['graph_launches']))}" if len(gd) else "")
-    _msgl.fact(run, H_PLAN_SYNC, [n == 1 for n in rng["event_syncs"]], "layer_check.csv",
+    _msgl.fact(run, H["plan_sync"], [n == 1 for n in rng["event_syncs"]], "layer_check.csv",
                detail=f"cudaEventSynchronize per step: {sorted(set(rng['event_syncs']))}")
     st = a["steps"]
     if {"eager", "graph"} <= set(variants):
         e, g = per_generate(st, "eager", "gpu_ms"), per_generate(st, "graph", "gpu_ms")
-        run.judge(H_GRAPH, [x / y for x, y in zip(e, g)], evidence="steps.csv",
+        run.judge(H["graph"], [x / y for x, y in zip(e, g)], evidence="steps.csv",
                   detail=f"eager {statistics.median(e):.2f} ms vs graph {statistics.median(g):.2f} ms per decode step")
     for base in ("graph", "eager"):
         if {base, f"{base}-no-overlap"} <= set(variants):
             on, off = per_generate(st, base, "gap_before_ms"), per_generate(st, f"{base}-no-overlap", "gap_before_ms")
-            run.judge(H_OVERLAP, [1e3 * (y - x) for x, y in zip(on, off)], evidence="steps.csv",
+            run.judge(H["overlap"], [1e3 * (y - x) for x, y in zip(on, off)], evidence="steps.csv",
                       detail=f"{base}: {1e3 * statistics.median(on):.0f} us with overlap, {1e3 * statistics.median(off):.0f} "
                              "us without (median gap before a decode step)")
             break
     px = a["prefix"]
     if len(px):
-        run.judge(H_PREFIX, list(px["shared_ms"] / px["first_ms"]), evidence="prefix.csv",
+        run.judge(H["prefix"], list(px["shared_ms"] / px["first_ms"]), evidence="prefix.csv",
                   premise=True if (px["cached_len"] >= PREFIX).all() else f"cached_len {list(px['cached_len'])} < {PREFIX}",
                   detail=f"cached_len {sorted(set(px['cached_len']))}, {px['shared_new_tokens'].iloc[0]} new tokens: "
                          f"{px['shared_ms'].median():.2f} ms vs {px['first_ms'].median():.2f} ms for "
@@ -492,7 +499,7 @@ def judge(run, a, variants):
         windows = {w["window"] for w in a["ncu"]}
         seen = [(m, c, kt[(kt["mode"] == m) & (kt["layer"] == 1) & (kt["cls"] == c)]["ncu_time_us"].notna().any())
                 for m in sorted(windows) for c in sorted(set(kt[(kt["mode"] == m) & (kt["layer"] == 1)]["cls"]))]
-        _msgl.fact(run, H_STATE, [ok for *_k, ok in seen], "ncu_windows.csv, kernels_<variant>.csv",
+        _msgl.fact(run, H["state"], [ok for *_k, ok in seen], "ncu_windows.csv, kernels_<variant>.csv",
                    detail="; ".join(f"{m} {c}: {'yes' if ok else 'NO'}" for m, c, ok in seen))
 
 

@@ -49,7 +49,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, gpu, models, story, trace  # noqa: E402
 from common.checks import require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=128, batch=8, itl_points=[(1, 512), (16, 512)], itl_new=160, rates=("8", "32"),
              load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128)
@@ -57,41 +57,43 @@ FULL = dict(reps=3, prompt=512, new=128, batch=32, itl_points=[(1, 512), (1, 819
             itl_new=512, rates=("4", "16", "64", "inf"), load_n=256, load_in=1024, load_out=256, trace_steps=48,
             bar_n=256, bar_in=1024, bar_out=256)
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 01"
-H = {
-    "cpu_share": Hypothesis(
-        "ttft-cpu-share", "CPU work before the first kernel (tokenize, schedule, plan) was ~6% of TTFT on A100; "
-        "on H100/H200 prefill is faster, so the share is larger", "share of the client TTFT outside the traced "
-        "prefill step (per traced request)", low=6, high=100, unit="%", source=f"{PLAN}: '~6% of the A100 TTFT'"),
-    "attention": Hypothesis(
-        "prefill-attention-share", "attention is ~45% of prefill (A100 plan; restated: < 10% at 512 tokens, GEMMs "
-        "dominate)", "attention kernels' share of the prefill step's kernel time (per traced request)", low=30,
-        high=60, unit="%", source=f"{PLAN}: '~45% of prefill' (A100), judged as 45 +- 15"),
-    "itl_rise": Hypothesis(
-        "itl-rise-b1", "ITL rises ~25% over 128 generated tokens at batch 1 (A100 plan; restated: nearly flat)",
-        "median ITL of tokens 113-128 vs 1-16 at batch 1 (per repetition)", low=15, unit="%",
-        source=f"{PLAN}: '+25% over 128 tokens' (A100), confirmed from +15%"),
-    "b1_bw": Hypothesis(
-        "decode-b1-weights-bw", "a batch-1 decode step is bound by reading the weights from HBM (restated plan)",
-        "(weights + KV bytes) / ITL at batch 1 as % of the measured DRAM ceiling (per repetition)", low=50,
-        high=100, unit="%", source=f"{PLAN} (restated): 'at batch 1 decode reads all weights each step'"),
-    "itl_linear": Hypothesis(
-        "itl-linear-kv", "ITL grows linearly with the KV bytes read per step at batch >= 8 (restated plan)",
-        "R^2 of the ITL-vs-KV-tokens line at batch >= 8, signed by its slope (per repetition)", low=0.8, high=1.0,
-        source=f"{PLAN} (restated): 'a clearly linear ITL-vs-KV slope at batch >= 16'"),
-    "itl_tail": Hypothesis(
-        "itl-tail-under-load", "under load, prefill batches interrupt decode and show up as an ITL tail",
-        "p99 / p50 ITL at the highest request rate (bench_serving, per repetition)", low=2,
-        source=f"{PLAN}: 'prefill batches interrupt decode (ITL spikes)'"),
-    "retract": Hypothesis(
-        "retract-at-plateau", "#running-req plateaus when token usage nears 1.0 and retractions appear",
-        "retracted requests per run at the highest request rate (/metrics)", low=1,
-        source=f"{PLAN}: 'retractions appear at the plateau' (premise: token usage reached 0.9)"),
-    "perf_bar": Hypothesis(
-        "perf-bar", "the workbook's instrumentation does not slow SGLang: its client (non-streaming /generate with "
-        "token ids, all requests at once) keeps up with sglang.benchmark.serving --request-rate inf",
-        "workbook client output tok/s as % of bench_serving's on the same server and shape (per round)", low=97,
-        unit="%", source="PLAN.md success criteria: 'instrumentation within 97% of SGLang's own tools'"),
-}
+H = declare(f"""
+    cpu_share = ttft-cpu-share: CPU work before the first kernel (tokenize, schedule, plan) was ~6% of TTFT on A100;
+            on H100/H200 prefill is faster, so the share is larger
+        judged on: share of the client TTFT outside the traced prefill step (per traced request)
+        confirmed: [6, 100]%
+        source: {PLAN}: '~6% of the A100 TTFT'
+    attention = prefill-attention-share: attention is ~45% of prefill (A100 plan; restated: < 10% at 512 tokens, GEMMs
+            dominate)
+        judged on: attention kernels' share of the prefill step's kernel time (per traced request)
+        confirmed: [30, 60]%
+        source: {PLAN}: '~45% of prefill' (A100), judged as 45 +- 15
+    itl_rise = itl-rise-b1: ITL rises ~25% over 128 generated tokens at batch 1 (A100 plan; restated: nearly flat)
+        judged on: median ITL of tokens 113-128 vs 1-16 at batch 1 (per repetition)
+        confirmed: >= 15%
+        source: {PLAN}: '+25% over 128 tokens' (A100), confirmed from +15%
+    b1_bw = decode-b1-weights-bw: a batch-1 decode step is bound by reading the weights from HBM (restated plan)
+        judged on: (weights + KV bytes) / ITL at batch 1 as % of the measured DRAM ceiling (per repetition)
+        confirmed: [50, 100]%
+        source: {PLAN} (restated): 'at batch 1 decode reads all weights each step'
+    itl_linear = itl-linear-kv: ITL grows linearly with the KV bytes read per step at batch >= 8 (restated plan)
+        judged on: R^2 of the ITL-vs-KV-tokens line at batch >= 8, signed by its slope (per repetition)
+        confirmed: [0.8, 1]
+        source: {PLAN} (restated): 'a clearly linear ITL-vs-KV slope at batch >= 16'
+    itl_tail = itl-tail-under-load: under load, prefill batches interrupt decode and show up as an ITL tail
+        judged on: p99 / p50 ITL at the highest request rate (bench_serving, per repetition)
+        confirmed: >= 2
+        source: {PLAN}: 'prefill batches interrupt decode (ITL spikes)'
+    retract = retract-at-plateau: #running-req plateaus when token usage nears 1.0 and retractions appear
+        judged on: retracted requests per run at the highest request rate (/metrics)
+        confirmed: >= 1
+        source: {PLAN}: 'retractions appear at the plateau' (premise: token usage reached 0.9)
+    perf_bar = perf-bar: the workbook's instrumentation does not slow SGLang: its client (non-streaming /generate with
+            token ids, all requests at once) keeps up with sglang.benchmark.serving --request-rate inf
+        judged on: workbook client output tok/s as % of bench_serving's on the same server and shape (per round)
+        confirmed: >= 97%
+        source: PLAN.md success criteria: 'instrumentation within 97% of SGLang's own tools'
+""")
 
 
 def parse_args(argv=None):

@@ -51,7 +51,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, story, trace  # noqa: E402
 from common.checks import require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(reps=3, prefix_lens=(1024, 4096), branches=(4,), pools=(32768,), group_len=2048,
              ws_tokens=(16384, 24576, 49152), groups=8, per_group=8, sys_len=2048, q_len=128, out_len=32)
@@ -62,50 +62,51 @@ SUFFIX = 32
 ONE = {"max_new_tokens": 1, **sg.GREEDY}
 HALF = "half-shared 512"
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 02"
-H = {
-    "warm_exact": Hypothesis(
-        "warm-cached-exact", "a warm request reports cached_tokens equal to the shared token count",
-        "fraction of warm requests with cached_tokens == prefix length (per repetition, all cases)", low=1, high=1,
-        source=f"{PLAN}: 'cached_tokens equals the shared token count'"),
-    "repeat_exact": Hypothesis(
-        "repeat-cached-exact", "an exact repeat reports cached_tokens = prompt_tokens - 1 (one token is recomputed "
-        "for the logits)", "fraction of repeats with cached_tokens == prompt_tokens - 1 (per repetition, all cases)", low=1, high=1,
-        source=f"{PLAN}: 'exact repeat: cached_tokens = prompt_tokens - 1'"),
-    "half": Hypothesis(
-        "half-shared-warm-over-cold", "with half of a 512-token prompt cached, the warm prefill takes ~1/3 of the "
-        "cold one (A100: 38 -> 12 ms)", "warm / cold server e2e latency with 1 new token (per repetition)",
-        high=0.45, source=f"{PLAN}: '~0.3x of cold when about half of 512 tokens were shared' (A100), confirmed "
-        "up to 0.45"),
-    "uncached": Hypothesis(
-        "prefill-follows-uncached-fraction", "prefill time falls roughly with the uncached fraction (restated plan)",
-        "warm / cold server e2e latency at the longest prefix (per repetition)", high=None,
-        source=f"{PLAN} (restated): bound = 3 x the uncached token fraction + 0.1 (a fixed per-request cost)"),
-    "switch": Hypothesis(
-        "attention-kernel-switch", "a cold prefill runs the ragged attention kernel only; a warm one adds the paged "
-        "kernel (new tokens x cached prefix) and merge-state (FlashInfer)", "fraction of traced cold/warm pairs "
-        "that switch that way (per pair)", low=1, high=1,
-        source=f"{PLAN}: 'kernels switch to ragged + paged + merge-state'; premise: the flashinfer backend"),
-    "agree": Hypothesis(
-        "hit-rate-3-ways", "the three hit-rate measurements (meta_info, log lines, /metrics counters) agree",
-        "largest difference between the three over the cases (per repetition)", low=0, high=0.01,
-        source="sglang/reports/plan.md success criteria: 'the three cache-hit measurements agree'"),
-    "pressure": Hypothesis(
-        "eviction-hit-rate-falls", "under memory pressure the hit rate falls", "pass-2 hit rate with the working "
-        "set >= 1.2x the pool, the highest of those sets (per repetition)", high=0.8,
-        source=f"{PLAN}: 'under pressure evicted tokens grow'; premise: >= 0.9 while the working set fits in 90%"),
-    "lru": Hypothesis(
-        "eviction-lru-order", "LRU evicts the oldest prefixes first", "fraction of partly kept sweeps whose kept "
-        "groups are exactly the newest ones (per repetition)", low=1, high=1,
-        source=f"{PLAN}: 'oldest unlocked leaves go first (LRU)'"),
-    "lpm_hit": Hypothesis(
-        "lpm-beats-fcfs-hit-rate", "LPM beats FCFS on hit rate for a shuffled shared-prefix burst (< 128 waiting)",
-        "LPM hit rate - FCFS hit rate (per repetition pair)", low=0.02,
-        source=f"{PLAN}: 'LPM beats FCFS on hit rate ... while fewer than 128 requests wait'"),
-    "lpm_ttft": Hypothesis(
-        "lpm-beats-fcfs-ttft", "LPM beats FCFS on TTFT for a shuffled shared-prefix burst (< 128 waiting)",
-        "FCFS TTFT p50 / LPM TTFT p50 (per repetition pair)", low=1.0,
-        source=f"{PLAN}: 'LPM beats FCFS on ... mean TTFT only while fewer than 128 requests wait'"),
-}
+H = declare(f"""
+    warm_exact = warm-cached-exact: a warm request reports cached_tokens equal to the shared token count
+        judged on: fraction of warm requests with cached_tokens == prefix length (per repetition, all cases)
+        confirmed: [1, 1]
+        source: {PLAN}: 'cached_tokens equals the shared token count'
+    repeat_exact = repeat-cached-exact: an exact repeat reports cached_tokens = prompt_tokens - 1 (one token is
+            recomputed for the logits)
+        judged on: fraction of repeats with cached_tokens == prompt_tokens - 1 (per repetition, all cases)
+        confirmed: [1, 1]
+        source: {PLAN}: 'exact repeat: cached_tokens = prompt_tokens - 1'
+    half = half-shared-warm-over-cold: with half of a 512-token prompt cached, the warm prefill takes ~1/3 of the cold
+            one (A100: 38 -> 12 ms)
+        judged on: warm / cold server e2e latency with 1 new token (per repetition)
+        confirmed: <= 0.45
+        source: {PLAN}: '~0.3x of cold when about half of 512 tokens were shared' (A100), confirmed up to 0.45
+    uncached = prefill-follows-uncached-fraction: prefill time falls roughly with the uncached fraction (restated
+            plan)
+        judged on: warm / cold server e2e latency at the longest prefix (per repetition)
+        source: {PLAN} (restated): bound = 3 x the uncached token fraction + 0.1 (a fixed per-request cost)
+    switch = attention-kernel-switch: a cold prefill runs the ragged attention kernel only; a warm one adds the paged
+            kernel (new tokens x cached prefix) and merge-state (FlashInfer)
+        judged on: fraction of traced cold/warm pairs that switch that way (per pair)
+        confirmed: [1, 1]
+        source: {PLAN}: 'kernels switch to ragged + paged + merge-state'; premise: the flashinfer backend
+    agree = hit-rate-3-ways: the three hit-rate measurements (meta_info, log lines, /metrics counters) agree
+        judged on: largest difference between the three over the cases (per repetition)
+        confirmed: [0, 0.01]
+        source: sglang/reports/plan.md success criteria: 'the three cache-hit measurements agree'
+    pressure = eviction-hit-rate-falls: under memory pressure the hit rate falls
+        judged on: pass-2 hit rate with the working set >= 1.2x the pool, the highest of those sets (per repetition)
+        confirmed: <= 0.8
+        source: {PLAN}: 'under pressure evicted tokens grow'; premise: >= 0.9 while the working set fits in 90%
+    lru = eviction-lru-order: LRU evicts the oldest prefixes first
+        judged on: fraction of partly kept sweeps whose kept groups are exactly the newest ones (per repetition)
+        confirmed: [1, 1]
+        source: {PLAN}: 'oldest unlocked leaves go first (LRU)'
+    lpm_hit = lpm-beats-fcfs-hit-rate: LPM beats FCFS on hit rate for a shuffled shared-prefix burst (< 128 waiting)
+        judged on: LPM hit rate - FCFS hit rate (per repetition pair)
+        confirmed: >= 0.02
+        source: {PLAN}: 'LPM beats FCFS on hit rate ... while fewer than 128 requests wait'
+    lpm_ttft = lpm-beats-fcfs-ttft: LPM beats FCFS on TTFT for a shuffled shared-prefix burst (< 128 waiting)
+        judged on: FCFS TTFT p50 / LPM TTFT p50 (per repetition pair)
+        confirmed: >= 1
+        source: {PLAN}: 'LPM beats FCFS on ... mean TTFT only while fewer than 128 requests wait'
+""")
 
 
 def parse_args(argv=None):

@@ -54,7 +54,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, flops, gpu, procs, story, trace  # noqa: E402
 from common.checks import require_module, require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(reps=3, greedy_n=3, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=2048, decode_new=64,
              decode_steps=8, tput_n=64, tput_in=512, tput_out=128, bench=False, bar_n=64, bar_in=512, bar_out=128)
@@ -63,33 +63,34 @@ FULL = dict(reps=3, greedy_n=4, greedy_new=64, prefill_len=8192, decode_bs=32, d
 VARIANTS = {"flashinfer": ("flashinfer", {}), "triton": ("triton", {}), "fa3": ("fa3", {}),
             "flashinfer-cudacore-decode": ("flashinfer", {"SGLANG_FLASHINFER_USE_TENSOR_CORE": "false"})}
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 03"
-H = {
-    "prefill": Hypothesis(
-        "flashinfer-prefill-faster", "FlashInfer's prefill attention is clearly faster than Triton's extend kernel",
-        "Triton / FlashInfer prefill attention time (per traced prefill)", low=round(1 / 0.9, 3),
-        source=f"{PLAN}: 'FlashInfer prefill faster than Triton's extend kernel' (clearly: FlashInfer <= 0.9x)"),
-    "gap": Hypothesis(
-        "decode-gap-smaller", "decode attention is HBM-bound for both, so their gap is smaller than in prefill",
-        "|ln(Triton/FlashInfer) prefill| - |ln(Triton/FlashInfer) decode| (per repetition pair)", low=0,
-        source=f"{PLAN}: 'decode attention of both HBM-bound and closer together'"),
-    "two": Hypothesis(
-        "triton-two-decode-kernels", "Triton's decode launches two attention kernels per layer (split-KV stage 1 + "
-        "reduce)", "Triton attention launches per layer and decode step (per traced step)", low=1.5, high=2.5,
-        source=f"{PLAN}: 'Triton decode launches two kernels per layer (split-KV + reduce)'"),
-    "cpu": Hypothesis(
-        "flashinfer-lower-cpu", "FlashInfer has lower launch (CPU) overhead per step than Triton (A100 plan)",
-        "Triton / FlashInfer CPU time of a decode step (per traced step pair)", low=1.0,
-        source=f"{PLAN}: 'FlashInfer has lower launch overhead' checked as per-step CPU time"),
-    "greedy": Hypothesis(
-        "greedy-agree", "greedy outputs agree across backends (same dummy weights, seed 0); numerics may diverge",
-        "fraction of leading greedy tokens equal to the first backend's (per prompt and backend)", low=1, high=1,
-        source=f"{PLAN}: same weights, temperature 0"),
-    "bar": Hypothesis(
-        "offline-perf-bar", "the workbook's Engine reaches SGLang's bench_offline_throughput on the same config and "
-        "workload (and throughput_test_once on the same Engine)", "workbook Engine output tok/s as % of the lower "
-        "of the two references (per round)", low=97, unit="%",
-        source="PLAN.md success criteria: 'instrumentation within 97% of SGLang's own tools'"),
-}
+H = declare(f"""
+    prefill = flashinfer-prefill-faster: FlashInfer's prefill attention is clearly faster than Triton's extend kernel
+        judged on: Triton / FlashInfer prefill attention time (per traced prefill)
+        confirmed: >= 1.111
+        source: {PLAN}: 'FlashInfer prefill faster than Triton's extend kernel' (clearly: FlashInfer <= 0.9x)
+    gap = decode-gap-smaller: decode attention is HBM-bound for both, so their gap is smaller than in prefill
+        judged on: |ln(Triton/FlashInfer) prefill| - |ln(Triton/FlashInfer) decode| (per repetition pair)
+        confirmed: >= 0
+        source: {PLAN}: 'decode attention of both HBM-bound and closer together'
+    two = triton-two-decode-kernels: Triton's decode launches two attention kernels per layer (split-KV stage 1 +
+            reduce)
+        judged on: Triton attention launches per layer and decode step (per traced step)
+        confirmed: [1.5, 2.5]
+        source: {PLAN}: 'Triton decode launches two kernels per layer (split-KV + reduce)'
+    cpu = flashinfer-lower-cpu: FlashInfer has lower launch (CPU) overhead per step than Triton (A100 plan)
+        judged on: Triton / FlashInfer CPU time of a decode step (per traced step pair)
+        confirmed: >= 1
+        source: {PLAN}: 'FlashInfer has lower launch overhead' checked as per-step CPU time
+    greedy = greedy-agree: greedy outputs agree across backends (same dummy weights, seed 0); numerics may diverge
+        judged on: fraction of leading greedy tokens equal to the first backend's (per prompt and backend)
+        confirmed: [1, 1]
+        source: {PLAN}: same weights, temperature 0
+    bar = offline-perf-bar: the workbook's Engine reaches SGLang's bench_offline_throughput on the same config and
+            workload (and throughput_test_once on the same Engine)
+        judged on: workbook Engine output tok/s as % of the lower of the two references (per round)
+        confirmed: >= 97%
+        source: PLAN.md success criteria: 'instrumentation within 97% of SGLang's own tools'
+""")
 
 
 def parse_args(argv=None):

@@ -45,7 +45,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, nsys, story, trace  # noqa: E402
 from common.checks import SetupError, require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(burst=16, prompt=512, new=64)
 FULL = dict(burst=64, prompt=1024, new=128)
@@ -54,20 +54,21 @@ PHASES = ("scheduler.recv_requests", "scheduler.process_input_requests", "schedu
           "scheduler.run_batch", "scheduler.process_batch_result")
 GRAPH_MIN = 50   # kernels sharing one correlation id: one CUDA-graph replay (a whole decode step)
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 04"
-H = {
-    "attention": Hypothesis(
-        "attention-dominates", "attention (FlashInfer) kernels dominate GPU time (A100 plan; restated: GEMMs "
-        "dominate at moderate batch)", "attention kernel time / GEMM kernel time (per slice of the window)", low=1,
-        source=f"{PLAN}: 'FlashInfer kernels dominate GPU time' (A100)"),
-    "busy": Hypothesis(
-        "steady-decode-busy", "with overlap scheduling and CUDA graphs the GPU is rarely idle in steady decode",
-        "GPU busy % (per slice of the steady middle of the window)", low=90, high=100, unit="%",
-        source=f"{PLAN}: 'with overlap scheduling the GPU gaps between decode steps are a small fraction of a step'"),
-    "overlap": Hypothesis(
-        "overlap-off-gaps", "--disable-overlap-schedule turns the scheduler's CPU time into GPU idle gaps",
-        "steady busy % with overlap on - with it off (per slice pair)", low=2, unit=" pp",
-        source=f"{PLAN}: 'with --disable-overlap-schedule they grow by the scheduler's CPU time'"),
-}
+H = declare(f"""
+    attention = attention-dominates: attention (FlashInfer) kernels dominate GPU time (A100 plan; restated: GEMMs
+            dominate at moderate batch)
+        judged on: attention kernel time / GEMM kernel time (per slice of the window)
+        confirmed: >= 1
+        source: {PLAN}: 'FlashInfer kernels dominate GPU time' (A100)
+    busy = steady-decode-busy: with overlap scheduling and CUDA graphs the GPU is rarely idle in steady decode
+        judged on: GPU busy % (per slice of the steady middle of the window)
+        confirmed: [90, 100]%
+        source: {PLAN}: 'with overlap scheduling the GPU gaps between decode steps are a small fraction of a step'
+    overlap = overlap-off-gaps: --disable-overlap-schedule turns the scheduler's CPU time into GPU idle gaps
+        judged on: steady busy % with overlap on - with it off (per slice pair)
+        confirmed: >= 2 pp
+        source: {PLAN}: 'with --disable-overlap-schedule they grow by the scheduler's CPU time'
+""")
 
 
 def parse_args(argv=None):

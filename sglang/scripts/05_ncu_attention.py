@@ -51,7 +51,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, flops, gpu, ncu, story  # noqa: E402
 from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 # decode steps per request: enough that the profiling window, opened over HTTP once the batch is
 # decoding, still finds steps to profile (3 of them are profiled; the rest only cost ~ms each)
@@ -68,24 +68,26 @@ KERNELS = {  # kernel-name regex per backend, and the stage each kernel belongs 
     "fa3": ("flash_fwd|FlashAttn", {}),
 }
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 05"
-H = {
-    "dram": Hypothesis(
-        "decode-attention-memory-bound", "decode attention (batch 32, KV 4096) is memory-bound: DRAM above ~70% of "
-        "peak", "ncu DRAM throughput % of the main decode attention kernel (per profiled launch)", low=70, high=100,
-        unit="%", source=f"{PLAN}: 'DRAM above ~70% of peak (A100: 82%)'"),
-    "tensor": Hypothesis(
-        "decode-attention-tensor-low", "decode attention leaves the tensor pipe mostly idle", "tensor-pipe % of the "
-        "main decode attention kernel (per profiled launch)", low=0, high=30, unit="%",
-        source=f"{PLAN}: 'tensor pipe low (A100: 15%)', judged up to 30%"),
-    "stall": Hypothesis(
-        "decode-long-scoreboard", "long-scoreboard (waiting for a global memory load) is the top warp stall of "
-        "decode attention", "long_scoreboard share / the largest other stall's share (per profiled launch)", low=1,
-        source=f"{PLAN}: 'long-scoreboard the top stall' (A100)"),
-    "prefill_tc": Hypothesis(
-        "prefill-tensor-higher", "prefill attention has much higher tensor-pipe activity than decode",
-        "prefill tensor-pipe % / the decode kernel's median (per profiled prefill launch)", low=2,
-        source=f"{PLAN}: 'much higher tensor-pipe activity' (A100: 35% vs 15%), judged as >= 2x"),
-}
+H = declare(f"""
+    dram = decode-attention-memory-bound: decode attention (batch 32, KV 4096) is memory-bound: DRAM above ~70% of
+            peak
+        judged on: ncu DRAM throughput % of the main decode attention kernel (per profiled launch)
+        confirmed: [70, 100]%
+        source: {PLAN}: 'DRAM above ~70% of peak (A100: 82%)'
+    tensor = decode-attention-tensor-low: decode attention leaves the tensor pipe mostly idle
+        judged on: tensor-pipe % of the main decode attention kernel (per profiled launch)
+        confirmed: [0, 30]%
+        source: {PLAN}: 'tensor pipe low (A100: 15%)', judged up to 30%
+    stall = decode-long-scoreboard: long-scoreboard (waiting for a global memory load) is the top warp stall of decode
+            attention
+        judged on: long_scoreboard share / the largest other stall's share (per profiled launch)
+        confirmed: >= 1
+        source: {PLAN}: 'long-scoreboard the top stall' (A100)
+    prefill_tc = prefill-tensor-higher: prefill attention has much higher tensor-pipe activity than decode
+        judged on: prefill tensor-pipe % / the decode kernel's median (per profiled prefill launch)
+        confirmed: >= 2
+        source: {PLAN}: 'much higher tensor-pipe activity' (A100: 35% vs 15%), judged as >= 2x
+""")
 
 
 def parse_args(argv=None):

@@ -52,30 +52,32 @@ import _sglang as sg  # noqa: E402
 from common import cli, gpu, procs, stats, story, trace  # noqa: E402
 from common.checks import SetupError, require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 FULL_CONFIGS = "llama-3.1-8b:1,2,4;llama-3.1-70b:2,4"
 QUICK_CONFIGS = "llama-3.1-8b:1,2"
 DECODE_BS, DECODE_STEPS = 16, 8
 PLAN = "sglang/reports/plan.md, experiment 07"
-H = {
-    "sublinear": Hypothesis(
-        "tp-itl-sublinear", "decode ITL improves with TP, but sub-linearly", "batch-1 ITL speed-up from the smallest "
-        "to the largest TP (ratio of bootstrap intervals of the ITL samples); confirmed between 1 and the ideal",
-        low=1, source=f"{PLAN}: 'decode ITL improves sub-linearly with TP'"),
-    "share": Hypothesis(
-        "tp-allreduce-share-grows", "the all-reduce share of a decode step grows with TP", "smallest rise of the "
-        "all-reduce share between consecutive TP sizes (intervals over the traced steps)", low=0, unit=" pp",
-        source=f"{PLAN}: 'the all-reduce share of a decode step grows with TP'"),
-    "nccl_itl": Hypothesis(
-        "nccl-only-slower", "--disable-custom-all-reduce (NCCL only) makes small-batch decode slower",
-        "batch-1 ITL NCCL only / custom all-reduce (ratio of bootstrap intervals)", low=1,
-        source=f"{PLAN}: '--disable-custom-all-reduce slows small-batch decode'"),
-    "nccl_ar": Hypothesis(
-        "custom-ar-less-time", "the custom all-reduce spends less GPU time per decode step than NCCL's (batch 16)",
-        "all-reduce us per decode step, NCCL only / custom (ratio of intervals over the traced steps)", low=1,
-        source=f"{PLAN}: 'decode all-reduces use the custom kernel'"),
-}
+H = declare(f"""
+    sublinear = tp-itl-sublinear: decode ITL improves with TP, but sub-linearly
+        judged on: batch-1 ITL speed-up from the smallest to the largest TP (ratio of bootstrap intervals of the ITL
+            samples); confirmed between 1 and the ideal
+        confirmed: >= 1
+        source: {PLAN}: 'decode ITL improves sub-linearly with TP'
+    share = tp-allreduce-share-grows: the all-reduce share of a decode step grows with TP
+        judged on: smallest rise of the all-reduce share between consecutive TP sizes (intervals over the traced
+            steps)
+        confirmed: >= 0 pp
+        source: {PLAN}: 'the all-reduce share of a decode step grows with TP'
+    nccl_itl = nccl-only-slower: --disable-custom-all-reduce (NCCL only) makes small-batch decode slower
+        judged on: batch-1 ITL NCCL only / custom all-reduce (ratio of bootstrap intervals)
+        confirmed: >= 1
+        source: {PLAN}: '--disable-custom-all-reduce slows small-batch decode'
+    nccl_ar = custom-ar-less-time: the custom all-reduce spends less GPU time per decode step than NCCL's (batch 16)
+        judged on: all-reduce us per decode step, NCCL only / custom (ratio of intervals over the traced steps)
+        confirmed: >= 1
+        source: {PLAN}: 'decode all-reduces use the custom kernel'
+""")
 
 
 def configs(text: str) -> list[tuple[str, int]]:

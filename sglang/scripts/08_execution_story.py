@@ -62,7 +62,7 @@ import _sglang as sg  # noqa: E402
 from common import cli, gpu, models, ncu, story, timeline, trace  # noqa: E402
 from common.checks import require_modules, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=64, batch=32, pool=32768, load_n=200, load_rate=50, load_in=512, load_out=128,
              long_prompt=10000, groups=8, prefix=4096)
@@ -71,31 +71,38 @@ FULL = dict(reps=5, prompt=512, new=64, batch=32, pool=65536, load_n=500, load_r
 ENV = {"SGLANG_LOG_MS": "1", "SGLANG_PROFILE_WITH_STACK": "false", "SGLANG_PROFILE_RECORD_SHAPES": "false"}
 SP = {"temperature": 0, "ignore_eos": True}
 
-H = {  # the plan's expectations, restated for one H100/H200 (sglang/reports/plan.md), as judged quantities
-    "decode_gemm": Hypothesis("decode-gemm-bw", "decode at batch 1 is bound by reading the weights",
-                              "decode GEMMs' weight-streaming rate as % of the measured DRAM ceiling (per layer)",
-                              low=70, high=100, unit="%", source="PLAN.md 01: 'decode is memory-bound'; restated in "
-                              "sglang/reports/plan.md (a batch-1 step reads all weights once)"),
-    "prefill_gemm": Hypothesis("prefill-gemm-tc", "prefill GEMMs (512 tokens) run near the tensor-core ceiling",
-                               "prefill GEMMs' TFLOP/s as % of the measured bf16 ceiling (per layer)", low=70,
-                               high=100, unit="%", source="sglang/reports/plan.md: GEMMs dominate prefill at 512 tokens"),
-    "attention_share": Hypothesis("prefill-attention-share", "attention is ~45% of prefill (A100, plan) — restated: a "
-                                  "small share at 512 tokens", "attention kernels' share of the prefill step's kernel "
-                                  "time", low=0, high=10, unit="%", source="PLAN.md Experiment 1 (~45%, A100); "
-                                  "sglang/reports/plan.md restates < 10% at 512 tokens"),
-    "observer": Hypothesis("observer-effect", "the torch profiler changes the decode step it watches by < 5%",
-                           "traced / untraced ITL - 1 (median per run)", low=-5, high=5, unit="%",
-                           source="issue 14 target: story step times within 5% of untraced"),
-    "observer_ttft": Hypothesis("observer-effect-ttft", "the torch profiler changes the first token's latency by < 5%",
-                                "traced / untraced TTFT - 1 (one request, per run)", low=-5, high=5, unit="%",
-                                source="issue 14 target, applied to the prefill step as well"),
-    "usage": Hypothesis("pressure-usage", "under pressure the KV pool fills (token usage near 1.0)",
-                        "max token usage of the scheduler's steps in the pressure run(s)", low=0.9, high=1.0,
-                        source="PLAN.md Experiment 5: continuous batching under memory pressure"),
-    "lru": Hypothesis("lru-thrash", "a round-robin over more prefixes than fit evicts each before its reuse",
-                      "hit fraction (cached / prefix tokens) of second-pass requests", low=0, high=0.1,
-                      source="RadixCache with LRU eviction (sglang radix_cache.py); PLAN.md Experiment 2"),
-}
+H = declare("""
+    decode_gemm = decode-gemm-bw: decode at batch 1 is bound by reading the weights
+        judged on: decode GEMMs' weight-streaming rate as % of the measured DRAM ceiling (per layer)
+        confirmed: [70, 100]%
+        source: PLAN.md 01: 'decode is memory-bound'; restated in sglang/reports/plan.md (a batch-1 step reads all
+            weights once)
+    prefill_gemm = prefill-gemm-tc: prefill GEMMs (512 tokens) run near the tensor-core ceiling
+        judged on: prefill GEMMs' TFLOP/s as % of the measured bf16 ceiling (per layer)
+        confirmed: [70, 100]%
+        source: sglang/reports/plan.md: GEMMs dominate prefill at 512 tokens
+    attention_share = prefill-attention-share: attention is ~45% of prefill (A100, plan) — restated: a small share at
+            512 tokens
+        judged on: attention kernels' share of the prefill step's kernel time
+        confirmed: [0, 10]%
+        source: PLAN.md Experiment 1 (~45%, A100); sglang/reports/plan.md restates < 10% at 512 tokens
+    observer = observer-effect: the torch profiler changes the decode step it watches by < 5%
+        judged on: traced / untraced ITL - 1 (median per run)
+        confirmed: [-5, 5]%
+        source: issue 14 target: story step times within 5% of untraced
+    observer_ttft = observer-effect-ttft: the torch profiler changes the first token's latency by < 5%
+        judged on: traced / untraced TTFT - 1 (one request, per run)
+        confirmed: [-5, 5]%
+        source: issue 14 target, applied to the prefill step as well
+    usage = pressure-usage: under pressure the KV pool fills (token usage near 1.0)
+        judged on: max token usage of the scheduler's steps in the pressure run(s)
+        confirmed: [0.9, 1]
+        source: PLAN.md Experiment 5: continuous batching under memory pressure
+    lru = lru-thrash: a round-robin over more prefixes than fit evicts each before its reuse
+        judged on: hit fraction (cached / prefix tokens) of second-pass requests
+        confirmed: [0, 0.1]
+        source: RadixCache with LRU eviction (sglang radix_cache.py); PLAN.md Experiment 2
+""")
 
 
 def parse_args(argv=None):
