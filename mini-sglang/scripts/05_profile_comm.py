@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from common import cli, flops, gpu, models, plots, procs, stats, story  # noqa: E402
 from common.checks import SetupError, require_gpu, require_module, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.results import Run, load_summary  # noqa: E402
 from common.stats import Interval  # noqa: E402
 from common.timing import bench  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -346,12 +346,11 @@ def tell(x) -> str:
 
 def main_reanalyse(args) -> int:
     """Verdicts and story again from an earlier run's CSVs (no GPU, no ranks)."""
-    import json
     pd = require_module("pandas")
     src = Path(args.reanalyse).resolve()
     if not (src / "allreduce.csv").exists():
         raise SetupError(f"{src}: no allreduce.csv to re-analyse (written by 05_profile_comm.py)")
-    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prev = load_summary(src) or {}
     prov, head = prev.get("provenance") or {}, prev.get("headline") or {}
     df = pd.read_csv(src / "allreduce.csv")
     ov = pd.read_csv(src / "copy_overhead.csv") if (src / "copy_overhead.csv").exists() else None

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, gpu, models, story, trace  # noqa: E402
-from common.checks import require_modules, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -175,9 +175,7 @@ def request_figures(rep: dict) -> dict:
 
 def check(args):
     """Everything that can fail before a GPU is touched: packages, GPU, values, the model dir."""
-    sg.require_sglang()
-    cli.check_gpus_for(1)
-    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    pd = sg.require_stack()
     P = QUICK if args.quick else FULL
     model_dir, base = sg.model_and_flags(args)
     fl = base + sg.flags(attention_backend=args.backend, enable_metrics=True, log_level="info",

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, story, trace  # noqa: E402
-from common.checks import require_modules, run_main  # noqa: E402
+from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -238,9 +238,7 @@ def policy_run(srv, P, policy: str, rep: int, run) -> dict:
 
 
 def check(args):
-    sg.require_sglang()
-    cli.check_gpus_for(1)
-    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    pd = sg.require_stack()
     P = QUICK if args.quick else FULL
     model_dir, base = sg.model_and_flags(args)
     return pd, P, list(args.pool_tokens or P["pools"]), model_dir, base

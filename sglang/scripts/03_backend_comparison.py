@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, flops, gpu, procs, story, trace  # noqa: E402
-from common.checks import require_module, require_modules, run_main  # noqa: E402
+from common.checks import require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -295,9 +295,7 @@ def offline_bar(args, P, model_dir, base, run) -> list[dict]:
 # ------------------------------------------------------------------ check, analyse, judge, tell
 
 def check(args):
-    sg.require_sglang()
-    cli.check_gpus_for(1)
-    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    pd = sg.require_stack()
     P = QUICK if args.quick else FULL
     try:   # FA3 ships in sglang-kernel's flash_ops library, which trimmed builds leave out
         fa3 = importlib.import_module("sgl_kernel.flash_attn") is not None

@@ -34,7 +34,6 @@ server_*.log, story.txt, summary.json.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, nsys, story, trace  # noqa: E402
 from common.checks import SetupError, require_modules, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(burst=16, prompt=512, new=64)
@@ -335,7 +334,7 @@ def main_reanalyse(args) -> int:
     src = Path(args.reanalyse).resolve()
     require_modules(("pandas", None))
     res = reanalyse(src)          # read everything before Run replaces the folder (when DIR is the default one)
-    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prev = load_summary(src) or {}
     prev_args = prev.get("args", {})
     keep = {f.name: f.read_bytes() for pat in ("timeline_*.csv", "timeline_*.nsys-rep", "server_*.log")
             for f in src.glob(pat)}
@@ -355,9 +354,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.reanalyse:
         return main_reanalyse(args)
-    sg.require_sglang()
-    cli.check_gpus_for(1)
-    require_modules(("pandas", None))
+    sg.require_stack()
     P = QUICK if args.quick else FULL
     use_nsys = not args.torch and nsys.find() is not None
     configs = [("overlap_on", [])] + ([("overlap_off", ["--disable-overlap-schedule"])]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import re
 import statistics
@@ -51,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, gpu, procs, stats, story, trace  # noqa: E402
 from common.checks import SetupError, require_modules, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 FULL_CONFIGS = "llama-3.1-8b:1,2,4;llama-3.1-70b:2,4"
@@ -326,7 +325,7 @@ def load_merge(src: Path, pd) -> tuple:
     src = Path(src).resolve()
     if not (src / "tp_runs.csv").exists():
         raise SetupError(f"--merge {src}: no tp_runs.csv there (written by 07_tp_scaling.py)")
-    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prev = load_summary(src) or {}
     prov = prev.get("provenance") or {}
     git = prov.get("git") or {}
     tag = f"{str(prov.get('date_utc', '?'))[:16]} @ {git.get('commit', '?')}" if prov else src.name
@@ -359,7 +358,7 @@ def main_reanalyse(args) -> int:
     df = pd.read_csv(src / "tp_runs.csv")
     akd = pd.read_csv(src / "allreduce_kernels.csv") if (src / "allreduce_kernels.csv").exists() else pd.DataFrame()
     topo_text = (src / "topology.txt").read_text() if (src / "topology.txt").exists() else ""
-    prev = json.loads((src / "summary.json").read_text()) if (src / "summary.json").exists() else {}
+    prev = load_summary(src) or {}
     keep = {f.name: f.read_bytes() for f in src.iterdir() if f.is_file() and f.suffix in (".log", ".txt")
             and f.name not in ("log.txt", "story.txt")}
     with Run(__file__, args, out=args.out) as run:
@@ -379,10 +378,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.reanalyse:
         return main_reanalyse(args)
-    sg.require_sglang()
+    pd = sg.require_stack(gpus=None)         # the TP sizes that fit are checked below
     wanted = args.configs or configs(QUICK_CONFIGS if args.quick else FULL_CONFIGS)
     have, fits, skipped = fitting(wanted, explicit=args.configs is not None)
-    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
     merged = load_merge(args.merge, pd) if args.merge else None
     with Run(__file__, args, out=args.out) as run:
         if merged is not None:

@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common import cli, gpu, models, ncu, story, timeline, trace  # noqa: E402
-from common.checks import require_modules, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.checks import SetupError, run_main  # noqa: E402
+from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=64, batch=32, pool=32768, load_n=200, load_rate=50, load_in=512, load_out=128,
@@ -417,9 +417,7 @@ def write_story(run, data, pk, backend_why):
 
 def check(args):
     """Everything that can fail before a GPU is touched: packages, GPU, ncu, values, the model dir."""
-    sg.require_sglang()
-    cli.check_gpus_for(1)
-    require_modules(("pandas", "pip install pandas"), ("matplotlib", "pip install matplotlib"))
+    sg.require_stack()
     if args.ncu:
         from common.checks import require_tool
         require_tool("ncu", "Nsight Compute ships with the CUDA toolkit; add it to PATH, or leave out --ncu.")
@@ -527,9 +525,11 @@ def main(argv=None) -> int:
 def reanalyse(args) -> int:
     """--reanalyse DIR: the analysis of a recorded run, again, without a GPU (provenance of the recording)."""
     src = Path(args.reanalyse).resolve()
-    prev = json.loads((src / "summary.json").read_text())
+    if not (src / "raw.json").is_file():
+        raise SetupError(f"{src}: no raw.json to re-analyse (written by 08_execution_story.py)")
+    prev = load_summary(src) or {}
     data = load_raw(src)
-    cfg = models.config(prev["args"].get("preset") or "llama-3.1-8b")
+    cfg = models.config((prev.get("args") or {}).get("preset") or "llama-3.1-8b")
     with Run(__file__, args, out=args.out) as run:
         run.reanalysis_of(prev, src)
         if data["windows"]:

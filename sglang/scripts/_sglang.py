@@ -198,6 +198,19 @@ def require_sglang() -> None:
         raise SetupError(f"Python package 'sglang' is not installed. Install it: {SGLANG_PIP}")
 
 
+def require_stack(gpus: int | None = 1):
+    """What an SGLang experiment needs before a server starts, each missing piece one SetupError line:
+    sglang, ``gpus`` visible GPUs (None: the script checks its own TP sizes), pandas and matplotlib.
+    Returns pandas."""
+    from common import cli
+    from common.checks import require_modules
+    require_sglang()
+    if gpus:
+        cli.check_gpus_for(gpus)
+    pd, _ = require_modules(("pandas", None), ("matplotlib", None))
+    return pd
+
+
 def sglang_installed() -> bool:
     """True when the real sglang package is importable. The workbook's own ``sglang/`` folder (no
     __init__.py) is a namespace package from the repository root, which does not count."""
