@@ -224,7 +224,8 @@ class Group:
     """
 
     def __init__(self, cmd, log_path, *, env=None, name: str = "process", pidfile=None, echo=print,
-                 stop_timeout: float = 20.0, cwd=None):
+                 stop_timeout: float = 20.0, cwd=None, stdin_pipe: bool = False):
+        self.stdin_pipe = stdin_pipe   # True: the command reads requests from proc.stdin (a worker)
         self.cmd = [str(c) for c in cmd]
         self.log_path = Path(log_path)
         self.env = env
@@ -249,7 +250,8 @@ class Group:
         self._install_handlers()
         try:
             self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env, cwd=self.cwd,
+                                         stdin=subprocess.PIPE if self.stdin_pipe else subprocess.DEVNULL,
+                                         env=self.env, cwd=self.cwd,
                                          start_new_session=True)
         except OSError as e:
             self._close()
@@ -277,6 +279,11 @@ class Group:
             return self.stop_report
         proc, t0 = self.proc, time.time()
         self.proc = None
+        if proc.stdin:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
         try:
             left = stop_tree(proc.pid, term_timeout=self.stop_timeout, first=first)
         except KeyboardInterrupt:      # a second Ctrl-C while stopping: no more patience

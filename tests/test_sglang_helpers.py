@@ -445,3 +445,91 @@ def test_a_server_left_by_a_sigkilled_run_is_found_and_stopped(tmp_path):
         if procs.alive(server):
             os.killpg(server, signal.SIGKILL)                  # the group this test's run started
         run.stdout.close()
+
+
+# ------------------------------------------------------------------ bench_serving in one worker process
+
+FAKE_BENCH = '''
+import argparse, json, os, sys, time
+def cli_main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--output-file", required=True)
+    p.add_argument("--num-prompts", type=int, default=1)
+    p.add_argument("--sleep", type=float, default=0)
+    p.add_argument("--fail", action="store_true")
+    p.add_argument("--die", action="store_true")
+    a, _ = p.parse_known_args()
+    print("stand-in bench_serving in pid", os.getpid())
+    if a.die:
+        os._exit(9)
+    time.sleep(a.sleep)
+    if a.fail:
+        raise RuntimeError("boom")
+    rec = {}
+    if os.environ.get("FAKE_BENCH_RECORD"):        # a real bench_serving record (tests/fixtures)
+        rec = json.loads(open(os.environ["FAKE_BENCH_RECORD"]).readline())
+    with open(a.output_file, "a") as f:
+        f.write(json.dumps({**rec, "pid": os.getpid(), "completed": a.num_prompts}) + "\\n")
+'''
+
+
+def _worker(tmp_path, record=None):
+    (tmp_path / "fakebench.py").write_text(FAKE_BENCH)
+    env = {"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}", "FAKE_BENCH_RECORD": str(record or "")}
+    return sg.BenchWorker(env, tmp_path / "worker.log", echo=lambda *_: None, module="fakebench")
+
+
+def _out(tmp_path, name):
+    return json.loads((tmp_path / f"{name}.jsonl").read_text().splitlines()[-1])
+
+
+def test_bench_worker_runs_many_benchmarks_in_one_process(tmp_path):
+    w = _worker(tmp_path)
+    try:
+        assert w.run(["--output-file", tmp_path / "a.jsonl", "--num-prompts", "8"], tmp_path / "a.log") == 0
+        pid = w.pid
+        assert w.run(["--output-file", tmp_path / "b.jsonl"], tmp_path / "b.log") == 0
+        assert _out(tmp_path, "a")["pid"] == _out(tmp_path, "b")["pid"] == pid        # imported once
+        log = (tmp_path / "b.log").read_text()
+        assert log.startswith(f"$ {sys.executable} -m fakebench --output-file") and "run 2)" in log
+        assert f"stand-in bench_serving in pid {pid}" in log and not list(tmp_path.glob("*.done"))
+        # a failing run: its exit code and traceback, and the worker goes on
+        assert w.run(["--output-file", tmp_path / "c.jsonl", "--fail"], tmp_path / "c.log") == 1
+        assert "RuntimeError: boom" in (tmp_path / "c.log").read_text()
+        assert w.run(["--output-file", tmp_path / "d.jsonl", "--bogus"], tmp_path / "d.log") == 0   # unknown args kept
+        assert w.run(["--num-prompts", "x"], tmp_path / "e.log") == 2                  # argparse's exit code
+        assert w.pid == pid
+    finally:
+        w.stop()
+    assert not procs.alive(pid)
+
+
+def test_bench_worker_timeout_or_death_stops_it_and_the_next_run_starts_a_new_one(tmp_path):
+    w = _worker(tmp_path)
+    try:
+        with pytest.raises(procs.ProcError, match="did not finish within 1 s"):
+            w.run(["--output-file", tmp_path / "a.jsonl", "--sleep", "30"], tmp_path / "a.log", timeout=1)
+        assert w.group is None
+        assert w.run(["--output-file", tmp_path / "b.jsonl"], tmp_path / "b.log") == 0
+        pid = w.pid
+        with pytest.raises(procs.ProcError, match=r"worker exited \(code 9\)"):
+            w.run(["--output-file", tmp_path / "c.jsonl", "--die"], tmp_path / "c.log")
+        assert not procs.alive(pid)
+        assert w.run(["--output-file", tmp_path / "d.jsonl"], tmp_path / "d.log") == 0 and w.pid != pid
+    finally:
+        w.stop()
+
+
+def test_run_bench_goes_through_the_servers_worker_which_stops_with_the_server(tmp_path, fixture_path):
+    srv = fake(tmp_path)
+    srv._bench = _worker(tmp_path, fixture_path("sglang_bench_serving_random_ids_rate32_h200.jsonl"))
+    with srv:
+        rec = sg.run_bench(srv, tmp_path / "bench", "rate_8_0", num_prompts=32, input_len=512, output_len=64, rate=8,
+                           echo=lambda *_: None)
+        assert rec["completed"] == 32 and rec["_wall_s"] > 0
+        pid = srv._bench.pid
+        assert procs.alive(pid)
+        with pytest.raises(ServerError, match="bench_serving bad failed"):   # no output file: one error naming the log
+            sg.run_bench(srv, tmp_path / "bench", "bad", num_prompts=1, input_len=1, output_len=1,
+                         echo=lambda *_: None, extra=("--fail",))
+    assert not procs.alive(pid)

@@ -24,7 +24,10 @@ the whole tree stopped on exit, error, Ctrl-C, SIGTERM) with what SGLang needs a
   * waits for ``/health`` (200) up to ``start_timeout`` while watching the process: if it exits,
     ServerError with the last log lines;
   * with a ``wrapper`` (an ncu or nsys command line) the application inside is signalled first and
-    the wrapper given ``wrapper_stop_timeout`` seconds to write its report, then the group is stopped.
+    the wrapper given ``wrapper_stop_timeout`` seconds to write its report, then the group is stopped;
+  * ``run_bench(srv, ...)`` runs ``sglang.benchmark.serving`` in the server's BenchWorker: one process
+    that imports it once and runs each benchmark's ``cli_main()`` (same arguments, output file and log
+    as the command line), stopped with the server.
 
 Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 output):
   parse_batch_log(text)     scheduler lines -> rows (kind, time, new-seq, new-token, cached-token, token
@@ -308,6 +311,14 @@ class Server:
         self.group: procs.Group | None = None
         self.startup_s: float | None = None
         self.stop_report: dict = {}
+        self._bench: BenchWorker | None = None
+
+    def bench_worker(self, echo=None) -> "BenchWorker":
+        """The bench_serving worker of this server (started on first use, stopped with the server)."""
+        if self._bench is None:
+            self._bench = BenchWorker(tool_env(self.model_path), self.log_path.with_name("bench_worker.log"),
+                                      echo=echo or self.echo)
+        return self._bench
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -372,6 +383,8 @@ class Server:
     def stop(self) -> dict:
         """Stop the whole process tree (idempotent); returns what happened. With a wrapper, the
         application inside is signalled first and the wrapper gets time to write its report."""
+        if self._bench is not None:
+            self._bench.stop()
         g = self.group
         if g is None or g.proc is None:
             return self.stop_report
@@ -903,15 +916,115 @@ def tool_env(model_path) -> dict:
     return {**SERVER_ENV, **local_env(), **(OFFLINE_ENV if Path(model_path).is_dir() else {})}
 
 
+BENCH_MODULE = "sglang.benchmark.serving"
+
+
+def _bench_worker(module: str) -> int:
+    """The worker's side of :class:`BenchWorker`: import ``module`` once, then for each JSON request
+    read on stdin ({"argv", "log", "done"}) run its ``cli_main()`` with that argv, its output in the
+    request's log, and write {"rc": exit code} to ``done`` (atomically). Ends when stdin closes."""
+    import contextlib
+    import importlib
+    import traceback
+    from common.results import write_json_atomic
+    mod = importlib.import_module(module)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        rc = 0
+        with open(req["log"], "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            sys.argv = [module, *req["argv"]]
+            try:
+                mod.cli_main()
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # noqa: BLE001 - the run failed: its traceback in its log, the worker goes on
+                traceback.print_exc()
+                rc = 1
+        write_json_atomic(req["done"], {"rc": rc})
+    return 0
+
+
+class BenchWorker:
+    """One ``sglang.benchmark.serving`` process for all the runs against a server. Each run as its own
+    ``python -m sglang.benchmark.serving`` paid ~20 s of imports and tokenizer loading for 1.5-5 s of
+    benchmark on the H200 (01's bench logs, 2026-11-23); the worker pays the imports once. A run is
+    the module's own ``cli_main()`` with the same arguments, output file and log as the command line.
+    The worker is a common.procs.Group (own process group, stopped with its tree on exit, error,
+    Ctrl-C, SIGTERM); a run past its timeout stops the worker (ProcError) and the next run starts a
+    new one; a worker that dies is a ProcError with its log's last lines."""
+
+    def __init__(self, env: dict, log_path, *, echo=print, module: str = BENCH_MODULE, python=sys.executable):
+        self.env, self.log_path, self.echo, self.module = env, Path(log_path), echo, module
+        self.cmd = [python, str(Path(__file__).resolve()), "--bench-worker", module]
+        self.group: procs.Group | None = None
+        self.runs = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.group.pid if self.group else None
+
+    def _start(self) -> None:
+        self.group = procs.Group(self.cmd, self.log_path, env={**os.environ, **self.env}, name="bench_serving worker",
+                                 echo=self.echo, stdin_pipe=True).start()
+        atexit.register(self.stop)
+
+    def run(self, argv, log, timeout: float | None = 900) -> int:
+        """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``."""
+        if self.group is None or not self.group.alive():
+            self._start()
+        log = Path(log)
+        done = log.with_name(log.name + ".done")
+        done.unlink(missing_ok=True)
+        line = shlex.join([sys.executable, "-m", self.module, *map(str, argv)])
+        self.echo(f"$ {line[:300]}")
+        with open(log, "a") as f:
+            f.write(f"$ {line}\n# in the bench_serving worker (pid {self.pid}, run {self.runs + 1})\n")
+        try:
+            self.group.proc.stdin.write((json.dumps({"argv": list(map(str, argv)), "log": str(log),
+                                                     "done": str(done)}) + "\n").encode())
+            self.group.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass                                    # the worker is gone: said just below
+        t0 = time.time()
+        while not done.exists():
+            if not self.group.alive():
+                rc = self.group.poll()
+                self.stop()
+                raise procs.ProcError(f"the bench_serving worker exited (code {rc}) during a run; "
+                                      f"its log: {self.log_path}, the run's: {log}")
+            if timeout is not None and time.time() - t0 > timeout:
+                self.stop()
+                raise procs.ProcError(f"bench_serving did not finish within {timeout:.0f} s (worker stopped; "
+                                      f"log: {log})")
+            time.sleep(0.05)
+        self.runs += 1
+        rc = int(json.loads(done.read_text())["rc"])
+        done.unlink(missing_ok=True)
+        return rc
+
+    def stop(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+            self.group = None
+        try:
+            atexit.unregister(self.stop)
+        except Exception:  # noqa: BLE001 - interpreter shutting down
+            pass
+
+
 def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, **kw) -> dict:
-    """Run bench_serving once (in its own process group, common.procs.run_tool); returns its result
-    dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
+    """Run bench_serving once, in the server's :class:`BenchWorker` (started on first use, stopped with
+    the server); returns its result dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     out_file, log = out_dir / f"{name}.jsonl", out_dir / f"{name}.log"
     out_file.unlink(missing_ok=True)
     t0 = time.time()
-    rc = procs.run_tool(bench_cmd(srv, out_file, **kw), log, timeout=timeout, echo=echo,
-                        env=tool_env(srv.model_path), name=f"bench_serving {name}")
+    worker = srv.bench_worker(echo)
+    worker.echo = echo
+    rc = worker.run(bench_cmd(srv, out_file, **kw)[3:], log, timeout=timeout)
     if rc != 0 or not out_file.exists():
         lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()] if log.exists() else []
         raise ServerError(f"bench_serving {name} failed (rc={rc}): {lines[-1][:200] if lines else 'no output'} "
@@ -1042,3 +1155,7 @@ def join_steps(steps: list[dict], rows: list[dict], min_match: float = 0.8) -> t
         r = rows[j] if info["ok"] and 0 <= j < len(rows) else {}
         joined.append({**s, "log_match": bool(r) and lg[j] == st[i], **{f"log_{k}": r.get(k) for k in LOG_FIELDS}})
     return joined, info
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--bench-worker"]:
+    sys.exit(_bench_worker(sys.argv[2] if len(sys.argv) > 2 else BENCH_MODULE))
