@@ -947,9 +947,10 @@ def _bench_worker(module: str) -> int:
 
 
 class BenchWorker:
-    """One ``sglang.benchmark.serving`` process for all the runs against a server. Each run as its own
-    ``python -m sglang.benchmark.serving`` paid ~20 s of imports and tokenizer loading for 1.5-5 s of
-    benchmark on the H200 (01's bench logs, 2026-11-23); the worker pays the imports once. A run is
+    """One ``sglang.benchmark.serving`` process for all the runs against a server. Run as its own
+    ``python -m sglang.benchmark.serving``, each benchmark took ~22 s of wall time for a "Benchmark
+    duration" of 1.5-5 s (01 --quick on the H200, 2026-11-23: log.txt time stamps against the bench
+    JSONs), most of it the start of a Python process that imports sglang; the worker starts once. A run is
     the module's own ``cli_main()`` with the same arguments, output file and log as the command line.
     The worker is a common.procs.Group (own process group, stopped with its tree on exit, error,
     Ctrl-C, SIGTERM); a run past its timeout stops the worker (ProcError) and the next run starts a
