@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from common import procs, report, results
+from kit import write_fake_system
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -281,39 +282,10 @@ def test_the_matrix_is_covered():
 # ------------------------------------------------------------------ (a) pipelines
 
 FAKESYS = "fakesys"
-STEP_SCRIPTS = {
-    # a real results.Run: a report block would change if the reports were refreshed
-    "ok.py": ("from common.results import Run\nprint('ok step ran', flush=True)\n"
-              "with Run(__file__, {}, quiet=True) as run:\n    run.headline(answer=42)\n"),
-    "fail.py": ("from common.checks import run_main\n"
-                "def main(argv=None):\n    raise RuntimeError('the kernel check failed')\nrun_main(main)\n"),
-    # a package a step imports deep inside (argv[1] names it)
-    "needs.py": ("import sys\nfrom common.checks import run_main\n"
-                 "def main(argv=None):\n    __import__(sys.argv[1])\n    return 0\nrun_main(main)\n"),
-    # a child in the step's group and a grandchild in its own session: both must go
-    "sleep.py": ("import os, pathlib, subprocess, sys, time\n"
-                 "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                 "far = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
-                 "                       start_new_session=True)\n"
-                 "p = pathlib.Path(__file__).with_name('pids.txt')\n"
-                 "p.with_suffix('.tmp').write_text(f'{os.getpid()} {kid.pid} {far.pid}')\n"
-                 "p.with_suffix('.tmp').replace(p)\nprint('sleeping', flush=True)\ntime.sleep(120)\n"),
-    "marker.py": "import pathlib\npathlib.Path(__file__).with_name('marker.txt').write_text('ran')\n",
-}
-FAKE_PAGE = "# fake report\n\n<!-- auto:ok/headline -->\ncommitted text\n<!-- /auto -->\n\nhand-written prose\n"
-
-
 def fake_system(tmp_path: Path, steps: list[str]) -> World:
     """A World whose system ``fakesys`` has a _steps.py of ``steps`` (Step(...) sources) and the step scripts."""
     w = World(tmp_path, systems=())
-    sd = w.root / FAKESYS
-    (sd / "scripts").mkdir(parents=True)
-    (sd / "reports").mkdir()
-    (sd / "reports" / "r.md").write_text(FAKE_PAGE)
-    for name, src in STEP_SCRIPTS.items():
-        (sd / "scripts" / name).write_text(src)
-    (sd / "scripts" / "_steps.py").write_text("from common.pipeline import ONLY, Step\n\nSTEPS = [\n"
-                                              + "".join(f"    {s},\n" for s in steps) + "]\n")
+    write_fake_system(w.root, FAKESYS, steps)
     w.reports0 = w.reports()
     return w
 

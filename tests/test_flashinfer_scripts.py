@@ -10,7 +10,6 @@ Recorded values used (real runs, no made-up numbers):
   the H200's measured copy ceiling of the committed run, 4.28 TB/s (flashinfer/reports/environment.md, 00 headline).
 """
 import ast
-import importlib.util
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import kit  # tests/kit.py
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -35,10 +35,7 @@ H200 = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source":
 
 
 def load_script(stem):
-    spec = importlib.util.spec_from_file_location(f"fi_{stem}", SCRIPTS / f"{stem}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return kit.load_script(SCRIPTS / f"{stem}.py", f"fi_{stem}")
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ Recorded values used (real runs; no made-up numbers):
       kernel names mini-SGLang launches; SGLang's step names mapped to mini-SGLang's prefill / decode).
 """
 import ast
-import importlib.util
 import json
 import re
 import shutil
@@ -28,6 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import kit  # tests/kit.py
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "mini-sglang" / "scripts"
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -44,10 +44,7 @@ DEC_BYTES = flops.decode_bytes([4096] * 32, 32, 8, 128, index_bytes_per_token=4)
 
 
 def load(stem):
-    spec = importlib.util.spec_from_file_location(f"msgl_{stem}", SCRIPTS / f"{stem}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return kit.load_script(SCRIPTS / f"{stem}.py", f"msgl_{stem}")
 
 
 @pytest.fixture

@@ -23,42 +23,14 @@ import pytest
 
 from common import jit, pipeline, procs
 from common.checks import SetupError
+from kit import write_fake_system
 
 REPO = Path(__file__).resolve().parents[1]
 SYS = "fakesys"
 
-SCRIPTS = {
-    # a real results.Run, so that a report block would change if the reports were refreshed
-    "ok.py": ("import sys\nfrom common.results import Run\nprint('ran', ' '.join(sys.argv[1:]), flush=True)\n"
-              "with Run(__file__, {}, quiet=True) as run:\n    run.headline(answer=42)\n"),
-    "skip.py": "print('[skip] this needs 2 GPUs; 1 visible')\n",
-    "setup.py": "import sys\nprint('[setup] no NVIDIA GPU here', file=sys.stderr)\nsys.exit(2)\n",
-    "fail.py": "import sys\nprint('boom')\nsys.exit(1)\n",
-    "flaky.py": ("import pathlib, sys\n"
-                 "sys.exit(0 if pathlib.Path(__file__).with_name('flaky.ok').exists() else 1)\n"),
-    # a step with a child in the same group and a grandchild that left it (own session): both must go
-    "sleep.py": ("import os, pathlib, subprocess, sys, time\n"
-                 "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                 "far = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
-                 "p = pathlib.Path(__file__).with_name('pids.txt')\n"
-                 "p.with_suffix('.tmp').write_text(f'{os.getpid()} {kid.pid} {far.pid}')\n"
-                 "p.with_suffix('.tmp').replace(p)\n"
-                 "print('sleeping', flush=True)\ntime.sleep(120)\n"),
-    "marker.py": "import pathlib\npathlib.Path(__file__).with_name('marker.txt').write_text('ran')\n",
-}
-REPORT = "# fake report\n\n<!-- auto:ok/headline -->\ncommitted text\n<!-- /auto -->\n\nhand-written prose\n"
-
-
 def make_system(tmp_path: Path, steps: list[str]) -> Path:
     """A fake repository root with <root>/fakesys/{scripts,reports}; ``steps`` are Step(...) sources."""
-    sd = tmp_path / SYS
-    (sd / "scripts").mkdir(parents=True)
-    (sd / "reports").mkdir()
-    (sd / "reports" / "r.md").write_text(REPORT)
-    for name, src in SCRIPTS.items():
-        (sd / "scripts" / name).write_text(src)
-    (sd / "scripts" / "_steps.py").write_text("from common.pipeline import ONLY, Step\n\nSTEPS = [\n"
-                                              + "".join(f"    {s},\n" for s in steps) + "]\n")
+    write_fake_system(tmp_path, SYS, steps)
     return tmp_path
 
 

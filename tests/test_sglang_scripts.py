@@ -2,7 +2,6 @@
 any server starts), the verdicts of 01/02 judged on intervals, and the pure logic inside the scripts (ITL
 per token position, fits, stage mapping, configs, re-analysis of recorded runs).
 Fixtures: see tests/test_sglang_helpers.py and the comments below."""
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import kit  # tests/kit.py
 from common import trace, verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +26,7 @@ SERVING = ["01_baseline_perf.py", "02_radix_cache_analysis.py", "03_backend_comp
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location("sglang_" + name.replace(".py", ""), SCRIPTS / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return kit.load_script(SCRIPTS / name, "sglang_" + name.replace(".py", ""))
 
 
 class Recorder:

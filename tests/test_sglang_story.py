@@ -6,7 +6,6 @@ repetitions per story), the 624 scheduler lines of the pressure run, NVML memory
 the 17 requests of the cache phase, the recording's summary.json (provenance); trimmed so that each story
 points at the cut trace tests/fixtures/sglang_story_trace_graphs_llama8b_h200_cut.json.gz (one prefill and
 one decode step) and its server log, and without the ncu windows (tests/test_timeline.py joins those)."""
-import importlib.util
 import json
 import shutil
 import sys
@@ -14,16 +13,14 @@ from pathlib import Path
 
 import pytest
 
+import kit  # tests/kit.py
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
 
 
 def _script():
     sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
-    spec = importlib.util.spec_from_file_location("story08", ROOT / "sglang" / "scripts" / "08_execution_story.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return kit.load_script(ROOT / "sglang" / "scripts" / "08_execution_story.py", "story08")
 
 
 @pytest.fixture(scope="module")
