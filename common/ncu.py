@@ -80,18 +80,16 @@ SUMMARY_METRICS = (
     "lts__t_sector_hit_rate.pct",
 ) + tuple(STALL_METRIC.format(r) for r in STALL_REASONS)
 
-_TIME_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
-            "s": 1e6, "second": 1e6}
-_BYTES = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6,
-          "GB": 1e9, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "Kibyte": 1024, "Mibyte": 1024**2}
-
 # unit -> factor to the base unit NVIDIA's report reader uses (ns, byte, Hz); ncu's CSV may scale
 # (`ncu --import` printed "us", "Mbyte", "Ghz" for the same report that a live run printed in ns/byte)
-BASE_UNITS = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9,
-              "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,
-              "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9,
+_TIME = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+_BYTE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9,
+         "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "Kibyte": 1024, "Mibyte": 1024**2}
+BASE_UNITS = {**_TIME, **_BYTE, "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9,
               "byte/block": 1, "Kbyte/block": 1e3, "Mbyte/block": 1e6,
               "byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
+_TIME_US = {u: f / 1e3 for u, f in _TIME.items()}      # summarize() wants microseconds
+_BYTES = _BYTE
 
 
 def to_base(value: float, unit: str) -> float:
