@@ -839,6 +839,15 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
     return out
 
 
+def ceilings_brief(c: dict | None) -> dict | None:
+    """The figures of a ceilings set a run records in its provenance (its denominators), or None."""
+    if not c:
+        return None
+    return {"dram_tb_s": (c.get("dram") or {}).get("tb_s"), "bf16_tflops": (c.get("bf16") or {}).get("tflops"),
+            "nvlink_busbw_gb_s": (c.get("nvlink") or {}).get("busbw_gb_s"), "version": c.get("version"),
+            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid")}
+
+
 def cached_peaks(device: int = 0) -> dict | None:
     """The measured ceilings of ``device`` as :func:`peaks` returns them, if this machine measured them
     before; else None. Never imports torch nor creates a CUDA context (scripts that start a server or a

@@ -10,10 +10,14 @@ A report is hand-written Markdown with blocks that this module owns:
 Block keys: ``<stem>/story``, ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
 ``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
 ``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
-``index`` (INDEX.md: every numbered script with its last run) and ``runs`` (one per page, near its
+``index`` (INDEX.md: every numbered script with its last run), ``versus/<folder>`` (the verdicts and
+machines of the runs in results/<folder>/<stem>/ -- the same experiments on another GPU -- beside
+those of results/<stem>/, see :meth:`Renderer.versus`) and ``runs`` (one per page, near its
 top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
-hidden ``<!-- run: ... -->`` line every block rendered from a run begins with; a page mixing GPUs
-or stacks says so in one bold line, and `make reports` prints one line for it).
+hidden ``<!-- run: ... -->`` lines every block rendered from runs begins with; a page mixing GPUs
+or stacks says so in one bold line, and `make reports` prints one line for it). A stem written
+``<stem>@<folder>`` reads results/<folder>/<stem>/ instead of results/<stem>/ (e.g. the key tables
+of the run on the other GPU: ``04_profile_rmsnorm@other-gpu/table:fusion``).
 
 Reports only move forward:
 - blocks are refreshed only from finished, successful runs (``"status": "ok"``) of summary schema
@@ -209,6 +213,50 @@ def run_line(prov: dict) -> str:
 
 # ---------------------------------------------------------------- rendering
 
+# the ceilings a run divided by: recorded in its provenance (results.Run.finish), or for runs before
+# that, the figures 00_check_env of each system put in its headline
+_CEILING_KEYS = {"dram_tb_s": ("dram_ceiling_tb_s", "dram_tb_s", "measured_copy_tb_s"),
+                 "bf16_tflops": ("bf16_ceiling_tflops", "bf16_tflops", "measured_bf16_tflops")}
+
+
+def _ceiling(prov: dict, summary: dict, key: str):
+    v = (prov.get("ceilings") or {}).get(key)
+    if v is None:
+        head = summary.get("headline") or {}
+        v = next((head[k] for k in _CEILING_KEYS[key] if isinstance(head.get(k), (int, float))), None)
+    return v
+
+
+def _gpu0(prov: dict) -> dict:
+    return (prov.get("gpus") or [{}])[0] or {}
+
+
+_MACHINE = (
+    ("GPU", lambda p, s: p.get("gpu")),
+    ("GPUs visible", lambda p, s: p.get("gpu_count")),
+    ("memory (GB)", lambda p, s: _gpu0(p).get("memory_gb")),
+    ("SMs", lambda p, s: p.get("sm_count")),
+    ("L2 (MB)", lambda p, s: p.get("l2_mb")),
+    ("max SM clock (MHz)", lambda p, s: _gpu0(p).get("max_sm_clock_mhz")),
+    ("max memory clock (MHz)", lambda p, s: _gpu0(p).get("max_mem_clock_mhz")),
+    ("measured DRAM ceiling (TB/s)", lambda p, s: _ceiling(p, s, "dram_tb_s")),
+    ("measured bf16 ceiling (TFLOP/s)", lambda p, s: _ceiling(p, s, "bf16_tflops")),
+)
+
+
+def _verdict_cell(o: dict | None) -> str:
+    """'**confirmed** 56.5 [56.5, 56.9]' from an observation record; '—' when not judged there."""
+    if not o:
+        return "—"
+    iv = o.get("interval") or {}
+    fig = ""
+    if isinstance(iv.get("point"), (int, float)):
+        fig = f" {fmt(iv['point'])}"
+        if isinstance(iv.get("lo"), (int, float)) and isinstance(iv.get("hi"), (int, float)):
+            fig += f" [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
+    return f"**{o['verdict']}**{fig}"
+
+
 class Renderer:
     """Renders the block keys of one system from its results folder (nothing is written here:
     figure copies wait in ``self.copies`` until every page has rendered)."""
@@ -232,6 +280,11 @@ class Renderer:
         self.skipped.setdefault(self._rel(p), why)
         return None, f"skipped: {why}"
 
+    def _dir(self, stem: str) -> Path:
+        """results/<stem>, or results/<folder>/<name> for a stem written ``<name>@<folder>``."""
+        name, _, folder = stem.partition("@")
+        return self.results / folder / name if folder else self.results / name
+
     def summary(self, stem: str) -> dict | None:
         """The summary of a finished, successful schema-2 run, or None (a bad one is noted in skipped)."""
         if stem not in self._cache:
@@ -239,8 +292,8 @@ class Renderer:
         return self._cache[stem]
 
     def _load(self, stem: str) -> dict | None:
-        recover(self.results / stem)
-        p = self.results / stem / SUMMARY
+        recover(self._dir(stem))
+        p = self._dir(stem) / SUMMARY
         if not p.is_file():
             return None
         try:
@@ -264,14 +317,16 @@ class Renderer:
         """(new body or None, reason when None). ``old``: the block's current body."""
         if key == "index":
             return self.index(old)
+        if key.startswith("versus/"):
+            return self.versus(key.split("/", 1)[1])
         if "/" not in key:
             return None, f"unknown block key {key!r}"
         stem, what = key.split("/", 1)
         s = self.summary(stem)
         if s is None:
-            why = self.skipped.get(self._rel(self.results / stem / SUMMARY))
+            why = self.skipped.get(self._rel(self._dir(stem) / SUMMARY))
             return None, (f"skipped: {why}" if why else
-                          f"no finished run in {self._rel(self.results / stem)}")
+                          f"no finished run in {self._rel(self._dir(stem))}")
         body, why = self._body(stem, what, s)
         return (None, why) if body is None else (run_line(s["provenance"]) + "\n" + body, "")
 
@@ -299,11 +354,12 @@ class Renderer:
             return self._table(stem, what.split(":", 1)[1])
         if what.startswith("figure:"):
             name = what.split(":", 1)[1]
-            p = self.results / stem / f"{name}.png"
+            p = self._dir(stem) / f"{name}.png"
             if not p.is_file():
                 return None, f"{p.name} missing"
-            self.copies[self.reports / "figures" / f"{stem}-{name}.png"] = p
-            return f"![{stem} {name}](figures/{stem}-{name}.png)\n", ""
+            flat = stem.replace("@", "-")
+            self.copies[self.reports / "figures" / f"{flat}-{name}.png"] = p
+            return f"![{stem} {name}](figures/{flat}-{name}.png)\n", ""
         return None, f"unknown block kind {what!r}"
 
     def _table(self, stem: str, name: str) -> tuple[str | None, str]:
@@ -311,7 +367,7 @@ class Renderer:
         if name.endswith("]") and "[" in name:  # table:NAME[col1,col2,...] keeps those columns
             name, cols = name[:-1].split("[", 1)
             cols = [c for c in cols.split(",") if c]
-        p = self.results / stem / f"{name}.csv"
+        p = self._dir(stem) / f"{name}.csv"
         if not p.is_file():
             return None, f"{p.name} missing"
         try:
@@ -329,6 +385,44 @@ class Renderer:
         if not rows:
             return "_(no rows)_\n", ""
         return md_table(rows, columns, more=f" in `{self._rel(p)}`") + "\n", ""
+
+    def versus(self, folder: str) -> tuple[str | None, str]:
+        """The experiments run on two GPUs, side by side: the machines (name, memory, SMs, L2, clocks and
+        the measured ceilings each run divided by, with their ratio) and every judged hypothesis with its
+        verdict and interval on each, the changed ones marked. ``folder``: results/<folder>/<stem>/ holds
+        the second GPU's runs. Each side's run lines start the block (the page then says it mixes machines)."""
+        base = self.results / folder
+        stems = sorted(p.name for p in base.iterdir() if (p / SUMMARY).is_file()) if base.is_dir() else []
+        pairs = [(st, self.summary(st), self.summary(f"{st}@{folder}")) for st in stems]
+        pairs = [(st, a, b) for st, a, b in pairs if a and b]
+        if not pairs:
+            return None, f"no experiment has a finished run in both results/ and {self._rel(base)}"
+        lines = list(dict.fromkeys(run_line(x["provenance"]) for _, a, b in pairs for x in (a, b)))
+        env = next(((a, b) for st, a, b in pairs if st.startswith("00_")), pairs[0][1:])
+        pa, pb = env[0]["provenance"], env[1]["provenance"]
+        ga, gb = pa.get("gpu") or "GPU A", pb.get("gpu") or "GPU B"
+        if ga == gb:
+            ga, gb = f"{ga} (results/)", f"{gb} ({folder})"
+        machine = []
+        for label, get in _MACHINE:
+            va, vb = get(pa, env[0]), get(pb, env[1])
+            ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
+            machine.append({"": label, ga: va, gb: vb, f"{gb.split(' (')[0]} / {ga.split(' (')[0]}": ratio})
+        rows, changed, judged = [], 0, 0
+        for st, a, b in pairs:
+            oa = {o["hypothesis"]: o for o in a.get("observations") or [] if o.get("hypothesis")}
+            ob = {o["hypothesis"]: o for o in b.get("observations") or [] if o.get("hypothesis")}
+            for hid in list(oa) + [h for h in ob if h not in oa]:
+                va, vb = oa.get(hid), ob.get(hid)
+                diff = bool(va and vb and va["verdict"] != vb["verdict"])
+                judged += bool(va and vb)
+                changed += diff
+                rows.append({"experiment": st, "hypothesis": hid, ga: _verdict_cell(va), gb: _verdict_cell(vb),
+                             "changed": "**changed**" if diff else ""})
+        out = lines + [md_table(machine, max_rows=100), "",
+                       f"{changed} of {judged} hypotheses judged on both GPUs changed verdict.", "",
+                       md_table(rows, max_rows=200)]
+        return "\n".join(out) + "\n", ""
 
     def index(self, old: str = "") -> tuple[str | None, str]:
         """Every numbered script with its last successful run; a script without a usable run here
@@ -379,6 +473,18 @@ def prov_machine(body: str) -> str | None:
     return f"{m.group('gpu')} ({', '.join(f'{k} {pk[k]}' for k in STACK if k in pk) or 'no stack recorded'})"
 
 
+def _run_lines(body: str) -> list[str]:
+    """The runs a block was rendered from: the hidden run lines it begins with (one, or one per side of
+    a ``versus`` block)."""
+    out = []
+    for line in body.splitlines():
+        m = RUN_LINE.match(line)
+        if not m:
+            break
+        out.append(m.group("run"))
+    return out
+
+
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
     the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines.
@@ -392,15 +498,16 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     for key, body in blocks:
         if key in ("runs", "index"):
             continue
-        m = RUN_LINE.match(body)
-        if not m:
+        found = _run_lines(body)
+        if not found:
             unknown += 1
             if earlier.get(key.split("/", 1)[0]):
                 older.append(earlier[key.split("/", 1)[0]])
             continue
-        stems = runs.setdefault(m.group("run"), [])
-        if key.split("/", 1)[0] not in stems:
-            stems.append(key.split("/", 1)[0])
+        for run in found:
+            stems = runs.setdefault(run, [])
+            if key.split("/", 1)[0] not in stems:
+                stems.append(key.split("/", 1)[0])
     if not runs:
         return None, None
     rows = []

@@ -387,6 +387,13 @@ class Run:
             return self._keep_failed(status)
         self.summary["status"] = status
         self.summary["duration_s"] = round(time.time() - self._t0, 1)
+        prov = self.summary.get("provenance") or {}
+        if "ceilings" not in prov and "reanalysed" not in prov:   # the denominators this run divided by
+            try:
+                from .gpu import ceilings_brief, load_ceilings
+                prov["ceilings"] = ceilings_brief(load_ceilings(0))
+            except Exception:  # noqa: BLE001 - no driver, unreadable cache: the run is saved without them
+                prov["ceilings"] = None
         try:
             self._log.close()
             write_json_atomic(self.dir / SUMMARY, self.summary)

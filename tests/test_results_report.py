@@ -192,7 +192,7 @@ def test_committed_reports_are_well_formed():
         for m in report.BLOCK.finditer(text):
             key = m.group("key")
             n += 1
-            if key in ("index", "runs"):
+            if key in ("index", "runs") or key.startswith("versus/"):
                 continue
             stem, what = key.split("/", 1)
             assert stem[:2].isdigit(), (md, key)
@@ -209,3 +209,91 @@ def test_report_handles_an_empty_table(tmp_path):
         run.path("sweep.csv").write_text("")
     report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
     assert "empty table" in md.read_text()
+
+
+VERSUS_PAGE = """# fake final report
+<!-- auto:runs -->
+<!-- /auto -->
+
+## On the other GPU
+
+<!-- auto:versus/other-gpu -->
+_not run yet_
+<!-- /auto -->
+
+<!-- auto:04_profile_rmsnorm@other-gpu/table:fusion -->
+_not run yet_
+<!-- /auto -->
+"""
+
+
+def _other_gpu_world(tmp_path, fixture_path):
+    """flashinfer/results/<stem> from the real H200 runs, and results/other-gpu/<stem> a copy of them
+    that says it ran on an H100, with one verdict turned over (damaged on purpose: no second GPU model
+    was lent when this was written) and no ceilings recorded in its provenance."""
+    import shutil
+    src = fixture_path("results_flashinfer_h200")
+    res = tmp_path / "flashinfer" / "results"
+    shutil.copytree(src, res)
+    shutil.copytree(src, res / "other-gpu")
+    for p in (res / "other-gpu").glob("*/summary.json"):
+        s = json.loads(p.read_text())
+        s["provenance"].update(gpu="NVIDIA H100 80GB HBM3", sm_count=132, l2_mb=50.0,
+                               ceilings={"dram_tb_s": 3.0, "bf16_tflops": 700.0})
+        s["provenance"]["gpus"][0].update(name="NVIDIA H100 80GB HBM3", memory_gb=79.6)
+        for o in s["observations"]:
+            if o.get("hypothesis") == "rmsnorm-bw":
+                o["verdict"] = "confirmed"
+        p.write_text(json.dumps(s))
+    (tmp_path / "flashinfer" / "reports").mkdir()
+    page = tmp_path / "flashinfer" / "reports" / "final-report.md"
+    page.write_text(VERSUS_PAGE)
+    return page
+
+
+def test_versus_block_puts_each_verdict_of_two_gpus_side_by_side(tmp_path, fixture_path):
+    page = _other_gpu_world(tmp_path, fixture_path)
+    o = report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    text = page.read_text()
+    assert "_not run yet_" not in text, o.kept
+    block = text.split("<!-- auto:versus/other-gpu -->")[1].split("<!-- /auto -->")[0]
+    assert block.count("<!-- run: ") == 2                        # one run line per side
+    assert "| measured DRAM ceiling (TB/s) | 4.71 | 3 | 0.64 |" in block      # H200: from its 00 headline
+    assert "| L2 (MB) | 60 | 50 | 0.83 |" in block
+    assert "1 of 10 hypotheses judged on both GPUs changed verdict." in block
+    row = next(l for l in block.splitlines() if "| rmsnorm-bw |" in l)
+    assert "**refuted** 67" in row and "**confirmed** 67" in row and row.endswith("| **changed** |")
+    assert "| 04_profile_rmsnorm | fusion-40 |" in block and block.count("**changed**") == 1
+    # the other GPU's own table, from results/other-gpu/, with its run line
+    fusion = text.split("<!-- auto:04_profile_rmsnorm@other-gpu/table:fusion -->")[1].split("<!-- /auto -->")[0]
+    assert fusion.startswith("\n<!-- run: 1x NVIDIA H100 80GB HBM3") and "| tokens |" in fusion
+    # the page says it mixes two machines
+    assert "This page mixes runs from 2 machines" in text and any("mixes" in m for m in o.mixed)
+
+
+def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixture_path):
+    page = _other_gpu_world(tmp_path, fixture_path)
+    import shutil
+    shutil.rmtree(tmp_path / "flashinfer" / "results" / "other-gpu")
+    o = report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert page.read_text() == VERSUS_PAGE
+    assert any("versus/other-gpu (no experiment has a finished run in both" in k for k in o.kept)
+
+
+
+def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, monkeypatch):
+    from common import gpu
+    c = {"version": gpu.CEILINGS_VERSION, "uuid": "GPU-x", "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
+         "dram": {"tb_s": 4.71}, "bf16": {"tflops": 811.0}, "nvlink": {"note": "one GPU visible"}}
+    monkeypatch.setattr(gpu, "load_ceilings", lambda device=0: c)
+    with results.Run(_script(tmp_path), {}, quiet=True) as run:
+        pass
+    got = results.load_summary(run.final_dir)["provenance"]["ceilings"]
+    assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "nvlink_busbw_gb_s": None, "version": gpu.CEILINGS_VERSION,
+                   "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x"}
+    # a re-analysis keeps the recording's denominators, not this machine's
+    monkeypatch.setattr(gpu, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
+    prev = results.load_summary(run.final_dir)
+    with results.Run(_script(tmp_path, system="demo2"), {}, quiet=True) as again:
+        again.reanalysis_of(prev, run.final_dir)
+    assert results.load_summary(again.final_dir)["provenance"]["ceilings"]["dram_tb_s"] == 4.71
