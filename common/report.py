@@ -318,7 +318,8 @@ class Renderer:
         if key == "index":
             return self.index(old)
         if key.startswith("versus/"):
-            return self.versus(key.split("/", 1)[1])
+            folder, _, every = key.split("/", 1)[1].partition(":")
+            return self.versus(folder, every=every == "all")
         if "/" not in key:
             return None, f"unknown block key {key!r}"
         stem, what = key.split("/", 1)
@@ -386,11 +387,13 @@ class Renderer:
             return "_(no rows)_\n", ""
         return md_table(rows, columns, more=f" in `{self._rel(p)}`") + "\n", ""
 
-    def versus(self, folder: str) -> tuple[str | None, str]:
+    def versus(self, folder: str, every: bool = False) -> tuple[str | None, str]:
         """The experiments run on two GPUs, side by side: the machines (name, memory, SMs, L2, clocks and
-        the measured ceilings each run divided by, with their ratio) and every judged hypothesis with its
-        verdict and interval on each, the changed ones marked. ``folder``: results/<folder>/<stem>/ holds
-        the second GPU's runs. Each side's run lines start the block (the page then says it mixes machines)."""
+        the measured ceilings each run divided by, with their ratio) and the hypotheses whose verdict
+        changed, with verdict and interval on each (``every``, key ``versus/<folder>:all``: every judged
+        hypothesis, the changed ones marked), and per experiment how many kept their verdict.
+        ``folder``: results/<folder>/<stem>/ holds the second GPU's runs. Each side's run lines start the
+        block (the page then says it mixes machines)."""
         base = self.results / folder
         stems = sorted(p.name for p in base.iterdir() if (p / SUMMARY).is_file()) if base.is_dir() else []
         pairs = [(st, self.summary(st), self.summary(f"{st}@{folder}")) for st in stems]
@@ -408,20 +411,26 @@ class Renderer:
             va, vb = get(pa, env[0]), get(pb, env[1])
             ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
             machine.append({"": label, ga: va, gb: vb, f"{gb.split(' (')[0]} / {ga.split(' (')[0]}": ratio})
-        rows, changed, judged = [], 0, 0
+        rows, changed, judged, kept = [], 0, 0, []
         for st, a, b in pairs:
             oa = {o["hypothesis"]: o for o in a.get("observations") or [] if o.get("hypothesis")}
             ob = {o["hypothesis"]: o for o in b.get("observations") or [] if o.get("hypothesis")}
+            n_same = n_both = 0
             for hid in list(oa) + [h for h in ob if h not in oa]:
                 va, vb = oa.get(hid), ob.get(hid)
                 diff = bool(va and vb and va["verdict"] != vb["verdict"])
-                judged += bool(va and vb)
-                changed += diff
-                rows.append({"experiment": st, "hypothesis": hid, ga: _verdict_cell(va), gb: _verdict_cell(vb),
-                             "changed": "**changed**" if diff else ""})
+                n_both += bool(va and vb)
+                n_same += bool(va and vb) and not diff
+                if diff or every or not (va and vb):
+                    rows.append({"experiment": st, "hypothesis": hid, ga: _verdict_cell(va), gb: _verdict_cell(vb),
+                                 "changed": "**changed**" if diff else ("" if va and vb else "judged on one only")})
+            judged += n_both
+            changed += n_both - n_same
+            kept.append(f"{st} {n_same}/{n_both}")
         out = lines + [md_table(machine, max_rows=100), "",
-                       f"{changed} of {judged} hypotheses judged on both GPUs changed verdict.", "",
-                       md_table(rows, max_rows=200)]
+                       f"{changed} of {judged} hypotheses judged on both GPUs changed verdict "
+                       f"(same verdict: {', '.join(kept)}).", ""]
+        out.append(md_table(rows, max_rows=200) if rows else "_No verdict changed._")
         return "\n".join(out) + "\n", ""
 
     def index(self, old: str = "") -> tuple[str | None, str]:

@@ -260,15 +260,25 @@ def test_versus_block_puts_each_verdict_of_two_gpus_side_by_side(tmp_path, fixtu
     assert block.count("<!-- run: ") == 2                        # one run line per side
     assert "| measured DRAM ceiling (TB/s) | 4.71 | 3 | 0.64 |" in block      # H200: from its 00 headline
     assert "| L2 (MB) | 60 | 50 | 0.83 |" in block
-    assert "1 of 10 hypotheses judged on both GPUs changed verdict." in block
+    assert ("1 of 10 hypotheses judged on both GPUs changed verdict (same verdict: 00_check_env 4/4, "
+            "04_profile_rmsnorm 5/6).") in block
     row = next(l for l in block.splitlines() if "| rmsnorm-bw |" in l)
     assert "**refuted** 67" in row and "**confirmed** 67" in row and row.endswith("| **changed** |")
-    assert "| 04_profile_rmsnorm | fusion-40 |" in block and block.count("**changed**") == 1
+    assert "fusion-40" not in block and block.count("**changed**") == 1          # only what changed is listed
     # the other GPU's own table, from results/other-gpu/, with its run line
     fusion = text.split("<!-- auto:04_profile_rmsnorm@other-gpu/table:fusion -->")[1].split("<!-- /auto -->")[0]
     assert fusion.startswith("\n<!-- run: 1x NVIDIA H100 80GB HBM3") and "| tokens |" in fusion
     # the page says it mixes two machines
     assert "This page mixes runs from 2 machines" in text and any("mixes" in m for m in o.mixed)
+
+
+def test_versus_all_lists_every_hypothesis(tmp_path, fixture_path):
+    page = _other_gpu_world(tmp_path, fixture_path)
+    page.write_text(VERSUS_PAGE.replace("versus/other-gpu", "versus/other-gpu:all"))
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    block = page.read_text().split("<!-- auto:versus/other-gpu:all -->")[1].split("<!-- /auto -->")[0]
+    assert "| 04_profile_rmsnorm | fusion-40 | **refuted** 19.7 [19.7, 19.7] | **refuted** 19.7 [19.7, 19.7] |  |" in block
+    assert block.count("| 00_check_env |") == 4 and block.count("**changed**") == 1
 
 
 def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixture_path):
