@@ -89,7 +89,6 @@ BASE_UNITS = {**_TIME, **_BYTE, "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9,
               "byte/block": 1, "Kbyte/block": 1e3, "Mbyte/block": 1e6,
               "byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
 _TIME_US = {u: f / 1e3 for u, f in _TIME.items()}      # summarize() wants microseconds
-_BYTES = _BYTE
 
 
 def to_base(value: float, unit: str) -> float:
@@ -415,8 +414,8 @@ def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
         raise NcuParseError("the ncu CSV has no gpu__time_duration.sum column, so no kernel time: collect it "
                             "(--metrics gpu__time_duration.sum, or a section set such as SpeedOfLight/full)")
     time_us = _col(df, "gpu__time_duration.sum", units, _TIME_US)
-    rd = _col(df, "dram__bytes_read.sum", units, _BYTES)
-    wr = _col(df, "dram__bytes_write.sum", units, _BYTES)
+    rd = _col(df, "dram__bytes_read.sum", units, _BYTE)
+    wr = _col(df, "dram__bytes_write.sum", units, _BYTE)
     out = pd.DataFrame({
         "id": df["ID"].to_numpy(),
         "kernel": [short_name(k) for k in df["Kernel Name"]],
