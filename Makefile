@@ -35,8 +35,8 @@ test: $(TEST_VENV)/.done ## CPU tests on real fixtures (installs what they need 
 	@$(TEST_VENV)/bin/python -m pytest tests -m "not gpu" -q $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
-test-gpu: ## GPU tests (timing primitive vs ncu, measured peaks): run on the GPU machine
-	@$(PYTHON) -m pytest tests -m gpu -q -s $(PYTEST_ARGS); rc=$$?; \
+test-gpu: ## GPU tests (timing primitive vs ncu, measured peaks) and tests of the real stack: run on the GPU machine
+	@$(PYTHON) -m pytest tests -m "gpu or stack" -q -s $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no GPU tests collected"; exit 1; fi; exit $$rc
 
 check: ## --help of every numbered script and shell wrapper works on this (CPU-only) machine

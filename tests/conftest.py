@@ -12,6 +12,8 @@ sys.path.insert(0, str(ROOT))
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an NVIDIA GPU (and ncu/nsys where named); "
                             "run on the GPU machine with `make test-gpu`")
+    config.addinivalue_line("markers", "stack: needs the serving stack installed (SGLang), not a GPU; skipped "
+                            "where it is absent, run on the GPU machine by `make test-gpu` too")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A stand-in for `python -m sglang.launch_server` in CPU tests of sglang/scripts/_sglang.Server.
 
 It takes the same --model-path/--host/--port flags (the tests give it a port the OS chose, on
-127.0.0.1), serves /health, /generate (plain and streamed), /metrics and /flush_cache, and can
+127.0.0.1), serves /health, /v1/models, /generate (plain and streamed), /metrics and /flush_cache, and can
 misbehave on purpose:
   --spawn-child     start a child process (like SGLang's scheduler) that must be stopped too
   --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
@@ -81,6 +81,8 @@ def main(argv):
                 return self._send(200 if ok else 503, "")
             if self.path.startswith("/metrics"):
                 return self._send(200, METRICS, "text/plain")
+            if self.path.startswith("/v1/models"):            # bench_serving's readiness check
+                return self._send(200, json.dumps({"object": "list", "data": [{"id": a.get("--model-path")}]}))
             self._send(404, "not found")
 
         def do_POST(self):
@@ -93,14 +95,15 @@ def main(argv):
                 new = body.get("sampling_params", {}).get("max_new_tokens", 4)
                 meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "e2e_latency": 0.01}
                 if not body.get("stream"):
-                    return self._send(200, json.dumps({"output_ids": list(range(new)),
+                    return self._send(200, json.dumps({"text": "x" * new, "output_ids": list(range(new)),
                                                        "meta_info": {**meta, "completion_tokens": new}}))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for i in range(1, new + 1):
                     time.sleep(0.01)
-                    chunk = {"output_ids": list(range(i)), "meta_info": {**meta, "completion_tokens": i}}
+                    chunk = {"text": "x" * i, "output_ids": list(range(i)),   # cumulative, as SGLang streams
+                             "meta_info": {**meta, "completion_tokens": i}}
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                     self.wfile.flush()
                 self.wfile.write(b"data: [DONE]\n\n")

@@ -17,6 +17,7 @@ dummy weights; made by shared/device/probes/sgl_server_probe.py, sgl_load_probe.
 Known-bad inputs are real lines/files damaged on purpose inside the tests. Servers here are the
 stand-in tests/sglang_fake_server.py on 127.0.0.1, on a port the OS chose (never a fixed one).
 """
+import importlib.util
 import json
 import math
 import os
@@ -533,3 +534,37 @@ def test_run_bench_goes_through_the_servers_worker_which_stops_with_the_server(t
             sg.run_bench(srv, tmp_path / "bench", "bad", num_prompts=1, input_len=1, output_len=1,
                          echo=lambda *_: None, extra=("--fail",))
     assert not procs.alive(pid)
+
+
+def _installed(path: str) -> bool:
+    """Whether a file of an installed package is on sys.path, without importing it (this repository's
+    own sglang/ folder would pass for a namespace package with find_spec)."""
+    return any((Path(p or ".") / path).is_file() for p in sys.path)
+
+
+@pytest.mark.stack
+@pytest.mark.skipif(not (_installed("sglang/benchmark/serving.py") and importlib.util.find_spec("tokenizers")),
+                    reason="SGLang is not installed here (it is on the GPU machine)")
+def test_bench_worker_drives_the_real_bench_serving_like_its_command_line(tmp_path):
+    """Where SGLang is installed: the real ``sglang.benchmark.serving``, run twice in one worker against
+    the stand-in server with a synthetic tokenizer, gives the record its own command line gives."""
+    from common import models
+    model = models.write_model_dir("tiny-llama", tmp_path / "model")
+    srv = Server(str(model), [], log_path=tmp_path / "server.log", launcher=[sys.executable, str(FAKE)],
+                 echo=lambda *_: None, start_timeout=30, stop_timeout=3, pidfile=tmp_path / "server.pid")
+    kw = dict(num_prompts=5, input_len=24, output_len=6, rate="inf", echo=lambda *_: None, timeout=300)
+    keys = ("completed", "total_input_tokens", "total_output_tokens", "random_input_len", "random_output_len")
+    with srv:
+        a = sg.run_bench(srv, tmp_path / "bench", "a", **kw)
+        pid = srv._bench.pid
+        b = sg.run_bench(srv, tmp_path / "bench", "b", **{**kw, "num_prompts": 3, "output_len": 2})
+        assert srv._bench.pid == pid and srv._bench.runs == 2                      # one process, two runs
+        cmd = sg.bench_cmd(srv, tmp_path / "c.jsonl", num_prompts=5, input_len=24, output_len=6, rate="inf")
+        subprocess.run(cmd, env={**os.environ, **sg.tool_env(srv.model_path)}, check=True, timeout=300,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = sg.read_bench_jsonl(tmp_path / "c.jsonl")[-1]
+    assert not procs.alive(pid)                                                    # stopped with the server
+    assert [a[k] for k in keys] == [c[k] for k in keys] == [5, 5 * 24, 5 * 6, 24, 6]
+    assert a["input_lens"] == c["input_lens"] and a["output_lens"] == c["output_lens"]   # same seed, same requests
+    assert [b[k] for k in keys] == [3, 3 * 24, 3 * 2, 24, 2]                       # no state kept between runs
+    assert "Benchmark duration" in (tmp_path / "bench" / "a.log").read_text()
