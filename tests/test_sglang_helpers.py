@@ -568,3 +568,43 @@ def test_bench_worker_drives_the_real_bench_serving_like_its_command_line(tmp_pa
     assert a["input_lens"] == c["input_lens"] and a["output_lens"] == c["output_lens"]   # same seed, same requests
     assert [b[k] for k in keys] == [3, 3 * 24, 3 * 2, 24, 2]                       # no state kept between runs
     assert "Benchmark duration" in (tmp_path / "bench" / "a.log").read_text()
+
+
+# launch_server flags written outside flags(): (file under sglang/scripts, flag)
+LITERAL_SERVER_FLAGS = (("_sglang.py", "--load-format"), ("_sglang.py", "--mem-fraction-static"),
+                        ("_sglang.py", "--disable-prefill-cuda-graph"), ("_sglang.py", "--disable-decode-cuda-graph"),
+                        ("_sglang.py", "--disable-cuda-graph"), ("04_nsys_profile.py", "--disable-overlap-schedule"))
+
+
+def _server_flags_in_scripts() -> set[str]:
+    """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls, and the
+    literal ones above (each checked to be still in its file, so the list cannot go stale)."""
+    import ast
+    scripts = SCRIPTS
+    out = set()
+    for f in scripts.glob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "flags":
+                out |= {"--" + k.arg.replace("_", "-") for k in n.keywords if k.arg}
+    for name, flag in LITERAL_SERVER_FLAGS:
+        assert f'"{flag}"' in (scripts / name).read_text(), f"{flag} is no longer in {name}: update the list"
+        out.add(flag)
+    return out
+
+
+def test_server_flags_in_scripts_are_collected():
+    got = _server_flags_in_scripts()
+    assert {"--attention-backend", "--tp-size", "--enable-metrics", "--load-format"} <= got and len(got) >= 15
+
+
+@pytest.mark.stack
+@pytest.mark.skipif(not _installed("sglang/srt/server_args.py"), reason="SGLang is not installed here")
+def test_every_server_flag_the_scripts_pass_is_one_launch_server_takes():
+    """A renamed or removed launch_server option (an SGLang upgrade) fails here, on a CPU, not minutes
+    into a GPU run."""
+    import argparse
+    from sglang.srt.server_args import ServerArgs
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    known = {o for a in p._actions for o in a.option_strings}
+    assert sorted(_server_flags_in_scripts() - known) == []
