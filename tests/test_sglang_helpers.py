@@ -16,6 +16,7 @@ dummy weights; made by shared/device/probes/sgl_server_probe.py, sgl_load_probe.
         graph-replay kernels sharing their cudaGraphLaunch's correlation id (see tests/test_timeline.py)
 Known-bad inputs are real lines/files damaged on purpose inside the tests. Servers here are the
 stand-in tests/sglang_fake_server.py on 127.0.0.1, on a port the OS chose (never a fixed one).
+Tests marked `stack` need SGLang installed (no GPU): skipped here, run by `make test-gpu` on the GPU machine.
 """
 import importlib.util
 import json
@@ -580,14 +581,13 @@ def _server_flags_in_scripts() -> set[str]:
     """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls, and the
     literal ones above (each checked to be still in its file, so the list cannot go stale)."""
     import ast
-    scripts = SCRIPTS
     out = set()
-    for f in scripts.glob("*.py"):
+    for f in SCRIPTS.glob("*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
             if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "flags":
                 out |= {"--" + k.arg.replace("_", "-") for k in n.keywords if k.arg}
     for name, flag in LITERAL_SERVER_FLAGS:
-        assert f'"{flag}"' in (scripts / name).read_text(), f"{flag} is no longer in {name}: update the list"
+        assert f'"{flag}"' in (SCRIPTS / name).read_text(), f"{flag} is no longer in {name}: update the list"
         out.add(flag)
     return out
 
