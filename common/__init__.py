@@ -2,7 +2,11 @@
 
 Measuring
     timing    the one GPU timer (CUPTI / events / CUDA graph, cold L2) and the one CPU timer; rates and % of a ceiling
-    gpu       provenance snapshot; this GPU's measured ceilings (DRAM, bf16 GEMM, NVLink), cached per GPU UUID
+    gpu       provenance snapshot, the visible GPUs, the datasheet row, the topology
+    ceilings  this GPU's measured ceilings (DRAM read / write / copy, bf16 GEMM, NVLink), cached per GPU UUID;
+              dram_for: the ceiling that matches a kernel's traffic
+    probes    the probes behind the ceilings (DRAM streams, the GEMM sweep with its clocks, NCCL all-reduce)
+    clocks    NVML clocks, power and clock-event reasons sampled while something runs
     flops     FLOPs and minimum bytes of every kernel class (attention, GEMM, norms, RoPE, store, collectives, a layer)
     ncu       Nsight Compute: command lines, the one log reader, CSV parsing, per-kernel summary, bound() and stalls
     nsys      Nsight Systems: find a usable nsys, profile, stats tables

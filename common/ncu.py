@@ -2,7 +2,7 @@
 
     res = profile([sys.executable, script, "--ncu-target"], out_dir=run.dir,
                   kernel="BatchDecode|BatchPrefill", launch_count=4)       # metrics="summary"
-    kernels = summarize(res.df, peaks=gpu.peaks())   # one row per launch: time, DRAM TB/s and
+    kernels = summarize(res.df, peaks=ceilings.peaks())   # one row per launch: time, DRAM TB/s and
                                                      # % of peak, SM %, tensor %, occupancy and its
                                                      # limiter, top warp stalls
     df = read_raw("ncu.csv")                         # `--csv --page raw`: names row + units row
@@ -405,7 +405,7 @@ def occupancy_limiter(row: dict) -> str:
 def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
     """One row per profiled launch with the hardware figures a report shows.
 
-    ``peaks`` (from :func:`common.gpu.peaks`) adds ``pct_peak_dram``: achieved DRAM TB/s over the
+    ``peaks`` (from :func:`common.ceilings.peaks`) adds ``pct_peak_dram``: achieved DRAM TB/s over the
     measured (or datasheet) peak; ncu's own ``dram_pct`` is against its sustained peak.
     """
     import pandas as pd

@@ -9,7 +9,7 @@ Rules every figure here keeps, so a reader can trust it at a glance:
 
 * one colour and one marker per series; two series never share a colour (a qualitative palette of 10,
   else 20 colours; past 20 series the marker tells them apart, a colour/marker pair is never reused);
-* the roofs are this GPU's measured ceilings (``common.gpu.peaks``), labelled with their method, and the
+* the roofs are this GPU's measured ceilings (``common.ceilings.peaks``), labelled with their method, and the
   datasheet roof is drawn dashed beside them;
 * a point above the roof gets a red edge and the title says how many: the ceiling probe under-measures
   (the point is drawn where it was measured, never clipped);
@@ -79,7 +79,7 @@ def roofline(points, peaks: dict, title: str = "Roofline", *, series_order=None,
 
     ``points``: dicts with ``label``, ``flop_per_byte``, ``tflop_s`` and optionally ``series`` (points of
     one series share a colour and marker; a point without one is a series of its own, named by its
-    label). ``peaks``: :func:`common.gpu.peaks` (``dram_tb_s``, ``bf16_tflops``, their ``sources`` and
+    label). ``peaks``: :func:`common.ceilings.peaks` (``dram_tb_s``, ``bf16_tflops``, their ``sources`` and
     ``method``, the ``datasheet`` row). ``series_order``: fixed style slots, e.g. :data:`LAYER_CLASSES`
     to place every kernel class of one layer (GEMMs, attention, norm, RoPE, store) as its own series.
     The figure's axes carry ``hands_on_above_roof`` (the labels of the points above the roof).
@@ -170,7 +170,7 @@ def sweep(df, x: str, y: str, hue: str | None = None, logx: bool = False, logy: 
           hue_order=None, of: str = ""):
     """One line per ``hue`` value of ``y`` against ``x`` (points with NaN are skipped); each line its own
     colour and marker (see :func:`styles`; ``hue_order`` fixes the slots, e.g. LAYER_CLASSES).
-    ``of``: ``y`` is a % of this ceiling (common.gpu.ceiling_text): drawn at 100, named on the axis."""
+    ``of``: ``y`` is a % of this ceiling (common.ceilings.ceiling_text): drawn at 100, named on the axis."""
     if of:
         hline, hline_label = 100, of
         ylabel = ylabel or "% of " + of.split(" ceiling")[0] + " ceiling"

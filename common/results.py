@@ -390,7 +390,7 @@ class Run:
         prov = self.summary.get("provenance") or {}
         if "ceilings" not in prov and "reanalysed" not in prov:   # the denominators this run divided by
             try:
-                from .gpu import ceilings_brief, load_ceilings
+                from .ceilings import ceilings_brief, load_ceilings
                 prov["ceilings"] = ceilings_brief(load_ceilings(0))
             except Exception:  # noqa: BLE001 - no driver, unreadable cache: the run is saved without them
                 prov["ceilings"] = None

@@ -4,7 +4,7 @@
     t = bench(fn, method="events")                    # CUDA events: kernel time + launch latency
     t = bench(fn, method="graph")                     # events around one CUDA-graph replay
     print(t.median_us, t.spread_pct)
-    r = rates(t.median_ms, bytes=..., flops=..., peaks=gpu.peaks())   # TB/s, TFLOP/s, % of peak
+    r = rates(t.median_ms, bytes=..., flops=..., peaks=ceilings.peaks())   # TB/s, TFLOP/s, % of peak
 
 Method (every sample):
   1. cold L2 (``cold_l2=True``): write a buffer twice the L2 size (which evicts the inputs of the
@@ -248,13 +248,13 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None,
           peaks: dict | None = None) -> dict:
     """Turn a time and the work done into TB/s, TFLOP/s and % of the device's ceilings.
 
-    ``peaks`` is a dict like ``gpu.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops`` (this GPU's
+    ``peaks`` is a dict like ``ceilings.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops`` (this GPU's
     measured ceilings; the datasheet only where nothing was measured). Arithmetic intensity
     (FLOP/byte) is given when both are known, for a roofline position.
 
     A % above 100 is kept as measured (never clipped) and flagged: ``above_ceiling: True`` and a
     ``note`` naming the ceiling and by how much it was beaten. It means the ceiling probe
-    under-measures this GPU and must be improved (``python -m common.gpu ceilings --refresh``
+    under-measures this GPU and must be improved (``python -m common.ceilings measure --refresh``
     after a better probe), not that the kernel beat the hardware.
     """
     out: dict = {"ms": ms}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common import checks, gpu, models, timing
+from common import ceilings, checks, gpu, models, probes, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,10 +139,10 @@ def _fake_set(uuid=H200["uuid"], dram=(4.31, 4.05, 4.12), gemm=(781.2, 757.5), n
                    ("torch copy_", "copy", 2 << 30)], dram)]
     shapes = [{"m": m, "n": m, "k": m, "layout": "nt", "tflops": v, "ms": 2 * m ** 3 / v / 1e9}
               for m, v in zip((8192, 4096), gemm)]
-    c = {"version": gpu.CEILINGS_VERSION, "gpu": "NVIDIA H200", "uuid": uuid, "mode": mode,
+    c = {"version": ceilings.CEILINGS_VERSION, "gpu": "NVIDIA H200", "uuid": uuid, "mode": mode,
          "date_utc": "2026-11-24T10:00:00Z", "datasheet": gpu.device_spec("NVIDIA H200"),
          "dram": {"tb_s": max(dram), "best": probes[0]["name"], "method": "best of probes", "probes": probes,
-                  "notes": []},
+                  "kinds": {p["kind"]: {"tb_s": p["tb_s"], "best": p["name"]} for p in probes}, "notes": []},
          "bf16": {"tflops": max(gemm), "best": {"m": 8192, "n": 8192, "k": 8192, "layout": "nt"},
                   "method": "best GEMM shape", "shapes": shapes, "notes": []},
          "nvlink": nvlink or {"note": "one GPU visible: no all-reduce sweep"}}
@@ -167,47 +167,49 @@ def _two_gpus(monkeypatch):
 def test_ceilings_cache_round_trip_keyed_by_uuid(fake_gpus, monkeypatch):
     _two_gpus(monkeypatch)
     c = _fake_set()
-    path = gpu.save_ceilings(c)
+    path = ceilings.save_ceilings(c)
     assert path == fake_gpus / "ceilings" / f"{H200['uuid']}.json"
-    assert gpu.load_ceilings(0) == c
-    assert gpu.load_ceilings(1) is None                               # the other GPU has its own file
-    gpu.save_ceilings(_fake_set(uuid=H200_B["uuid"], dram=(4.2, 4.0, 4.1)))
-    assert gpu.load_ceilings(1)["dram"]["tb_s"] == 4.2 and gpu.load_ceilings(0)["dram"]["tb_s"] == 4.31
+    assert ceilings.load_ceilings(0) == c
+    assert ceilings.load_ceilings(1) is None                               # the other GPU has its own file
+    ceilings.save_ceilings(_fake_set(uuid=H200_B["uuid"], dram=(4.2, 4.0, 4.1)))
+    assert ceilings.load_ceilings(1)["dram"]["tb_s"] == 4.2 and ceilings.load_ceilings(0)["dram"]["tb_s"] == 4.31
     # CUDA_VISIBLE_DEVICES renumbers: device 0 is then the second GPU, by index or by UUID
     os.environ["CUDA_VISIBLE_DEVICES"] = "1"
     try:
-        assert gpu.load_ceilings(0)["uuid"] == H200_B["uuid"]
+        assert ceilings.load_ceilings(0)["uuid"] == H200_B["uuid"]
         os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-99999999"
-        assert gpu.load_ceilings(0)["uuid"] == H200_B["uuid"]
+        assert ceilings.load_ceilings(0)["uuid"] == H200_B["uuid"]
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        assert gpu.load_ceilings(0) is None                           # no GPU visible
+        assert ceilings.load_ceilings(0) is None                           # no GPU visible
     finally:
         del os.environ["CUDA_VISIBLE_DEVICES"]
     # another probe version: the set is measured again, never used
     old = _fake_set()
-    old["version"] = gpu.CEILINGS_VERSION - 1
-    gpu.save_ceilings(old)
-    assert gpu.load_ceilings(0) is None
+    old["version"] = ceilings.CEILINGS_VERSION - 1
+    ceilings.save_ceilings(old)
+    assert ceilings.load_ceilings(0) is None
 
 
 def test_peaks_reads_the_cache_without_torch(fake_gpus):
-    gpu.save_ceilings(_fake_set())
-    p = gpu.peaks(0)                                                  # measure=True, but the cache has it
+    ceilings.save_ceilings(_fake_set())
+    p = ceilings.peaks(0)                                                  # measure=True, but the cache has it
     assert p["source"] == "measured" and p["gpu"] == "NVIDIA H200" and p["uuid"] == H200["uuid"]
     assert p["dram_tb_s"] == 4.31 and p["bf16_tflops"] == 781.2       # the best probe / shape, not one copy
     assert p["datasheet"]["dram_tb_s"] == 4.8 and p["datasheet"]["bf16_tflops"] == 989
     assert p["measured"]["dram_tb_s"] == 4.31 and p["measured"]["date_utc"] == "2026-11-24T10:00:00Z"
-    assert p["method"]["dram_tb_s"] == "best of 3 probes: triton write BLOCK=16384 warps=8"
+    assert p["method"]["dram_tb_s"] == "fastest of 3 probes: triton write BLOCK=16384 warps=8"
+    assert (p["dram_read_tb_s"], p["dram_write_tb_s"], p["dram_copy_tb_s"]) == (4.05, 4.31, 4.12)   # one per kind
+    assert p["method"]["dram_read_tb_s"] == "fastest read probe: torch x.sum()"
     assert "8192x8192x8192 nt" in p["method"]["bf16_tflops"]
     # one GPU's set has no all-reduce sweep: the NVLink figure is the datasheet's per direction, and says so
     assert p["nvlink_busbw_gb_s"] == 450 and p["sources"]["nvlink_busbw_gb_s"] == "datasheet"
-    assert gpu.cached_peaks(0)["dram_tb_s"] == 4.31 and gpu.cached_peaks(1) is None   # no GPU 1 visible
+    assert ceilings.cached_peaks(0)["dram_tb_s"] == 4.31 and ceilings.cached_peaks(1) is None   # no GPU 1 visible
 
 
 def test_peaks_with_two_gpus_measures_the_missing_nvlink(fake_gpus, monkeypatch):
     """Two GPUs visible, no all-reduce entry yet: peaks() asks the child process to add it."""
     _two_gpus(monkeypatch)
-    gpu.save_ceilings(_fake_set())
+    ceilings.save_ceilings(_fake_set())
     nv = {"busbw_gb_s": 361.5, "gpus": 2, "best_bytes": 1 << 30, "sizes": [{"bytes": 1 << 30, "busbw_gb_s": 361.5}],
           "method": "all-reduce"}
     asked = []
@@ -215,27 +217,27 @@ def test_peaks_with_two_gpus_measures_the_missing_nvlink(fake_gpus, monkeypatch)
     def child(device, quick=True, echo=print):
         asked.append((device, quick))
         c = _fake_set(nvlink=nv)
-        gpu.save_ceilings(c)
+        ceilings.save_ceilings(c)
         return c
-    monkeypatch.setattr(gpu, "_measure_in_child", child)
-    p = gpu.peaks(0)
+    monkeypatch.setattr(ceilings, "_measure_in_child", child)
+    p = ceilings.peaks(0)
     assert asked == [(0, True)]
     assert p["nvlink_busbw_gb_s"] == 361.5 and p["sources"]["nvlink_busbw_gb_s"] == "measured"
     assert "on 2 GPUs" in p["method"]["nvlink_busbw_gb_s"]
-    gpu.peaks(0)
+    ceilings.peaks(0)
     assert len(asked) == 1                                            # cached now: not asked again
 
 
 def test_peaks_datasheet_fallback(fake_gpus, monkeypatch):
-    monkeypatch.setattr(gpu, "_measure_in_child", lambda *a, **k: pytest.fail("measure=False must not measure"))
-    p = gpu.peaks(0, measure=False)
+    monkeypatch.setattr(ceilings, "_measure_in_child", lambda *a, **k: pytest.fail("measure=False must not measure"))
+    p = ceilings.peaks(0, measure=False)
     assert p["source"] == "datasheet" and p["gpu"] == "NVIDIA H200"
     assert (p["dram_tb_s"], p["bf16_tflops"], p["nvlink_busbw_gb_s"]) == (4.8, 989, 450)
     assert "measured" not in p and p["ceilings"] is None
-    assert gpu.cached_peaks(0) is None
+    assert ceilings.cached_peaks(0) is None
     monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [])
     monkeypatch.setattr(gpu, "_gpus_smi", lambda: [])
-    p = gpu.peaks(0, measure=False)                                   # no driver, no cache
+    p = ceilings.peaks(0, measure=False)                                   # no driver, no cache
     assert p["source"] == "unknown" and p["dram_tb_s"] is None
 
 
@@ -243,24 +245,25 @@ def test_ceilings_table_rows(fake_gpus):
     nv = {"busbw_gb_s": 361.5, "gpus": 2, "best_bytes": 1 << 30, "links": ["NV18"],
           "sizes": [{"bytes": 1 << 30, "busbw_gb_s": 361.5}], "method": "all-reduce sweep"}
     c = _fake_set(nvlink=nv)
-    rows = gpu.ceilings_table(c)
-    assert [r["ceiling"] for r in rows] == ["DRAM bandwidth"] * 3 + ["bf16 tensor throughput"] * 2 + ["NVLink all-reduce busbw"]
+    rows = ceilings.ceilings_table(c)
+    assert [r["ceiling"] for r in rows] == (["DRAM read", "DRAM write", "DRAM copy"] + ["bf16 tensor throughput"] * 2
+                                            + ["NVLink all-reduce busbw"])
     assert set(rows[0]) == {"ceiling", "probe", "measured", "unit", "datasheet", "pct_of_datasheet", "is_ceiling", "method"}
     dram = rows[:3]
-    assert [r["measured"] for r in dram] == [4.31, 4.12, 4.05]        # fastest first, and it is the ceiling
-    assert [r["is_ceiling"] for r in dram] == ["yes", "", ""]
-    assert dram[0]["probe"] == "triton write BLOCK=16384 warps=8 (1 GiB)" and dram[0]["unit"] == "TB/s"
-    assert dram[0]["datasheet"] == 4.8 and dram[0]["pct_of_datasheet"] == pytest.approx(89.79, abs=0.01)
+    assert [r["measured"] for r in dram] == [4.05, 4.31, 4.12]        # read, write, copy: each kind's fastest probe
+    assert [r["is_ceiling"] for r in dram] == ["yes", "yes", "yes"]
+    assert dram[1]["probe"] == "triton write BLOCK=16384 warps=8 (1 GiB)" and dram[1]["unit"] == "TB/s"
+    assert dram[1]["datasheet"] == 4.8 and dram[1]["pct_of_datasheet"] == pytest.approx(89.79, abs=0.01)
     assert rows[3]["probe"] == "GEMM 8192x8192x8192 nt" and rows[3]["is_ceiling"] == "yes"
     assert rows[3]["pct_of_datasheet"] == pytest.approx(100 * 781.2 / 989)
     assert rows[5]["measured"] == 361.5 and rows[5]["datasheet"] == 450 and "NV18" in rows[5]["probe"]
     # a peaks() dict gives the same rows; one GPU: the NVLink row says why there is no number
-    gpu.save_ceilings(_fake_set())
-    rows1 = gpu.ceilings_table(gpu.peaks(0, measure=False))
+    ceilings.save_ceilings(_fake_set())
+    rows1 = ceilings.ceilings_table(ceilings.peaks(0, measure=False))
     assert rows1[-1]["measured"] is None and "one GPU" in rows1[-1]["method"]
-    assert len(gpu.ceilings_table(c, top_gemm=1)) == 5
+    assert len(ceilings.ceilings_table(c, top_gemm=1)) == 5
     # no measurement at all: the datasheet rows, each saying so
-    ds = gpu.ceilings_table(gpu.as_peaks(None, name="NVIDIA H100 80GB HBM3"))
+    ds = ceilings.ceilings_table(ceilings.as_peaks(None, name="NVIDIA H100 80GB HBM3"))
     assert [r["datasheet"] for r in ds] == [3.35, 989, 450] and all(r["measured"] is None for r in ds)
     assert all("datasheet only" in r["method"] for r in ds)
 
@@ -268,18 +271,18 @@ def test_ceilings_table_rows(fake_gpus):
 def test_nvlink_busbw_arithmetic():
     """nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n."""
     gib = 1 << 30
-    assert gpu.busbw_gb_s(gib, 0.01, 8) == pytest.approx(gib / 0.01 / 1e9 * 14 / 8)
-    assert gpu.busbw_gb_s(gib, 0.01, 2) == pytest.approx(gib / 0.01 / 1e9)          # n=2: busbw == algbw
-    assert gpu.busbw_gb_s(gib, 0.01, 1) == 0.0                                         # one rank moves nothing
-    assert gpu.busbw_gb_s(gib, 0.0, 4) != gpu.busbw_gb_s(gib, 0.0, 4)                 # NaN, not a division error
-    sizes = gpu.nvlink_sizes(quick=False)
+    assert probes.busbw_gb_s(gib, 0.01, 8) == pytest.approx(gib / 0.01 / 1e9 * 14 / 8)
+    assert probes.busbw_gb_s(gib, 0.01, 2) == pytest.approx(gib / 0.01 / 1e9)          # n=2: busbw == algbw
+    assert probes.busbw_gb_s(gib, 0.01, 1) == 0.0                                         # one rank moves nothing
+    assert probes.busbw_gb_s(gib, 0.0, 4) != probes.busbw_gb_s(gib, 0.0, 4)                 # NaN, not a division error
+    sizes = probes.nvlink_sizes(quick=False)
     assert sizes[0] == 1 << 20 and sizes[-1] == gib and len(sizes) == 11
-    assert gpu.nvlink_sizes(quick=True)[-1] == gib and len(gpu.nvlink_sizes(quick=True)) == 4
-    assert gpu._calls_for(1 << 20) == 200 and gpu._calls_for(gib) == 2
+    assert probes.nvlink_sizes(quick=True)[-1] == gib and len(probes.nvlink_sizes(quick=True)) == 4
+    assert probes._calls_for(1 << 20) == 200 and probes._calls_for(gib) == 2
 
 
 def test_gemm_sweep_shapes():
-    quick, full = gpu.gemm_shapes(True), gpu.gemm_shapes(False)
+    quick, full = probes.gemm_shapes(True), probes.gemm_shapes(False)
     assert 20 <= len(quick) <= 24 and 60 <= len(full) <= 100
     # the model shapes of an 8,192-token Llama-3.1-8B prefill (QKV, O, gate-up, down) are in the quick set
     assert {(8192, 6144, 4096, "nt"), (8192, 4096, 4096, "nt"), (8192, 28672, 4096, "nt"), (8192, 4096, 14336, "nt")} <= set(quick)
@@ -289,17 +292,17 @@ def test_gemm_sweep_shapes():
 
 
 def test_ceilings_cli_show_needs_no_torch(tmp_path):
-    """`python -m common.gpu show` and `python3 common/gpu.py --help` run without torch or a GPU."""
+    """`python -m common.ceilings show` and `python3 common/ceilings.py --help` run without torch or a GPU."""
     env = {**os.environ, "HANDS_ON_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     (tmp_path / "ceilings").mkdir()
     (tmp_path / "ceilings" / f"{H200['uuid']}.json").write_text(json.dumps(_fake_set()))
-    out = subprocess.run([sys.executable, "-m", "common.gpu", "show"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "common.ceilings", "show"], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "NVIDIA H200" in out.stdout and "triton write" in out.stdout and "781" in out.stdout
-    h = subprocess.run([sys.executable, str(ROOT / "common" / "gpu.py"), "--help"], cwd=tmp_path,
+    h = subprocess.run([sys.executable, str(ROOT / "common" / "ceilings.py"), "--help"], cwd=tmp_path,
                        capture_output=True, text=True)
-    assert h.returncode == 0 and "ceilings" in h.stdout, h.stderr
+    assert h.returncode == 0 and "measure" in h.stdout, h.stderr
 
 
 def test_cpu_timer():
@@ -308,7 +311,8 @@ def test_cpu_timer():
 
 
 def test_common_imports_no_gpu_package():
-    code = ("import sys; import common.timing, common.gpu, common.ncu, common.trace, common.results, "
+    code = ("import sys; import common.timing, common.gpu, common.ceilings, common.probes, common.clocks, "
+            "common.ncu, common.trace, common.results, "
             "common.report, common.models, common.story, common.ranges, common.plots, common.nsys, common.checks; "
             "print(sorted(m for m in ('torch', 'flashinfer', 'sglang', 'minisgl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -355,55 +359,55 @@ def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch
                                                               multi_processor_count=132, L2_cache_size=60 << 20))
     monkeypatch.setitem(sys.modules, "torch", fake)
     ran = []
-    monkeypatch.setattr(gpu, "_measure_dram", lambda t, d, q, log: ran.append(("dram", q)) or
+    monkeypatch.setattr(probes, "measure_dram", lambda t, d, q, log, sampler=None: ran.append(("dram", q)) or
                         _fake_set()["dram"])
-    monkeypatch.setattr(gpu, "_measure_gemm", lambda t, d, q, log: ran.append(("gemm", q)) or
+    monkeypatch.setattr(probes, "measure_gemm", lambda t, d, q, log, sampler=None: ran.append(("gemm", q)) or
                         _fake_set()["bf16"])
-    monkeypatch.setattr(gpu, "_measure_nvlink", lambda n, q, log: ran.append(("nvlink", n)) or
+    monkeypatch.setattr(probes, "measure_nvlink", lambda n, q, log: ran.append(("nvlink", n)) or
                         {"busbw_gb_s": 361.5, "gpus": n, "best_bytes": 1 << 30, "sizes": [], "method": "m"})
-    c = gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    c = ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert ran == [("dram", True), ("gemm", True)] and c["mode"] == "quick" and c["uuid"] == H200["uuid"]
-    assert c["version"] == gpu.CEILINGS_VERSION and c["datasheet"]["model"] == "H200 SXM"
-    assert gpu.load_ceilings(0) == c
-    assert gpu.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
-    full = gpu.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
+    assert c["version"] == ceilings.CEILINGS_VERSION and c["datasheet"]["model"] == "H200 SXM"
+    assert ceilings.load_ceilings(0) == c
+    assert ceilings.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
+    full = ceilings.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
     assert ran[2:] == [("dram", False), ("gemm", False)] and full["mode"] == "full"
-    assert gpu.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
+    assert ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
     n_gpus["n"] = 2
     _two_gpus(monkeypatch)
-    with_nv = gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    with_nv = ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert ran[4:] == [("nvlink", 2)] and with_nv["nvlink"]["busbw_gb_s"] == 361.5 and with_nv["mode"] == "full"
-    gpu.measure_ceilings(0, quick=True, log=lambda *a: None)
+    ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert len(ran) == 5                                                                        # cached now
-    gpu.measure_ceilings(0, quick=True, refresh=True, nvlink=False, log=lambda *a: None)
+    ceilings.measure_ceilings(0, quick=True, refresh=True, nvlink=False, log=lambda *a: None)
     assert ran[5:] == [("dram", True), ("gemm", True)]
     # the CLI: measure (from the cache here) and print the table; --json-out gets the same set
     out = fake_gpus / "out.json"
-    assert gpu.main(["ceilings", "--quick", "--no-nvlink", "--json-out", str(out)]) == 0
+    assert ceilings.main(["measure", "--quick", "--no-nvlink", "--json-out", str(out)]) == 0
     assert json.loads(out.read_text())["uuid"] == H200["uuid"]
     printed = capsys.readouterr().out
-    assert "DRAM bandwidth" in printed and "methods:" in printed and "TB/s" in printed
+    assert "DRAM read" in printed and "DRAM copy" in printed and "methods:" in printed and "TB/s" in printed
 
 
 def test_peaks_full_request_replaces_a_quick_set(fake_gpus, monkeypatch):
-    gpu.save_ceilings(_fake_set(mode="quick"))
+    ceilings.save_ceilings(_fake_set(mode="quick"))
     asked = []
-    monkeypatch.setattr(gpu, "_measure_in_child", lambda device, quick=True, echo=print:
-                        asked.append(quick) or gpu.save_ceilings(_fake_set(mode="full")) and gpu.load_ceilings(device))
-    assert gpu.peaks(0)["measured"]["mode"] == "quick" and asked == []          # a quick set serves quick asks
-    assert gpu.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
-    assert gpu.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
+    monkeypatch.setattr(ceilings, "_measure_in_child", lambda device, quick=True, echo=print:
+                        asked.append(quick) or ceilings.save_ceilings(_fake_set(mode="full")) and ceilings.load_ceilings(device))
+    assert ceilings.peaks(0)["measured"]["mode"] == "quick" and asked == []          # a quick set serves quick asks
+    assert ceilings.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
+    assert ceilings.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
 
 
 def test_measuring_child_runs_without_a_profilers_injection():
     """Under ncu/nsys the child that measures the ceilings must not be profiled (nor slowed down)."""
-    env, notes = gpu.measure_env({"CUDA_INJECTION64_PATH": "/opt/nsight/libToolsInjection64.so", "PATH": "/usr/bin",
+    env, notes = ceilings.measure_env({"CUDA_INJECTION64_PATH": "/opt/nsight/libToolsInjection64.so", "PATH": "/usr/bin",
                                   "LD_PRELOAD": "/opt/nsight-compute/libTreeLauncherPlaceholder.so /usr/lib/libjemalloc.so",
                                   "PYTHONPATH": "/x"})
     assert "CUDA_INJECTION64_PATH" not in env and env["LD_PRELOAD"] == "/usr/lib/libjemalloc.so"
     assert env["PATH"] == "/usr/bin" and env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/x"]
     assert len(notes) == 2
-    env, notes = gpu.measure_env({"LD_PRELOAD": "/opt/nsys/libToolsInjectionProxy64.so"})
+    env, notes = ceilings.measure_env({"LD_PRELOAD": "/opt/nsys/libToolsInjectionProxy64.so"})
     assert "LD_PRELOAD" not in env and notes
 
 
@@ -412,14 +416,27 @@ def test_peaks_measures_in_a_child_process_that_reports_failure(fake_gpus, monke
     child stops with a one-line setup error (exit 2), raised here with the end of its log."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(RuntimeError, match=r"measuring the ceilings failed \(exit 2\).*\[setup\]"):
-        gpu.peaks(0)
+        ceilings.peaks(0)
     assert list((fake_gpus / "ceilings").glob("measure-*.log"))
 
 
 def test_ceiling_names_the_denominator():
     pk = {"gpu": "NVIDIA H200", "dram_tb_s": 4.28, "bf16_tflops": 712.0, "source": "measured",
           "sources": {"dram_tb_s": "measured"}, "method": {"dram_tb_s": "best of 4 probes: triton read"}}
-    assert gpu.ceiling_text(pk) == "the measured DRAM ceiling 4.28 TB/s (best of 4 probes: triton read) of NVIDIA H200"
-    assert gpu.ceiling_text(pk, "bf16_tflops").startswith("the measured bf16 tensor ceiling 712 TFLOP/s")
-    assert gpu.ceiling_text({"gpu": None}) == "no DRAM ceiling of this GPU"
-    assert gpu.ceiling_text(pk, short=True) == "the measured DRAM ceiling 4.28 TB/s"
+    assert ceilings.ceiling_text(pk) == ("the measured DRAM (fastest stream) ceiling 4.28 TB/s (best of 4 probes: "
+                                         "triton read) of NVIDIA H200")
+    assert ceilings.ceiling_text(pk, "bf16_tflops").startswith("the measured bf16 tensor ceiling 712 TFLOP/s")
+    assert ceilings.ceiling_text({"gpu": None}) == "no DRAM (fastest stream) ceiling of this GPU"
+    assert ceilings.ceiling_text(pk, short=True) == "the measured DRAM (fastest stream) ceiling 4.28 TB/s"
+    pk2 = {**pk, "dram_read_tb_s": 3.16, "sources": {"dram_read_tb_s": "measured"}}
+    assert ceilings.ceiling_text(pk2, "dram_read_tb_s", short=True) == "the measured DRAM read ceiling 3.16 TB/s"
+
+
+def test_dram_ceiling_matches_the_traffic():
+    """A kernel is divided by the DRAM ceiling of its traffic: read (< 10% writes), write (> 90%), else copy."""
+    pk = {"dram_tb_s": 3.30, "dram_read_tb_s": 3.16, "dram_write_tb_s": 3.30, "dram_copy_tb_s": 3.02}
+    assert ceilings.dram_for(pk, 235e6, 2.4e6) == (3.16, "read")        # a decode GEMM: the weights stream in
+    assert ceilings.dram_for(pk, 537e6, 537e6) == (3.02, "copy")        # RMSNorm on 512 MB: read + write
+    assert ceilings.dram_for(pk, 0.0, 1e6) == (3.30, "write")
+    assert ceilings.dram_for(pk, None, None) == (3.02, "copy")          # unknown: the lowest of the three
+    assert ceilings.dram_for({"dram_tb_s": 4.7}, 1e6, 0) == (4.7, "read")   # a record from before the kinds

@@ -292,17 +292,19 @@ def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixt
 
 
 def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, monkeypatch):
-    from common import gpu
-    c = {"version": gpu.CEILINGS_VERSION, "uuid": "GPU-x", "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
-         "dram": {"tb_s": 4.71}, "bf16": {"tflops": 811.0}, "nvlink": {"note": "one GPU visible"}}
-    monkeypatch.setattr(gpu, "load_ceilings", lambda device=0: c)
+    from common import ceilings
+    c = {"version": ceilings.CEILINGS_VERSION, "uuid": "GPU-x", "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
+         "dram": {"tb_s": 4.71, "kinds": {"read": {"tb_s": 4.6}, "write": {"tb_s": 4.71}, "copy": {"tb_s": 4.4}}},
+         "bf16": {"tflops": 811.0, "sm_mhz": 1980}, "nvlink": {"note": "one GPU visible"}}
+    monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: c)
     with results.Run(_script(tmp_path), {}, quiet=True) as run:
         pass
     got = results.load_summary(run.final_dir)["provenance"]["ceilings"]
-    assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "nvlink_busbw_gb_s": None, "version": gpu.CEILINGS_VERSION,
-                   "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x"}
+    assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
+                   "dram_copy_tb_s": 4.4, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
+                   "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x"}
     # a re-analysis keeps the recording's denominators, not this machine's
-    monkeypatch.setattr(gpu, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
+    monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
     prev = results.load_summary(run.final_dir)
     with results.Run(_script(tmp_path, system="demo2"), {}, quiet=True) as again:
         again.reanalysis_of(prev, run.final_dir)

@@ -10,8 +10,8 @@ What it measures
     torch-profiler fallback), FlashInfer's JIT cache (where it lives, which modules are compiled),
     which paths FlashInfer takes on this GPU (prefill backend "auto", FA3, the norm path), and the
     measured ceilings every other script divides by: DRAM TB/s (the best of several streaming probes far
-    above L2) and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.gpu.peaks, cached per GPU,
-    every probe shown next to the datasheet (peaks.csv, from common.gpu.ceilings_table).
+    above L2) and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.ceilings.peaks, cached per GPU,
+    every probe shown next to the datasheet (peaks.csv, from common.ceilings.ceilings_table).
 
 What the plan expected (hypotheses: H_* below, facts with their sources)
     * the plan's figures were written for A100 80GB (~2 TB/s HBM, 312 TFLOP/s bf16); this run
@@ -40,7 +40,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import cli, gpu, story  # noqa: E402
+from common import ceilings, cli, gpu, story  # noqa: E402
 from common.checks import profilers, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -99,20 +99,20 @@ def version_of(cmd: list[str]) -> str | None:
 
 
 def measure_peaks(run, refresh: bool):
-    """The measured ceilings every % column of this track divides by (common.gpu: cached per GPU), every probe
-    beside the datasheet (common.gpu.ceilings_table), and the ridge point: peaks.csv."""
+    """The measured ceilings every % column of this track divides by (common.ceilings: cached per GPU), every probe
+    beside the datasheet (common.ceilings.ceilings_table), and the ridge point: peaks.csv."""
     import pandas as pd
     if refresh:
-        gpu.measure_peaks(0, refresh=True)
-    pk = gpu.peaks()
-    rows = gpu.ceilings_table(pk)
+        ceilings.measure_peaks(0, refresh=True)
+    pk = ceilings.peaks()
+    rows = ceilings.ceilings_table(pk)
     ds = pk.get("datasheet") or {}
     ridge = pk["bf16_tflops"] / pk["dram_tb_s"] if pk.get("dram_tb_s") and pk.get("bf16_tflops") else None
     rows.append({"ceiling": "ridge point (bf16 / DRAM)", "probe": "-", "measured": ridge, "unit": "FLOP/byte",
                  "datasheet": ds["bf16_tflops"] / ds["dram_tb_s"] if ds.get("dram_tb_s") else None,
                  "pct_of_datasheet": None, "is_ceiling": "", "method": "bf16 ceiling / DRAM ceiling"})
     run.table("peaks", pd.DataFrame(rows))
-    run.log(f"ceilings: {gpu.ceiling_text(pk)}; {gpu.ceiling_text(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
+    run.log(f"ceilings: {ceilings.ceiling_text(pk)}; {ceilings.ceiling_text(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
             f"{ds.get('bf16_tflops')} TFLOP/s")
     return pk, ridge
 
@@ -196,7 +196,7 @@ def tell(x) -> str:
     missing = [p["package"] for p in x.pkgs if p["version"] == "missing"]
     links = x.topo.get("links") or {}
     items = [
-        (f"ceilings: {gpu.ceiling_text(pk)}; {gpu.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
+        (f"ceilings: {ceilings.ceiling_text(pk)}; {ceilings.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
          f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
         (f"FlashInfer {info['flashinfer']}: prefill auto -> {info['prefill_auto_backend']}; FA3 usable: "
          f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         run.headline(dram_ceiling_tb_s=x.pk["dram_tb_s"], bf16_ceiling_tflops=x.pk["bf16_tflops"],
                      ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled),
                      sm_count=x.props.multi_processor_count)
-        run.note(f"every % column of this track divides by {gpu.ceiling_text(x.pk)} or {gpu.ceiling_text(x.pk, 'bf16_tflops')}")
+        run.note(f"every % column of this track divides by {ceilings.ceiling_text(x.pk)} or {ceilings.ceiling_text(x.pk, 'bf16_tflops')}")
         # ---- verdicts
         judge(run, x)
         # ---- the story

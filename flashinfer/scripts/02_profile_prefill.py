@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import cli, flops, gpu, ncu, plots, stats, story, trace  # noqa: E402
+from common import ceilings, cli, flops, ncu, plots, stats, story, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
@@ -346,7 +346,7 @@ def profile_nsys(run, x):
 def figures(run, x):
     df = x.df.assign(series=x.df["model"].str.replace("llama-3.1-", "") + " " + x.df["backend"])
     run.figure("throughput", plots.sweep(df, x="qo_len", y="pct_peak_tflops", hue="series", logx=True,
-                                         of=gpu.ceiling_text(x.pk, "bf16_tflops"),
+                                         of=ceilings.ceiling_text(x.pk, "bf16_tflops"),
                                          title=f"Causal paged prefill, batch {x.args.batch} — {x.pk['gpu']}"))
     pts = [{"label": f"{r.series} qo{r.qo_len}" if r.qo_len in (512, int(df["qo_len"].max())) else "",
             "series": r.series, "flop_per_byte": r.flop_per_byte, "tflop_s": r.tflop_s} for r in df.itertuples()]
@@ -370,14 +370,14 @@ def judge_timing(run, x):
     ai = flops.intensity(flops.prefill_flops([512], [512], lay["hq"], lay["d"]),
                          flops.prefill_bytes([512], [512], lay["hq"], lay["hkv"], lay["d"]))
     run.fact(H["ridge"], 0.5 <= ai / ridge <= 2, f"qo 512: {ai:.0f} FLOP/byte vs ridge {ridge:.0f} "
-             f"({gpu.ceiling_text(x.pk, 'bf16_tflops')} / {gpu.ceiling_text(x.pk)}): {ai / ridge:.2f}x", "sweep.csv")
+             f"({ceilings.ceiling_text(x.pk, 'bf16_tflops')} / {ceilings.ceiling_text(x.pk)}): {ai / ridge:.2f}x", "sweep.csv")
     for be in x.backends:
         ref = x.ref[x.ref["backend"] == be]
         if len(ref):
             run.headline(**{f"{be}_qo8192_tflop_s": float(ref["tflop_s"].median()),
                             f"{be}_qo8192_pct_of_bf16_ceiling": float(ref["pct_peak_tflops"].median())})
         run.judge(for_backend(H["tensor"], be), list(ref["pct_peak_tflops"]), evidence="reference.csv",
-                  detail=f"of {gpu.ceiling_text(x.pk, 'bf16_tflops')}; DRAM {ref['pct_peak_dram'].median():.0f}% of the "
+                  detail=f"of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}; DRAM {ref['pct_peak_dram'].median():.0f}% of the "
                          "DRAM ceiling (formula bytes)" if len(ref) else "")
     if {"fa2", "fa3"} <= set(x.backends):
         piv = x.m0.pivot_table(index="qo_len", columns="backend", values="time_us").dropna()
@@ -422,7 +422,7 @@ def judge_ncu(run, x):
                  f"limiter {rows[0]['limiter'] if rows else 'n/a'}", where)
         run.judge(h(H["pipe"]), [r["tensor_pct"] for r in rows], evidence=where, detail="; ".join(
             dict.fromkeys(ncu.bound_why(r) for r in rows)))
-        run.judge(h(H["hbm"]), [r.get("pct_peak_dram") for r in rows], evidence=where, detail=f"of {gpu.ceiling_text(x.pk)}")
+        run.judge(h(H["hbm"]), [r.get("pct_peak_dram") for r in rows], evidence=where, detail=f"of {ceilings.ceiling_text(x.pk)}")
         run.fact(h(H["stall"]), [ncu.top_stall(r) == "long_scoreboard" for r in rows] or None,
                  "; ".join(dict.fromkeys(f"{r['top_stalls']}" for r in rows)) or "n/a", where)
         if be == "fa2":
@@ -459,7 +459,7 @@ def tell(x) -> str:
         items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))
     lay, ridge = x.lay0, x.pk["bf16_tflops"] / x.pk["dram_tb_s"]
     text = story.tree(f"PREFILL ATTENTION (causal, paged) — {x.pk['gpu']}, {x.models[0]} heads ({lay['hq']} q / "
-                      f"{lay['hkv']} kv, d {lay['d']}), bf16; % of {gpu.ceiling_text(x.pk, 'bf16_tflops')}, ridge "
+                      f"{lay['hkv']} kv, d {lay['d']}), bf16; % of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}, ridge "
                       f"{ridge:.0f} FLOP/B", items)
     if x.tl is not None:
         tl, src = x.tl
@@ -477,8 +477,8 @@ def main(argv=None) -> int:
         return ncu_target(x)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceilings every % divides by; correctness before timing
-        x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk, 'bf16_tflops')}; ridge "
+        x.pk = ceilings.peaks()
+        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}; ridge "
                 f"{x.pk['bf16_tflops'] / x.pk['dram_tb_s']:.0f} FLOP/byte")
         x.backends = usable_backends(x, run.log)
         x.points = plan_points(args, x.backends)

@@ -8,7 +8,7 @@ What it measures
     bench_cpu over many calls: median and its 95% interval), what plan() decided (split_kv, KV chunk, grid)
     read from plan_info, the median kernel time (common.timing.bench: CUPTI kernel time, cold L2), TB/s from
     the bytes decode must read (common.flops.decode_bytes) and % of this GPU's measured DRAM ceiling
-    (common.gpu.peaks). The plan's reference point (CUDA cores, batch 32, KV 4096) is timed 3 times
+    (common.ceilings.peaks). The plan's reference point (CUDA cores, batch 32, KV 4096) is timed 3 times
     (reference.csv) and judged on the interval of the three. A torch-profiler trace of a few shapes (3 calls
     each) counts the kernels each run() really launched (attention, plus a merge kernel when the KV was
     split) next to plan_info. Three shapes are also timed with FlashInfer's own bench_gpu_time (like for
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import cli, flops, gpu, ncu, plots, stats, story, trace  # noqa: E402
+from common import ceilings, cli, flops, ncu, plots, stats, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
@@ -329,7 +329,7 @@ def profile_nsys(run, x):
 def figures(run, x):
     run.figure("bandwidth", plots.sweep(
         x.m0[x.m0["variant"] == x.variants[0]], x="kv_len", y="pct_peak_dram", hue="batch", logx=True,
-        of=gpu.ceiling_text(x.pk),
+        of=ceilings.ceiling_text(x.pk),
         title=f"Decode ({x.variants[0]}), {x.models[0]}, bf16 — {x.pk['gpu']}"))
     pts = [{"label": f"{r.variant} b{r.batch} kv{r.kv_len}" if r.kv_len == 4096 else "", "series": r.variant,
             "flop_per_byte": r.flop_per_byte, "tflop_s": r.tflop_s} for r in x.m0.itertuples()]
@@ -350,7 +350,7 @@ def judge_timing(run, x):
                      decode_tb_s=float(ref["tb_s"].median()), decode_pct_of_ceiling=float(ref["pct_peak_dram"].median()))
     run.judge(H["bw"], list(ref["pct_peak_dram"]), evidence="reference.csv",
               premise=True if len(ref) else "the CUDA-core variant was not run (--variants)",
-              detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {gpu.ceiling_text(x.pk)}" if len(ref) else "")
+              detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {ceilings.ceiling_text(x.pk)}" if len(ref) else "")
     if {"cuda", "tc"} <= set(x.variants):
         both = x.m0.pivot_table(index=["batch", "kv_len"], columns="variant", values="time_us").dropna()
         iv = stats.over(both["tc"] / both["cuda"])
@@ -426,11 +426,11 @@ def tell(x) -> str:
         items.append((f"{'CUDA cores' if r.variant == 'cuda' else 'tensor cores'}, batch {r.batch}, KV {r.kv_len}", kids))
     if len(x.ref):
         items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): " + ", ".join(
-            f"{v:.0f}%" for v in x.ref["pct_peak_dram"]) + f" of {gpu.ceiling_text(x.pk)}", []))
+            f"{v:.0f}%" for v in x.ref["pct_peak_dram"]) + f" of {ceilings.ceiling_text(x.pk)}", []))
     if x.xrows:
         items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}"), []))
     text = story.tree(f"DECODE ATTENTION — {x.pk['gpu']}, {x.models[0]} heads ({x.lay0['hq']} q / {x.lay0['hkv']} kv, "
-                      f"d {x.lay0['d']}), bf16, page {PAGE}; % of {gpu.ceiling_text(x.pk)}", items)
+                      f"d {x.lay0['d']}), bf16, page {PAGE}; % of {ceilings.ceiling_text(x.pk)}", items)
     if x.tl is not None:
         tl, src = x.tl
         shown = [lab for lab in ("decode cuda b=32 kv=4096", "decode cuda b=1 kv=32768") if lab in set(tl["label"])]
@@ -450,8 +450,8 @@ def main(argv=None) -> int:
     x.variants, x.lay0 = list(args.variants), _fi.head_layout(x.models[0])
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceilings every % divides by; correctness before timing
-        x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}; bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s")
+        x.pk = ceilings.peaks()
+        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}; bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)

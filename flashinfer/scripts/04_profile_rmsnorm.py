@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import cli, flops, gpu, ncu, plots, story  # noqa: E402
+from common import ceilings, cli, flops, ncu, plots, story  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -259,7 +259,7 @@ def judge(run, x):
                  fusion_time_saving_pct=float(fu["time_saving_pct"].median()))
     where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2)"
     run.judge(H["bw"], list(norm["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
+              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {ceilings.ceiling_text(x.pk)}")
     small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)]
     run.judge(H["small"], list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
               detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token")
@@ -303,7 +303,7 @@ def tell(x) -> str:
         kids += [(f"{r['variant']}: {story.kernel_line(r)} [{ncu.bound_why(r)}]", []) for r in last.to_dict("records")]
     items.append((f"fusion point: {fu['tokens'].iloc[0]} tokens x {FUSION_HIDDEN} (one tensor "
                   f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 1e6:.0f} MB)", kids))
-    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {gpu.ceiling_text(x.pk)}", items)
+    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {ceilings.ceiling_text(x.pk)}", items)
 
 
 def main(argv=None) -> int:
@@ -315,8 +315,8 @@ def main(argv=None) -> int:
         return ncu_target(x)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, the norm path, correctness before timing
-        x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}")
+        x.pk = ceilings.peaks()
+        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}")
         import flashinfer.norm as fnorm
         run.note("FlashInfer norm path: " + ("CUDA JIT `norm` module" if getattr(fnorm, "_USE_CUDA_NORM", True)
                                              else "CuTe-DSL kernels"))
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
         x.fu = fusion(x)
         run.table("fusion", x.fu)
         run.figure("bandwidth", plots.sweep(x.df[x.df["hidden"] == args.hidden[0]], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, of=gpu.ceiling_text(x.pk),
+                                            hue="variant", logx=True, of=ceilings.ceiling_text(x.pk),
                                             title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import cli, flops, gpu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, plots, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -214,7 +214,7 @@ def judge(run, x):
     inpl = ref[ref["variant"] == INPLACE]
     run.headline(rope_inplace_tb_s=float(inpl["tb_s"].median()), rope_inplace_pct_of_ceiling=float(inpl["pct_peak_dram"].median()))
     run.judge(H["bw"], list(inpl["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {gpu.ceiling_text(x.pk)}")
+              detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {ceilings.ceiling_text(x.pk)}")
     run.judge(H["inplace"], [a / b for a, b in zip(per[INPLACE], per[OUT_OF_PLACE])], evidence="reference.csv")
     run.judge(H["one_req"], [a / b for a, b in zip(per[ONE_REQ], per["apply_rope"])], evidence="reference.csv",
               detail=f"requests of {x.args.req_tokens} tokens")
@@ -256,7 +256,7 @@ def tell(x) -> str:
     items.append((f"reference ({REF['tokens']} tokens, d {REF['head_dim']}, {REPEATS} repetitions): " + "; ".join(
         f"{v} {g['time_us'].median():.1f} us" for v, g in x.ref.groupby("variant", sort=False)), []))
     return story.tree(f"ROPE — {x.pk['gpu']}, {MODEL} heads (32 q / 8 k), head_dim {x.d0}, bf16; % of "
-                      f"{gpu.ceiling_text(x.pk)}", items)
+                      f"{ceilings.ceiling_text(x.pk)}", items)
 
 
 def main(argv=None) -> int:
@@ -269,8 +269,8 @@ def main(argv=None) -> int:
     x.d0 = 128 if 128 in dims else dims[0]
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by; correctness before timing
-        x.pk = gpu.peaks()
-        run.log(f"{x.pk['gpu']}: % of {gpu.ceiling_text(x.pk)}")
+        x.pk = ceilings.peaks()
+        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
             x.kern = profile_ncu(run, x)
         # ---- analyse
         run.figure("bandwidth", plots.sweep(x.df[x.df["head_dim"] == x.d0], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, of=gpu.ceiling_text(x.pk),
+                                            hue="variant", logx=True, of=ceilings.ceiling_text(x.pk),
                                             title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)

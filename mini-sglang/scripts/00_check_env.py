@@ -9,7 +9,7 @@ What it measures
     cache (~/.cache/tvm-ffi or $TVM_FFI_CACHE_DIR) with the mini-SGLang modules already built;
     FlashInfer's JIT cache; which attention backends mini-SGLang can use on this GPU; the NCCL
     version and whether `-lnccl` can link PyNCCL; ncu/nsys; and the measured ceilings every "% of
-    peak" in this track divides by (common.gpu.peaks: DRAM = best of several streaming probes far above
+    peak" in this track divides by (common.ceilings.peaks: DRAM = best of several streaming probes far above
     L2, bf16 = best over a GEMM shape sweep; cached per GPU, the same set every system reads; peaks.csv).
     Then it calls index (8 KiB rows), store (2 KiB and 256-B rows) and the radix compare once (building
     them if needed), times how 3 fresh processes load the cached index module, and (full run) builds PyNCCL.
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, gpu, story  # noqa: E402
+from common import ceilings, cli, gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -307,8 +307,8 @@ def main(argv=None) -> int:
         run.log(f"{len(x.gpus)} GPU(s): {prov['gpu']}, driver {prov['driver']}, CUDA runtime {torch.version.cuda}, "
                 f"{props.multi_processor_count} SMs, compute capability {x.cc}")
         software(run, x)
-        x.pk = gpu.peaks(quick=args.quick)
-        run.table("peaks", gpu.ceilings_table(x.pk))
+        x.pk = ceilings.peaks(quick=args.quick)
+        run.table("peaks", ceilings.ceilings_table(x.pk))
         # ---- measure: first calls (JIT), fresh-process loads, caches, backends, profilers
         jit_calls(run, x)
         caches_and_backends(run, x)

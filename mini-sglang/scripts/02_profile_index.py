@@ -7,7 +7,7 @@ What it measures
     their real vocab sizes), 1 -> 32,768 tokens, plus the vocab-masked kernel that tensor
     parallelism uses (TP 2/4/8 shards). Per point: median time (common.timing.bench: CUPTI kernel time,
     cold L2), the bytes the lookup must move (common.flops.index_bytes: ids + rows read, rows written), TB/s
-    and % of this GPU's measured DRAM ceiling (common.gpu.peaks). The judged points (64 tokens and the
+    and % of this GPU's measured DRAM ceiling (common.ceilings.peaks). The judged points (64 tokens and the
     largest count, Llama-3.1-8B rows) are timed 3 times. How work maps to warps comes from the kernel
     itself: the template parameters in its demangled name (index_kernel<threads, min blocks/SM, PDL, row
     bytes, warps per row, id type>), the grid and block 3 traced calls saw (common.trace.capture_calls), and
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, flops, gpu, models, ncu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, models, ncu, plots, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -370,8 +370,8 @@ def main(argv=None) -> int:
                         sms=torch.cuda.get_device_properties(0).multi_processor_count)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
-        x.pk = gpu.peaks()
-        x.ceiling = gpu.ceiling_text(x.pk, short=True)
+        x.pk = ceilings.peaks()
+        x.ceiling = ceilings.ceiling_text(x.pk, short=True)
         run.log(f"{x.pk['gpu']}: {x.ceiling} (datasheet {(x.pk.get('datasheet') or {}).get('dram_tb_s', '?')}), {x.sms} SMs")
         load_tables(run, torch, K, x)
         # ---- measure

@@ -9,7 +9,7 @@ What it measures
     rows of Llama-3.1-8B per rank: 2048 B (TP1), 1024 (TP2), 512 (TP4), 256 B (TP8). Slots are
     sequential (a fresh pool) or random (a pool after churn); the full run adds reversed.
     Per point: median time (common.timing.bench: CUPTI, cold L2), bytes moved (common.flops.store_bytes:
-    K+V rows read and written, slot ids read), TB/s and % of the measured DRAM ceiling (common.gpu.peaks).
+    K+V rows read and written, slot ids read), TB/s and % of the measured DRAM ceiling (common.ceilings.peaks).
     The judged points (the largest token count, 2048-B and 256-B rows, sequential and random) are timed 3
     times, interleaved. Calls at 1 and 8192 tokens, 3 each under torch.profiler (common.trace.capture_calls),
     count the kernel launches per call and what each one copies; (--ncu / full run) ncu reads DRAM bytes,
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, ncu, plots, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -330,8 +330,8 @@ def main(argv=None) -> int:
     x = SimpleNamespace(args=args, p=plan(args), launches=None, kern=None)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
-        x.pk = gpu.peaks()
-        x.ceiling = gpu.ceiling_text(x.pk, short=True)
+        x.pk = ceilings.peaks()
+        x.ceiling = ceilings.ceiling_text(x.pk, short=True)
         run.log(f"{x.pk['gpu']}: {x.ceiling}; pool {POOL:,} slots per cache")
         make_pools(run, torch, K, x)
         # ---- measure

@@ -12,7 +12,7 @@ What it measures
     --compare  fixed points (prefill 1 x 2048, prefill 8 x 512, decode 32 x 4096, decode 1 x 4096), each
                variant timed 3 times (common.timing.bench: CUPTI, cold L2): kernel time, the CPU plan() time
                (common.timing.bench_cpu), TFLOP/s or TB/s from common.flops (prefill_flops / decode_bytes with
-               the int32 page index per key) and % of the measured ceilings (common.gpu.peaks); one forward per
+               the int32 page index per key) and % of the measured ceilings (common.ceilings.peaks); one forward per
                point 3 times under torch.profiler (common.trace.capture_calls): kernels in launch order
                (store_kv_cache, the attention kernel(s), a merge kernel when KV is split) and the plan's
                cudaEventSynchronize; with ncu also occupancy and its limiter, tensor-pipe %, DRAM % and the
@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, flops, gpu, ncu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, ncu, plots, story, trace  # noqa: E402
 from common.checks import require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -416,8 +416,8 @@ def main(argv=None) -> int:
     x = SimpleNamespace(args=args, p=plan(args), kern=None, syncs=[], ncu=None, cmp=pd.DataFrame(), sw=pd.DataFrame())
     with Run(__file__, args, out=args.out) as run:
         # ---- check: ceilings, backends offered here, correctness before timing
-        x.pk = gpu.peaks()
-        x.ceiling = gpu.ceiling_text(x.pk, short=True)
+        x.pk = ceilings.peaks()
+        x.ceiling = ceilings.ceiling_text(x.pk, short=True)
         props = torch.cuda.get_device_properties(0)
         x.fa_ok, x.fa_why = fa_usable()
         x.fa_ok = x.fa_ok and props.major >= 9

@@ -14,7 +14,7 @@ What it measures (needs two GPUs of one host; on one GPU it says so and exits 0)
     time; the median of those is the point, and the verdicts are judged on bootstrap intervals over the
     samples (common.stats). algbw = bytes / time, busbw = algbw x 2(n-1)/n (NCCL's convention,
     common.flops.bus_bandwidth), compared with the MEASURED GPU0->GPU1 copy bandwidth (and the
-    datasheet NVLink, and the NVLink all-reduce ceiling of common.gpu.peaks where it was measured).
+    datasheet NVLink, and the NVLink all-reduce ceiling of common.ceilings.peaks where it was measured).
     --analyze  the copy path alone: buffered minus direct time per size (the D2D copies' share), a
                torch.profiler trace on rank 0 (common.trace.capture_calls; the other ranks make the same
                calls in the same order) showing what one call of each launches (memcpy DtoD, the NCCL
@@ -51,7 +51,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
-from common import cli, flops, gpu, models, plots, procs, stats, story  # noqa: E402
+from common import ceilings, cli, flops, gpu, models, plots, procs, stats, story  # noqa: E402
 from common.checks import SetupError, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.stats import Interval  # noqa: E402
@@ -263,7 +263,7 @@ def judge(run, x):
                      + (f" = {100 * best['busbw_gb_s'] / x.p2p:.0f}% of the measured GPU0->GPU1 copy ({x.p2p:.0f} GB/s)"
                         if x.p2p else "")
                      + (f", {100 * best['busbw_gb_s'] / x.link_ds:.0f}% of the datasheet link" if x.link_ds else "")
-                     + (f"; NVLink all-reduce ceiling (common.gpu) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
+                     + (f"; NVLink all-reduce ceiling (common.ceilings) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
     if x.launches is not None:
         nb, nd, first = copy_counts(x.launches)
         _msgl.fact(run, H["copies"], [n == 2 for n in nb] + [n == 0 for n in nd], "launches.csv",
@@ -400,7 +400,7 @@ def main(argv=None) -> int:
                         link_ds=(gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2 or None)   # per direction
     with Run(__file__, args, out=args.out) as run:
         run.note("NVLink multicast off: " + ", ".join(f"{k}={v}" for k, v in env.items()))
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         x.dram_tb_s, x.nvlink = pk["dram_tb_s"], pk.get("nvlink_busbw_gb_s")
         x.p2p = p2p_bandwidth(torch, run)
         run.log(f"{ngpu} x {name}; measured GPU0->GPU1 copy {x.p2p and f'{x.p2p:.0f} GB/s'}, datasheet NVLink "

@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, gpu, models, ncu, nsys, plots, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, models, ncu, nsys, plots, story, timeline, trace  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -584,7 +584,7 @@ def main(argv=None) -> int:
     print(f"starting mini-SGLang LLM ({args.model}, dummy weights, attention {s.backend}) ...", flush=True)
     fwd = Forward(torch, model_dir(args.model), s.backend, sorted({1, args.batch}))
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         run.log(f"LLM ready in {fwd.init_s:.1f} s; KV pool {fwd.llm.engine.num_pages:,} tokens; decode graphs for batch "
                 f"sizes {fwd.llm.engine.graph_runner.graph_bs_list}; ceilings: DRAM {pk['dram_tb_s']:.2f} TB/s, bf16 "
                 f"{pk['bf16_tflops']:.0f} TFLOP/s ({pk.get('source')})")

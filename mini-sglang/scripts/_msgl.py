@@ -227,10 +227,10 @@ def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> s
 
 def within_ceiling(pcts, what: str = "the measured DRAM ceiling"):
     """The premise of every '% of a ceiling' verdict: no value above 100%. True, or a string saying which value beat
-    the ceiling (the probe under-measures this GPU: improve it, never cap the kernel; common.gpu)."""
+    the ceiling (the probe under-measures this GPU: improve it, never cap the kernel; common.ceilings)."""
     over = [p for p in pcts if p is not None and not math.isnan(p) and p > 100]
     return True if not over else (f"{max(over):.0f}% of {what}: a kernel beat the ceiling, so the ceiling probe "
-                                  "under-measures this GPU (python -m common.gpu ceilings --refresh after a better probe)")
+                                  "under-measures this GPU (python -m common.ceilings measure --refresh after a better probe)")
 
 
 # ------------------------------------------------------------------ the scripts' own ncu passes

@@ -10,7 +10,7 @@ What it measures
     sglang-kernel build has no FA3 library, and SGLang 0.5.17 picks FA3 on Hopper without
     checking), the JIT caches that decide whether a server starts in ~30 s or ~2 min, and
     whether ncu (with counter permission), nsys and the torch profiler work. It also measures
-    this GPU's ceilings (common.gpu.peaks: best-of-probe DRAM bandwidth, bf16 GEMM sweep; cached per GPU)
+    this GPU's ceilings (common.ceilings.peaks: best-of-probe DRAM bandwidth, bf16 GEMM sweep; cached per GPU)
     that every later "% of ceiling" divides by.
 
 What the plan expected (hypotheses)
@@ -36,7 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import cli, gpu, story  # noqa: E402
+from common import ceilings, cli, gpu, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
         run.table("jit_caches", caches)
         prow = profiler_rows(torch, args.quick)
         run.table("profilers", prow)
-        pkk = gpu.peaks()
+        pkk = ceilings.peaks()
         run.headline(measured_copy_tb_s=pkk.get("dram_tb_s"), measured_bf16_tflops=pkk.get("bf16_tflops"))
         verdicts(run, props, cc, default, fa3, links)
         env_keys = {k: v for k, v in prov.get("env", {}).items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}

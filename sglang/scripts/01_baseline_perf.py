@@ -11,7 +11,7 @@ default CUDA graphs for prefill and decode)
     2. a batch of requests sent together: how the scheduler forms prefill and decode batches;
     3. ITL against KV length over long decodes at several batch sizes (client-side stream times, each
        point 3 times), with the bytes a decode step must read (weights + KV) -> TB/s and % of the
-       measured DRAM ceiling (common.gpu.peaks);
+       measured DRAM ceiling (common.ceilings.peaks);
     4. continuous batching under load: SGLang's own `sglang.benchmark.serving` at several request
        rates (the highest 3 times); batch size, running/queued requests and token usage over time from
        the log lines; then, in a staggered burst of its own (a trace export stalls the scheduler, so no
@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, gpu, models, story, trace  # noqa: E402
+from common import ceilings, cli, models, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -477,7 +477,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     pd, P, rates, model_dir, fl = check(args)
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         run.log(f"{pk['gpu']}: DRAM ceiling {pk['dram_tb_s']:.2f} TB/s; {sg.graphs_text(fl)}")
         d = measure(args, P, rates, model_dir, fl, run)
         a = analyse(d, pd, model_dir, pk)

@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, flops, gpu, procs, story, trace  # noqa: E402
+from common import ceilings, cli, flops, procs, story, trace  # noqa: E402
 from common.checks import require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -387,7 +387,7 @@ def main(argv=None) -> int:
     perf_bar = (not args.quick) if args.perf_bar is None else args.perf_bar
     sh = sg.model_shape(model_dir)
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         run.log(f"variants: {variants} (fa3 {'present' if fa3 else 'absent: sgl_kernel.flash_attn does not import'})")
         rows, kernels, outputs = [], [], {}
         for name in variants:

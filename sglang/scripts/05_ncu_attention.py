@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, flops, gpu, ncu, story  # noqa: E402
+from common import ceilings, cli, flops, ncu, story  # noqa: E402
 from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     model_dir, base = sg.model_and_flags(args)
     sh = sg.model_shape(model_dir)
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         frames = []
         for b in backends:
             try:

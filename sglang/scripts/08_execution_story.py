@@ -59,7 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, gpu, models, ncu, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, models, ncu, story, timeline, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -508,7 +508,7 @@ def main(argv=None) -> int:
     P, model_dir, base, cfg = check(args)
     backend, backend_why = backend_choice()
     with Run(__file__, args, out=args.out) as run:
-        pk = gpu.peaks()
+        pk = ceilings.peaks()
         run.log(f"{pk['gpu']}: ceilings DRAM {pk['dram_tb_s']:.2f} TB/s, bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
                 f"({pk.get('source')}); attention backend: {backend_why}")
         data = measure(args, run, P, model_dir, base, backend)

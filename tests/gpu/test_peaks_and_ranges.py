@@ -1,4 +1,4 @@
-"""GPU tests: the measured ceilings (common.gpu.peaks) are plausible against the datasheet and cached per
+"""GPU tests: the measured ceilings (common.ceilings.peaks) are plausible against the datasheet and cached per
 GPU; NVTX/record_function ranges show up in a torch-profiler trace with the kernels inside them.
 tests/gpu/test_ceilings.py checks that the ceilings really are ceilings.
 
@@ -21,24 +21,24 @@ def test_measured_peaks_against_datasheet(tmp_path, monkeypatch):
     gets no CUDA context from it), caches them per GPU UUID, and reads them back afterwards."""
     _torch()
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
-    from common import gpu
+    from common import ceilings, gpu
     children = []
-    real = gpu._measure_in_child
+    real = ceilings._measure_in_child
     monkeypatch.setattr(gpu, "_measure_in_child", lambda *a, **k: children.append(a) or real(*a, **k))
-    p = gpu.peaks()
+    p = ceilings.peaks()
     assert len(children) == 1                                            # measured once, in a child process
     spec = p["datasheet"]
     print(f"{p['gpu']}: DRAM {p['dram_tb_s']:.2f} TB/s ({p['method']['dram_tb_s']}; datasheet "
           f"{spec and spec['dram_tb_s']}), bf16 {p['bf16_tflops']:.0f} TFLOP/s ({p['method']['bf16_tflops']}; "
           f"datasheet {spec and spec['bf16_tflops']})")
-    assert p["source"] == "measured" and p["measured"]["version"] == gpu.CEILINGS_VERSION
+    assert p["source"] == "measured" and p["measured"]["version"] == ceilings.CEILINGS_VERSION
     if spec:  # a real GPU lands below its datasheet, but not far below
         assert 0.6 * spec["dram_tb_s"] < p["dram_tb_s"] < 1.05 * spec["dram_tb_s"]
         assert 0.5 * spec["bf16_tflops"] < p["bf16_tflops"] < 1.05 * spec["bf16_tflops"]
     assert (tmp_path / "ceilings" / f"{p['uuid']}.json").is_file()
-    again = gpu.cached_peaks()                                           # second read: from the cache
+    again = ceilings.cached_peaks()                                           # second read: from the cache
     assert again["dram_tb_s"] == p["dram_tb_s"] and again["bf16_tflops"] == p["bf16_tflops"]
-    assert gpu.peaks()["measured"]["date_utc"] == p["measured"]["date_utc"] and len(children) == 1  # not again
+    assert ceilings.peaks()["measured"]["date_utc"] == p["measured"]["date_utc"] and len(children) == 1  # not again
 
 
 def test_ranges_appear_in_torch_profiler_trace(tmp_path):

@@ -1,0 +1,504 @@
+"""This GPU's measured ceilings: what every "% of a ceiling" in the workbook divides by.
+
+    pk = peaks()                           # the ceilings of GPU 0 (measured once, cached per GPU UUID)
+    tb_s, kind = dram_for(pk, read_bytes, write_bytes)   # the DRAM ceiling that matches a kernel's traffic
+    rows = ceilings_table(pk)              # probe · measured · datasheet · % of datasheet · method
+    ceiling_text(pk, "dram_read_tb_s")     # 'the measured DRAM read ceiling 3.16 TB/s (...) of NVIDIA H100 ...'
+
+    python -m common.ceilings measure [--refresh] [--quick] [--device N]   # measure (once) and print the table
+    python -m common.ceilings show                                          # the cached set(s), no CUDA
+
+One set per GPU (keyed by its UUID), shared by the three systems, so the same GPU shows the same denominators
+in every report (the probes are common.probes):
+
+* DRAM: three ceilings, read, write and copy (read + write), each the best of several streaming probes on
+  buffers far above L2. A kernel's DRAM rate is divided by the one that matches its traffic (``dram_for``:
+  read when it writes < 10% of its bytes, write when it reads < 10%, else copy) and the line names it.
+  ``dram_tb_s`` (the fastest of the three) is only the roofline's memory roof.
+* bf16 tensor throughput: the best median over a sweep of GEMM shapes, the model's own shapes included, each
+  started on a GPU off its power cap, with the SM clock it ran at (``bf16_sm_mhz``).
+* NVLink bus bandwidth (≥ 2 GPUs visible): an NCCL all-reduce sweep, NVLink multicast off.
+
+Each ceiling carries its method and the datasheet figure beside it (common/datasheet.csv). A datasheet figure is
+a denominator only where nothing was measured, and ``source`` then says "datasheet". The set is cached in
+``~/.cache/hands-on/ceilings/<uuid>.json`` (HANDS_ON_CACHE overrides the base) with CEILINGS_VERSION, so a
+changed probe measures again; the NVML clock log of the measurement lies beside it (``<uuid>.clocks.csv``).
+Reading the cache (``peaks``, ``cached_peaks``, ``show``) never imports torch nor creates a CUDA context;
+``peaks()`` without a cached set measures it once in a child process.
+A kernel above a ceiling means the probe under-measures (or ran at a lower clock): improve the probe, never
+clip the kernel.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:    # run as a file: python3 common/ceilings.py --help
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "common"
+
+from . import REPO_ROOT, clocks, probes
+from .gpu import device_spec, gpus
+from .probes import fmt_bytes
+
+# One set per GPU (keyed by its UUID), shared by the three systems: every % column of every report
+# divides by the same numbers for the same GPU. Layout of a cached set (``<cache>/ceilings/<uuid>.json``):
+#   {"version", "gpu", "uuid", "mode": "quick"|"full", "date_utc", "driver", "torch", "triton", "datasheet",
+#    "dram":   {"tb_s", "best", "kinds": {"read"|"write"|"copy": {"tb_s", "best"}}, "method",
+#               "probes": [{"name", "kind", "bytes", "tb_s", "ms", "mem_mhz", ...}], "notes"},
+#    "bf16":   {"tflops", "best": {"m", "n", "k", "layout"}, "sm_mhz", "method",
+#               "shapes": [{"m", "n", "k", "layout", "tflops", "ms", "sm_mhz", "power_w_max", "slowdown"}]},
+#    "clocks": {"max_sm_mhz", "max_mem_mhz", "power_limit_w", "samples", "log"} (NVML while it measured),
+#    "nvlink": {"busbw_gb_s", "gpus", "best_bytes", "method", "sizes": [...]} | {"note": why not} | {"error": ...}}
+
+CEILINGS_VERSION = 5          # bump when a probe changes: a cached set of another version is measured again
+# 5: DRAM read / write / copy kept apart; GEMM shapes start off the power cap, their SM clock recorded
+
+def _cache_base() -> Path:
+    return Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
+
+
+def ceilings_dir() -> Path:
+    """Where every system reads and writes the ceilings: ``$HANDS_ON_CACHE/ceilings`` (default ``~/.cache/hands-on``)."""
+    return _cache_base() / "ceilings"
+
+
+def _file_name(uuid: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", uuid)
+
+
+def ceilings_path(uuid: str) -> Path:
+    return ceilings_dir() / f"{_file_name(uuid)}.json"
+
+
+def gpu_uuid(device: int = 0) -> str | None:
+    """UUID of visible GPU ``device`` from NVML / nvidia-smi (no CUDA context); None without a driver."""
+    g = gpus()
+    return g[device]["uuid"] if 0 <= device < len(g) and g[device].get("uuid") else None
+
+
+def _valid(c) -> bool:
+    return (isinstance(c, dict) and c.get("version") == CEILINGS_VERSION and bool((c.get("dram") or {}).get("tb_s"))
+            and bool((c.get("dram") or {}).get("kinds")) and bool((c.get("bf16") or {}).get("tflops")))
+
+
+def read_ceilings(path) -> dict | None:
+    """A cached ceilings file if it is of this CEILINGS_VERSION and complete, else None."""
+    try:
+        c = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return c if _valid(c) else None
+
+
+def load_ceilings(device: int = 0) -> dict | None:
+    """The cached ceilings of visible GPU ``device``; never imports torch nor touches CUDA."""
+    uuid = gpu_uuid(device)
+    return read_ceilings(ceilings_path(uuid)) if uuid else None
+
+
+def save_ceilings(c: dict, path=None) -> Path:
+    """Write a ceilings set atomically (temp file + rename) to ``path`` or its UUID's cache file."""
+    path = Path(path) if path else ceilings_path(c["uuid"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(c, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+
+def _nvlink_wanted(c: dict | None) -> bool:
+    """True when ≥ 2 GPUs are visible and the set has no NVLink entry yet (a failed attempt counts)."""
+    return len(gpus()) >= 2 and not (c or {}).get("nvlink", {}).get("gpus", 0) >= 2
+
+
+class _Lock:
+    """An exclusive file lock (Linux/macOS flock) so two runs never measure the same GPU at once."""
+
+    def __init__(self, path: Path):
+        self.path, self.f = path, None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(self.path, "a")
+        try:
+            import fcntl
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()     # closing releases the lock
+        return False
+
+
+def measure_ceilings(device: int = 0, *, quick: bool = False, refresh: bool = False, nvlink: bool = True,
+                     log=print) -> dict:
+    """Measure (or read from the cache) the ceilings of visible GPU ``device``; returns the cached set.
+
+    A cached set of this CEILINGS_VERSION is returned as it is, unless ``refresh``, or a full set is asked
+    for and a quick one is cached, or ≥ 2 GPUs are visible and the set has no NVLink entry (then only the
+    all-reduce sweep runs and is added). Needs the GPU: ~15 s quick, ~1-2 min full (+ ~30 s NVLink).
+    """
+    from .checks import SetupError, require_module
+    torch = require_module("torch", "pip install -r requirements.txt")
+    if not torch.cuda.is_available():
+        raise SetupError("measuring the ceilings needs a CUDA GPU, and torch sees none (nvidia-smi; a CUDA build of torch)")
+    props = torch.cuda.get_device_properties(device)
+    t_uuid = getattr(props, "uuid", None)
+    uuid = gpu_uuid(device) or (f"GPU-{t_uuid}" if t_uuid else props.name.replace(" ", "_") + f"-{device}")
+    path = ceilings_path(uuid)
+    with _Lock(path.with_suffix(".lock")):
+        c = None if refresh else read_ceilings(path)
+        if c is not None and not quick and c.get("mode") == "quick":
+            log(f"cached ceilings of {uuid} are a quick set: measuring the full set")
+            c = None
+        want_nvlink = nvlink and torch.cuda.device_count() >= 2
+        if c is not None and not (want_nvlink and not c.get("nvlink", {}).get("gpus", 0) >= 2):
+            return c
+        t0 = _dt.datetime.now(_dt.timezone.utc)
+        if c is None:
+            log(f"measuring the ceilings of GPU {device} ({props.name}, {uuid}), {'quick' if quick else 'full'} "
+                f"set; cached in {path}")
+            kern = probes._triton_kernels()
+            with torch.cuda.device(device), clocks.Sampler(device) as s:
+                dram = probes.measure_dram(torch, device, quick, log, sampler=s)
+                gemm = probes.measure_gemm(torch, device, quick, log, sampler=s)
+            log_path = path.with_suffix(".clocks.csv")
+            if s.available:
+                clocks.write_csv(log_path, s.rows)
+            g = gpus()
+            me = g[device] if device < len(g) else {}
+            c = {"version": CEILINGS_VERSION, "gpu": props.name, "uuid": uuid, "device_index": device,
+                 "mode": "quick" if quick else "full", "date_utc": t0.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                 "driver": me.get("driver"), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+                 "triton": (kern or {}).get("version"), "sm_count": props.multi_processor_count,
+                 "l2_mb": round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+                 "datasheet": device_spec(props.name), "dram": dram, "bf16": gemm,
+                 "clocks": {**s.info, "samples": len(s.rows), "log": log_path.name if s.available else None,
+                            "why_none": s.why or None},
+                 "nvlink": {"note": "one GPU visible: no all-reduce sweep" if torch.cuda.device_count() < 2
+                            else "all-reduce sweep not asked for (--no-nvlink)"}}
+        if want_nvlink:
+            n = torch.cuda.device_count()
+            log(f"NCCL all-reduce sweep over {n} GPUs ({'quick' if quick else 'full'})")
+            c["nvlink"] = {**probes.measure_nvlink(n, quick, log), "mode": "quick" if quick else "full"}
+        c["wall_s"] = round((_dt.datetime.now(_dt.timezone.utc) - t0).total_seconds() + c.get("wall_s", 0), 1)
+        save_ceilings(c, path)
+        return c
+
+
+# ---- what the scripts divide by
+
+def _nvlink_ds(spec: dict | None) -> float | None:
+    """Datasheet NVLink bandwidth per direction (GB/s), the figure an all-reduce busbw compares with."""
+    v = (spec or {}).get("nvlink_gb_s")
+    return v / 2 if v else None
+
+
+DRAM_KEYS = {"read": "dram_read_tb_s", "write": "dram_write_tb_s", "copy": "dram_copy_tb_s"}
+WRITE_ONLY, READ_ONLY = 0.9, 0.1     # a kernel whose writes are < 10% of its bytes is read traffic, > 90% write
+
+
+def _short_methods(c: dict) -> dict:
+    dram, gemm, nv = c.get("dram") or {}, c.get("bf16") or {}, c.get("nvlink") or {}
+    b = gemm.get("best") or {}
+    n = len(dram.get("probes", []))
+    out = {"dram_tb_s": f"fastest of {n} probes: {dram.get('best')}",
+           "bf16_tflops": f"best of {len(gemm.get('shapes', []))} GEMM shapes: "
+                          f"{b.get('m')}x{b.get('n')}x{b.get('k')} {b.get('layout')}"
+                          + (f" at SM {gemm['sm_mhz']:.0f} MHz" if gemm.get("sm_mhz") else "")}
+    for kind, key in DRAM_KEYS.items():
+        k = (dram.get("kinds") or {}).get(kind)
+        if k:
+            out[key] = f"fastest {kind} probe: {k['best']}"
+    if nv.get("busbw_gb_s"):
+        out["nvlink_busbw_gb_s"] = (f"best NCCL all-reduce busbw of {len(nv.get('sizes', []))} sizes on "
+                                    f"{nv.get('gpus')} GPUs: {fmt_bytes(nv.get('best_bytes') or 0)}")
+    return out
+
+
+def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -> dict:
+    """The dict every script divides by, from a ceilings set (or the datasheet row when ``c`` is None).
+
+    Keys: gpu, uuid, dram_read_tb_s / dram_write_tb_s / dram_copy_tb_s (one per kind of traffic, see
+    dram_for), dram_tb_s (the fastest of them: the roofline's memory roof), bf16_tflops and bf16_sm_mhz
+    (the SM clock it was reached at), max_sm_mhz, nvlink_busbw_gb_s, l2_mb, sm_count, source ("measured" |
+    "datasheet" | "unknown"), sources (per key), method (a short text per key), datasheet (the
+    common/datasheet.csv row), measured (the measured values, date, version, mode) and ceilings (the set).
+    The datasheet gives one DRAM figure: each kind then falls back to it (``sources`` says so).
+    """
+    name = (c or {}).get("gpu") or name
+    spec = device_spec(name)
+    out = {"gpu": name, "uuid": (c or {}).get("uuid") or uuid, "datasheet": spec, "ceilings": c,
+           "l2_mb": (c or {}).get("l2_mb") or (spec or {}).get("l2_mb"), "sm_count": (c or {}).get("sm_count") or
+           (spec or {}).get("sms")}
+    if c:
+        nv = (c.get("nvlink") or {}).get("busbw_gb_s")
+        kinds = c["dram"].get("kinds") or {}
+        per_kind = {key: (kinds.get(kind) or {}).get("tb_s") or c["dram"]["tb_s"] for kind, key in DRAM_KEYS.items()}
+        out.update(dram_tb_s=c["dram"]["tb_s"], bf16_tflops=c["bf16"]["tflops"], **per_kind,
+                   bf16_sm_mhz=c["bf16"].get("sm_mhz"), max_sm_mhz=(c.get("clocks") or {}).get("max_sm_mhz"),
+                   nvlink_busbw_gb_s=nv if nv else _nvlink_ds(spec), source="measured",
+                   sources={"dram_tb_s": "measured", "bf16_tflops": "measured",
+                            **{key: "measured" if kinds.get(kind) else "measured (fastest probe)"
+                               for kind, key in DRAM_KEYS.items()},
+                            "nvlink_busbw_gb_s": "measured" if nv else ("datasheet" if _nvlink_ds(spec) else None)},
+                   method=_short_methods(c),
+                   measured={"dram_tb_s": c["dram"]["tb_s"], "bf16_tflops": c["bf16"]["tflops"], **per_kind,
+                             "nvlink_busbw_gb_s": nv, "date_utc": c.get("date_utc"), "version": c.get("version"),
+                             "mode": c.get("mode"), "uuid": c.get("uuid")})
+        if not nv and _nvlink_ds(spec):
+            out["method"]["nvlink_busbw_gb_s"] = "datasheet, per direction (not measured here)"
+    elif spec:
+        ds = {key: spec["dram_tb_s"] for key in DRAM_KEYS.values()}
+        out.update(dram_tb_s=spec["dram_tb_s"], bf16_tflops=spec["bf16_tflops"], nvlink_busbw_gb_s=_nvlink_ds(spec),
+                   **ds, source="datasheet",
+                   sources={k: "datasheet" for k in ("dram_tb_s", "bf16_tflops", "nvlink_busbw_gb_s", *ds)},
+                   method={"dram_tb_s": "datasheet", "bf16_tflops": "datasheet", **{k: "datasheet" for k in ds},
+                           "nvlink_busbw_gb_s": "datasheet, per direction"})
+    else:
+        out.update(dram_tb_s=None, bf16_tflops=None, nvlink_busbw_gb_s=None, source="unknown", sources={}, method={},
+                   **{key: None for key in DRAM_KEYS.values()})
+    return out
+
+
+def dram_kind(read_bytes, write_bytes) -> str:
+    """'read', 'write' or 'copy': the kind of DRAM traffic a kernel makes (write share < 10%: read; > 90%:
+    write; else copy), which picks its ceiling. Unknown bytes -> 'copy' (the lowest of the three)."""
+    try:
+        rd, wr = float(read_bytes or 0), float(write_bytes or 0)
+    except (TypeError, ValueError):
+        return "copy"
+    tot = rd + wr
+    if not tot or tot != tot:
+        return "copy"
+    share = wr / tot
+    return "read" if share < READ_ONLY else "write" if share > WRITE_ONLY else "copy"
+
+
+def dram_for(pk: dict, read_bytes, write_bytes) -> tuple[float | None, str]:
+    """(the DRAM ceiling in TB/s that matches this traffic, its kind) from a :func:`peaks` dict. Falls back to
+    ``dram_tb_s`` for a record made before the kinds were measured apart."""
+    kind = dram_kind(read_bytes, write_bytes)
+    return (pk.get(DRAM_KEYS[kind]) or pk.get("dram_tb_s")), kind
+
+
+def ceilings_brief(c: dict | None) -> dict | None:
+    """The figures of a ceilings set a run records in its provenance (its denominators), or None."""
+    if not c:
+        return None
+    kinds = (c.get("dram") or {}).get("kinds") or {}
+    return {"dram_tb_s": (c.get("dram") or {}).get("tb_s"), "bf16_tflops": (c.get("bf16") or {}).get("tflops"),
+            **{key: (kinds.get(kind) or {}).get("tb_s") for kind, key in DRAM_KEYS.items()},
+            "bf16_sm_mhz": (c.get("bf16") or {}).get("sm_mhz"),
+            "nvlink_busbw_gb_s": (c.get("nvlink") or {}).get("busbw_gb_s"), "version": c.get("version"),
+            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid")}
+
+
+def cached_peaks(device: int = 0) -> dict | None:
+    """The measured ceilings of ``device`` as :func:`peaks` returns them, if this machine measured them
+    before; else None. Never imports torch nor creates a CUDA context (scripts that start a server or a
+    mini-SGLang engine on the GPU afterwards call this)."""
+    c = load_ceilings(device)
+    return as_peaks(c) if c else None
+
+
+def measure_peaks(device: int = 0, *, refresh: bool = False, quick: bool = False) -> dict:
+    """Measure the ceilings of ``device`` in this process (cached) and return them as :func:`peaks` does."""
+    return as_peaks(measure_ceilings(device, quick=quick, refresh=refresh))
+
+
+_INJECTION_VARS = ("CUDA_INJECTION64_PATH", "CUDA_INJECTION32_PATH")
+_INJECTION_LIBS = re.compile(r"nsight|nsys|ncu|injection|treelauncher", re.IGNORECASE)
+
+
+def measure_env(environ=None) -> tuple[dict, list[str]]:
+    """The environment the measuring child runs in: the caller's, with the repository on PYTHONPATH and
+    without a profiler's injection (ncu / nsys set CUDA_INJECTION64_PATH and preload their libraries),
+    so a script started under a profiler neither profiles the probes nor measures them slowed down.
+    Returns (env, notes on what was removed)."""
+    env = dict(os.environ if environ is None else environ)
+    notes = [f"{k} removed (a profiler's injection)" for k in _INJECTION_VARS if env.pop(k, None)]
+    if env.get("LD_PRELOAD"):
+        libs = env["LD_PRELOAD"].replace(":", " ").split()
+        keep = [x for x in libs if not _INJECTION_LIBS.search(Path(x).name)]
+        if len(keep) < len(libs):
+            notes.append(f"LD_PRELOAD {' '.join(x for x in libs if x not in keep)} removed (a profiler's injection)")
+            if keep:
+                env["LD_PRELOAD"] = " ".join(keep)
+            else:
+                env.pop("LD_PRELOAD")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env, notes
+
+
+def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
+    """Run ``python -m common.ceilings measure`` in a child process group (stopped with its whole tree on
+    timeout, error or Ctrl-C), so the caller gets no CUDA context and no GPU memory held by the probes;
+    returns the set it measured, or raises RuntimeError with the end of its log."""
+    import tempfile
+
+    from .procs import Group
+    ceilings_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ceilings_dir()) as td:
+        out = Path(td) / "ceilings.json"
+        cmd = [sys.executable, "-m", "common.ceilings", "measure", "--device", str(device), "--json-out", str(out)]
+        cmd += ["--quick"] if quick else []
+        env, notes = measure_env()
+        log = ceilings_dir() / f"measure-{_file_name(gpu_uuid(device) or f'device{device}')}.log"
+        echo(f"measuring this GPU's ceilings once ({'quick' if quick else 'full'} set, then cached in "
+             f"{ceilings_dir()}; log {log})" + "".join(f"; {n}" for n in notes))
+        with Group(cmd, log, env=env, name="ceilings", echo=echo, cwd=str(REPO_ROOT)) as g:
+            rc = g.wait(1800)
+        c = read_ceilings(out)
+        if rc != 0 or c is None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
+            raise RuntimeError(f"measuring the ceilings failed (exit {rc}); log {log}: " + " | ".join(tail))
+        return c
+
+
+def peaks(device: int = 0, *, measure: bool = True, quick: bool = True) -> dict:
+    """Ceilings to divide by: measured (cached per GPU UUID) where possible, with the datasheet row beside them.
+
+    Returns ``{"gpu", "dram_tb_s", "bf16_tflops", "nvlink_busbw_gb_s", "source", "sources", "method",
+    "datasheet", "measured", "ceilings", "uuid"}`` (see :func:`as_peaks`). A cached set is read without
+    importing torch. Without one, ``measure=True`` measures the quick set once in a child process
+    (~20-40 s; the caller's process never creates a CUDA context); ``quick=False`` also replaces a cached
+    quick set by the full one (~1-2 min); with ≥ 2 GPUs visible a set without the all-reduce sweep gets
+    it. ``measure=False`` never measures: the cached set, else the datasheet (``source`` says which).
+    """
+    c = load_ceilings(device)
+    if measure and (c is None or _nvlink_wanted(c) or (not quick and c.get("mode") == "quick")):
+        c = _measure_in_child(device, quick=quick)
+    g = gpus()
+    me = g[device] if 0 <= device < len(g) else {}
+    return as_peaks(c, name=me.get("name"), uuid=me.get("uuid"))
+
+
+_WHAT = {"dram_tb_s": ("TB/s", "DRAM (fastest stream)"), "dram_read_tb_s": ("TB/s", "DRAM read"),
+         "dram_write_tb_s": ("TB/s", "DRAM write"), "dram_copy_tb_s": ("TB/s", "DRAM copy"),
+         "bf16_tflops": ("TFLOP/s", "bf16 tensor"), "nvlink_busbw_gb_s": ("GB/s", "NVLink all-reduce")}
+
+
+def ceiling_text(pk: dict, key: str = "dram_tb_s", short: bool = False) -> str:
+    """The denominator of a % column, named: 'the measured DRAM read ceiling 4.62 TB/s (fastest read probe: ...)
+    of NVIDIA H200' (``short``: without the method and the GPU, for a title that names the GPU already)."""
+    unit, what = _WHAT.get(key, ("", key))
+    src = (pk.get("sources") or {}).get(key) or pk.get("source") or "?"
+    how = (pk.get("method") or {}).get(key)
+    val = pk.get(key)
+    text = f"the {src} {what} ceiling {val:.3g} {unit}" if val else f"no {what} ceiling"
+    if short:
+        return text
+    return text + (f" ({how})" if how and how != src else "") + f" of {pk.get('gpu') or 'this GPU'}"
+
+
+def ceilings_table(c: dict | None, top_gemm: int = 3) -> list[dict]:
+    """Rows for environment.md: ceiling, probe, measured, unit, datasheet, pct_of_datasheet, is_ceiling, method.
+
+    ``c`` is a ceilings set or a :func:`peaks` dict (its "ceilings" is used; with none, the datasheet rows).
+    Every DRAM probe gets a row (the fastest is the ceiling), then the ``top_gemm`` fastest GEMM shapes
+    (the first is the ceiling), then the NVLink all-reduce ceiling or why there is none.
+    """
+    spec = None
+    if c and "ceilings" in c and "version" not in c:       # a peaks() dict
+        spec, c = c.get("datasheet"), c.get("ceilings")
+    spec = (c or {}).get("datasheet") or spec
+
+    def row(ceiling, probe, measured, unit, ds, is_ceiling, method):
+        pct = 100.0 * measured / ds if measured and ds else None
+        return {"ceiling": ceiling, "probe": probe, "measured": measured, "unit": unit, "datasheet": ds,
+                "pct_of_datasheet": pct, "is_ceiling": "yes" if is_ceiling else "", "method": method}
+
+    ds_dram, ds_bf16, ds_nv = (spec or {}).get("dram_tb_s"), (spec or {}).get("bf16_tflops"), _nvlink_ds(spec)
+    if not c:
+        why = "datasheet only: no measurement on this machine (python -m common.ceilings measure)"
+        return [row("DRAM", "-", None, "TB/s", ds_dram, False, why),
+                row("bf16 tensor throughput", "-", None, "TFLOP/s", ds_bf16, False, why),
+                row("NVLink all-reduce busbw", "-", None, "GB/s", ds_nv, False, why)]
+    rows = []
+    dram = c["dram"]
+    for kind in probes.DRAM_KINDS:
+        mine = sorted((p for p in dram["probes"] if p.get("kind") == kind), key=lambda p: -p["tb_s"])
+        for i, p in enumerate(mine):
+            rows.append(row(f"DRAM {kind}", f"{p['name']} ({fmt_bytes(p['buffer_bytes'] if 'buffer_bytes' in p else p['bytes'])})",
+                            p["tb_s"], "TB/s", ds_dram, i == 0, p.get("method", "")))
+    shapes = sorted(c["bf16"]["shapes"], key=lambda s: -s["tflops"])
+    for i, s in enumerate(shapes[:max(1, top_gemm)]):
+        clock = f" at SM {s['sm_mhz']:.0f} MHz" if s.get("sm_mhz") else ""
+        rows.append(row("bf16 tensor throughput", f"GEMM {s['m']}x{s['n']}x{s['k']} {s['layout']}{clock}", s["tflops"],
+                        "TFLOP/s", ds_bf16, i == 0,
+                        c["bf16"]["method"] if i == 0 else f"one shape of the sweep ({len(shapes)} shapes)"))
+    nv = c.get("nvlink") or {}
+    if nv.get("busbw_gb_s"):
+        rows.append(row("NVLink all-reduce busbw", f"NCCL all-reduce {fmt_bytes(nv['best_bytes'])} on {nv['gpus']} GPUs"
+                        + (f" ({', '.join(nv.get('links') or [])})" if nv.get("links") else ""),
+                        nv["busbw_gb_s"], "GB/s", ds_nv, True, nv.get("method", "")))
+    else:
+        rows.append(row("NVLink all-reduce busbw", "-", None, "GB/s", ds_nv, False,
+                        nv.get("error") and f"sweep failed: {nv['error']}" or nv.get("note") or "not measured"))
+    return rows
+
+
+def _print_set(c: dict, path=None) -> None:
+    from .story import table
+    print(f"{c['gpu']} ({c['uuid']}) · {c['mode']} set v{c['version']} · {c['date_utc']} · driver {c.get('driver')} · "
+          f"torch {c.get('torch')} · triton {c.get('triton')}" + (f" · {path}" if path else ""))
+    rows = ceilings_table(c)
+    print(table(rows, ["ceiling", "probe", "measured", "unit", "datasheet", "pct_of_datasheet", "is_ceiling"], max_width=60))
+    print("methods:")
+    for what, part in (("DRAM bandwidth", c["dram"]), ("bf16 tensor throughput", c["bf16"]),
+                       ("NVLink all-reduce busbw", c.get("nvlink") or {})):
+        print(f"  {what}: {part.get('method') or part.get('error') or part.get('note') or '-'}")
+    for n in (c["dram"].get("notes") or []) + (c["bf16"].get("notes") or []):
+        print(f"  note: {n}")
+
+
+def main(argv=None) -> int:
+    """``python -m common.ceilings measure [--refresh] [--quick] [--device N]`` · ``python -m common.ceilings show``."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m common.ceilings",
+                                 description="This GPU's measured ceilings (DRAM, bf16 GEMM, NVLink), cached per GPU "
+                                             f"UUID in {ceilings_dir()} (HANDS_ON_CACHE overrides the base).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="measure (or read the cached) ceilings and print the table")
+    m.add_argument("--refresh", action="store_true", help="measure again even if a cached set exists")
+    m.add_argument("--quick", action="store_true", help="quick set: 1 GiB buffers, 16 GEMM shapes, 4 all-reduce sizes")
+    m.add_argument("--device", type=int, default=0, help="visible GPU index (default 0)")
+    m.add_argument("--no-nvlink", action="store_true", help="skip the all-reduce sweep even with >= 2 GPUs")
+    m.add_argument("--json-out", help="also write the set to this file")
+    s = sub.add_parser("show", help="print the cached set(s) without touching CUDA")
+    s.add_argument("--device", type=int, help="only this visible GPU (default: every visible one, or every cached set)")
+    a = ap.parse_args(argv)
+    if a.cmd == "measure":
+        c = measure_ceilings(a.device, quick=a.quick, refresh=a.refresh, nvlink=not a.no_nvlink)
+        if a.json_out:
+            save_ceilings(c, a.json_out)
+        _print_set(c, ceilings_path(c["uuid"]))
+        return 0
+    g = gpus()
+    idx = [a.device] if a.device is not None else list(range(len(g)))
+    paths = [ceilings_path(g[i]["uuid"]) for i in idx if i < len(g)] if g else sorted(ceilings_dir().glob("*.json"))
+    shown = 0
+    for p in paths:
+        c = read_ceilings(p)
+        if c is None:
+            print(f"{p}: no cached set of version {CEILINGS_VERSION} (python -m common.ceilings measure)")
+            continue
+        _print_set(c, p)
+        shown += 1
+    if not paths:
+        print(f"no cached ceilings in {ceilings_dir()} (python -m common.ceilings measure)")
+    return 0 if shown else 1
+
+
+if __name__ == "__main__":
+    from .checks import run_main
+    run_main(main)
