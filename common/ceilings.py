@@ -11,10 +11,10 @@
 One set per GPU (keyed by its UUID), shared by the three systems, so the same GPU shows the same denominators
 in every report (the probes are common.probes):
 
-* DRAM: three ceilings, read, write and copy (read + write), each the best of several streaming probes on
-  buffers far above L2. A kernel's DRAM rate is divided by the one that matches its traffic (``dram_for``:
-  read when it writes < 10% of its bytes, write when it reads < 10%, else copy) and the line names it.
-  ``dram_tb_s`` (the fastest of the three) is only the roofline's memory roof.
+* DRAM: four ceilings by kind of traffic, read, mixed (two reads per write), copy (one read per write) and
+  write, each the best of several streaming probes on buffers far above L2. A kernel's DRAM rate is divided
+  by the one that matches its traffic (``dram_for``: by the share of its bytes that are writes) and the line
+  names it. ``dram_tb_s`` (the fastest of them) is only the roofline's memory roof.
 * bf16 tensor throughput: the best median over a sweep of GEMM shapes, the model's own shapes included, each
   started on a GPU off its power cap, with the SM clock it ran at (``bf16_sm_mhz``).
 * NVLink bus bandwidth (≥ 2 GPUs visible): an NCCL all-reduce sweep, NVLink multicast off.
@@ -202,8 +202,11 @@ def _nvlink_ds(spec: dict | None) -> float | None:
     return v / 2 if v else None
 
 
-DRAM_KEYS = {"read": "dram_read_tb_s", "write": "dram_write_tb_s", "copy": "dram_copy_tb_s"}
-WRITE_ONLY, READ_ONLY = 0.9, 0.1     # a kernel whose writes are < 10% of its bytes is read traffic, > 90% write
+DRAM_KEYS = {"read": "dram_read_tb_s", "mixed": "dram_mixed_tb_s", "copy": "dram_copy_tb_s",
+             "write": "dram_write_tb_s"}
+# a kernel's share of written bytes -> its kind: < 10% read; < 42% mixed (2 reads per write = 33%);
+# <= 90% copy (1 read per write = 50%); above, write
+KIND_BY_WRITE_SHARE = ((0.10, "read"), (0.42, "mixed"), (0.90, "copy"), (1.01, "write"))
 
 
 def _short_methods(c: dict) -> dict:
@@ -227,8 +230,8 @@ def _short_methods(c: dict) -> dict:
 def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -> dict:
     """The dict every script divides by, from a ceilings set (or the datasheet row when ``c`` is None).
 
-    Keys: gpu, uuid, dram_read_tb_s / dram_write_tb_s / dram_copy_tb_s (one per kind of traffic, see
-    dram_for), dram_tb_s (the fastest of them: the roofline's memory roof), bf16_tflops and bf16_sm_mhz
+    Keys: gpu, uuid, dram_read_tb_s / dram_mixed_tb_s / dram_copy_tb_s / dram_write_tb_s (one per kind of
+    traffic, see dram_for), dram_tb_s (the fastest of them: the roofline's memory roof), bf16_tflops and bf16_sm_mhz
     (the SM clock it was reached at), max_sm_mhz, nvlink_busbw_gb_s, l2_mb, sm_count, source ("measured" |
     "datasheet" | "unknown"), sources (per key), method (a short text per key), datasheet (the
     common/datasheet.csv row), measured (the measured values, date, version, mode) and ceilings (the set).
@@ -270,8 +273,8 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
 
 
 def dram_kind(read_bytes, write_bytes) -> str:
-    """'read', 'write' or 'copy': the kind of DRAM traffic a kernel makes (write share < 10%: read; > 90%:
-    write; else copy), which picks its ceiling. Unknown bytes -> 'copy' (the lowest of the three)."""
+    """'read', 'mixed', 'copy' or 'write': the kind of DRAM traffic a kernel makes, from the share of its bytes
+    that are writes (KIND_BY_WRITE_SHARE), which picks its ceiling. Unknown bytes -> 'copy'."""
     try:
         rd, wr = float(read_bytes or 0), float(write_bytes or 0)
     except (TypeError, ValueError):
@@ -279,8 +282,7 @@ def dram_kind(read_bytes, write_bytes) -> str:
     tot = rd + wr
     if not tot or tot != tot:
         return "copy"
-    share = wr / tot
-    return "read" if share < READ_ONLY else "write" if share > WRITE_ONLY else "copy"
+    return next(kind for limit, kind in KIND_BY_WRITE_SHARE if wr / tot < limit)
 
 
 def dram_for(pk: dict, read_bytes, write_bytes) -> tuple[float | None, str]:
@@ -384,6 +386,7 @@ def peaks(device: int = 0, *, measure: bool = True, quick: bool = True) -> dict:
 
 _WHAT = {"dram_tb_s": ("TB/s", "DRAM (fastest stream)"), "dram_read_tb_s": ("TB/s", "DRAM read"),
          "dram_write_tb_s": ("TB/s", "DRAM write"), "dram_copy_tb_s": ("TB/s", "DRAM copy"),
+         "dram_mixed_tb_s": ("TB/s", "DRAM mixed (2 reads : 1 write)"),
          "bf16_tflops": ("TFLOP/s", "bf16 tensor"), "nvlink_busbw_gb_s": ("GB/s", "NVLink all-reduce")}
 
 

@@ -2,9 +2,10 @@
 
     res = profile([sys.executable, script, "--ncu-target"], out_dir=run.dir,
                   kernel="BatchDecode|BatchPrefill", launch_count=4)       # metrics="summary"
-    kernels = summarize(res.df, peaks=ceilings.peaks())   # one row per launch: time, DRAM TB/s and
-                                                     # % of peak, SM %, tensor %, occupancy and its
-                                                     # limiter, top warp stalls
+    kernels = summarize(res.df, peaks=ceilings.peaks())   # one row per launch: the counter columns of the
+                                                     # kernel table (common.kernels): ncu time, DRAM bytes,
+                                                     # TB/s and % of the matching ceiling, L2 hit, SM,
+                                                     # tensor, occupancy and limiter, regs, smem, stalls
     df = read_raw("ncu.csv")                         # `--csv --page raw`: names row + units row
     metrics, rules = read_details("details.csv")     # `--csv --page details` (long format)
 
@@ -18,7 +19,8 @@ Parsing rules (why they matter):
     launches per kernel name);
   * a truncated file or a missing units row raises NcuParseError with the line at fault.
 With ``--clock-control none`` ncu leaves the GPU clocks alone, so its times match un-profiled
-runs (with the default base clocks a decode kernel read ~25% slower on an H200).
+runs (with the default base clocks a decode kernel read ~25% slower on an H200); ``--cache-control``
+follows how the kernel was timed (build_cmd).
 """
 from __future__ import annotations
 
@@ -43,42 +45,13 @@ class NcuParseError(ValueError):
     """An ncu CSV that cannot be trusted (truncated, no units row, wrong page)."""
 
 
-STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "gmma", "imc_miss",
-                 "lg_throttle", "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle",
-                 "misc", "no_instruction", "not_selected", "selected", "short_scoreboard", "sleeping",
-                 "tex_throttle", "wait")
-STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+from .kernels import DRAM_SOL_METRICS, STALL_METRIC, STALL_REASONS, TENSOR_METRICS, ncu_metrics  # noqa: E402,F401
 
-TENSOR_METRICS = (  # the first one present wins; Hopper wgmma shows under the hgmma/qgmma name
-    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_tensor_type_hmma_hgmma_qgmma_imma_igmma_bmma_bgmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-)
-
-DRAM_PCT_METRICS = (  # same quantity, named differently by the summary list and by --set full
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
-)
-
-# The metric list behind metrics="summary": what the per-kernel hardware table needs, no more
-# (each extra metric can cost ncu another replay pass). Names checked against
-# `ncu --query-metrics --chip gh100` and a real `--set full` CSV (tests/fixtures/).
-SUMMARY_METRICS = (
-    "gpu__time_duration.sum",
-    "dram__bytes_read.sum", "dram__bytes_write.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
-    TENSOR_METRICS[0], TENSOR_METRICS[1],
-    "sm__inst_executed_pipe_tensor_op_gmma.sum",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "sm__maximum_warps_per_active_cycle_pct",
-    "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
-    "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks",
-    "launch__registers_per_thread", "launch__shared_mem_per_block",
-    "launch__block_size", "launch__grid_size", "launch__waves_per_multiprocessor",
-    "lts__t_sector_hit_rate.pct",
-) + tuple(STALL_METRIC.format(r) for r in STALL_REASONS)
+# The metric list behind metrics="summary": what the kernel table's counter columns read (common.kernels
+# declares each column with its metrics), plus the stall reasons. Each extra metric can cost ncu another
+# replay pass, so nothing here is unread. Names checked against `ncu --query-metrics --chip gh100` and a
+# real `--set full` CSV (tests/fixtures/).
+SUMMARY_METRICS = ncu_metrics()
 
 # unit -> factor to the base unit NVIDIA's report reader uses (ns, byte, Hz); ncu's CSV may scale
 # (`ncu --import` printed "us", "Mbyte", "Ghz" for the same report that a live run printed in ns/byte)
@@ -89,6 +62,12 @@ BASE_UNITS = {**_TIME, **_BYTE, "hz": 1, "Khz": 1e3, "Mhz": 1e6, "Ghz": 1e9,
               "byte/block": 1, "Kbyte/block": 1e3, "Mbyte/block": 1e6,
               "byte/s": 1, "Kbyte/s": 1e3, "Mbyte/s": 1e6, "Gbyte/s": 1e9, "Tbyte/s": 1e12}
 _TIME_US = {u: f / 1e3 for u, f in _TIME.items()}      # summarize() wants microseconds
+_BYTE_ANY = {**_BYTE, **{f"{u}/block": f for u, f in _BYTE.items()}}      # launch__shared_mem_per_block: byte/block
+
+
+def unit_factor(unit: str, to: str) -> float | None:
+    """The factor from ncu's printed ``unit`` to ``to``: "time_us" (microseconds) or "byte"; None if unknown."""
+    return {"time_us": _TIME_US, "byte": _BYTE_ANY}[to].get(unit)
 
 
 def to_base(value: float, unit: str) -> float:
@@ -133,22 +112,36 @@ def split_points(df):
 
 # ------------------------------------------------------------------ command line
 
+CACHE_CONTROL = ("none", "all")
+CACHE_WORDS = {"none": "caches as the kernel before left them (--cache-control none)",
+               "all": "caches flushed before each replay pass, as its cold-L2 timing (--cache-control all)"}
+
 def build_cmd(app: list[str], *, log_file: str | Path, kernel: str | None = None, launch_skip: int = 0,
               launch_count: int | None = None, metrics="summary", section_set: str | None = None,
-              sections: list[str] | None = None, clock_control: str = "none", nvtx_include: str | None = None,
-              page: str = "raw", report_file: str | Path | None = None, extra: list[str] | tuple = ()) -> list[str]:
+              sections: list[str] | None = None, clock_control: str = "none", cache_control: str = "none",
+              nvtx_include: str | None = None, page: str = "raw", report_file: str | Path | None = None,
+              extra: list[str] | tuple = ()) -> list[str]:
     """The ncu command line for ``app`` (a list: the command to profile).
 
     ``kernel`` is a regex on the demangled kernel name; ``metrics`` is "summary"
     (:data:`SUMMARY_METRICS`), a list of names, or None when ``section_set``/``sections`` say
     what to collect (e.g. ``section_set="full"``).
+
+    Clocks and caches follow how the kernel's time was taken, so the counters describe the same run:
+    ``clock_control="none"`` always (ncu's default locks the base clock: a decode kernel read ~25% slower
+    on an H200); ``cache_control="none"`` for a kernel as it is served, its inputs where the kernel before it
+    left them (often in L2); ``"all"`` (ncu flushes the caches before every replay pass) for a microbenchmark
+    timed with a cold L2 (common.timing.bench's default). With "none", replay passes after the first see
+    the L2 the previous pass left: a kernel whose data fits in L2 reads it from there in each pass.
     """
+    if cache_control not in CACHE_CONTROL:
+        raise ValueError(f"cache_control must be one of {CACHE_CONTROL}, got {cache_control!r}")
     ncu = os.environ.get("NCU", "ncu")
     if report_file:  # a .ncu-rep for the Nsight Compute GUI (or ncu_report) instead of a CSV
         cmd = [ncu, "-f", "-o", str(report_file)]
     else:
         cmd = [ncu, "--csv", "--page", page, "--log-file", str(log_file)]
-    cmd += ["--clock-control", clock_control, "--target-processes", "all"]
+    cmd += ["--clock-control", clock_control, "--cache-control", cache_control, "--target-processes", "all"]
     if kernel:
         cmd += ["--kernel-name", f"regex:{kernel}"]
     if launch_skip:
@@ -366,100 +359,37 @@ def short_name(full: str) -> str:
     return s.split("::")[-1] or full[:60]
 
 
-def _col(df, name, units, scale_table=None):
-    """A numeric column by name, converted by its unit; NaN column when the metric is absent."""
-    import numpy as np
-    if name not in df.columns:
-        return np.full(len(df), np.nan)
+def number_column(df, name: str):
+    """A column of a raw table as floats (text cells through to_number; NaN where a cell is not a number)."""
     vals = df[name]
     if vals.dtype == object:
         vals = vals.map(lambda v: to_number(v) if to_number(v) is not None else math.nan)
-    vals = vals.astype(float)
-    if scale_table is not None:
-        u = units.get(name, "")
-        if u not in scale_table:
-            raise NcuParseError(f"unexpected unit {u!r} for {name}; expected one of {sorted(scale_table)}")
-        vals = vals * scale_table[u]
-    return vals.to_numpy()
+    return vals.astype(float).to_numpy()
 
 
-def _first(df, names, units):
-    """The first of several equivalent metric names that the CSV has (NaN when none)."""
-    for n in names:
-        if n in df.columns:
-            return _col(df, n, units)
-    return _col(df, names[0], units)
-
-
-def occupancy_limiter(row: dict) -> str:
-    """Which resource caps blocks per SM: the smallest launch__occupancy_limit_* value."""
-    lim = {k: row.get(f"launch__occupancy_limit_{k}") for k in ("registers", "shared_mem", "warps", "blocks")}
-    lim = {k: v for k, v in lim.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
-    if not lim:
-        return "n/a"
-    lo = min(lim.values())
-    names = [k for k, v in lim.items() if v == lo]
-    return f"{'+'.join(names)} ({lo:g} blocks/SM)"
-
-
-def summarize(df, peaks: dict | None = None, top_stalls: int = 3):
-    """One row per profiled launch with the hardware figures a report shows.
-
-    ``peaks`` (from :func:`common.ceilings.peaks`) adds ``pct_peak_dram``: achieved DRAM TB/s over the
-    measured (or datasheet) peak; ncu's own ``dram_pct`` is against its sustained peak.
-    """
+def summarize(df, peaks: dict | None = None):
+    """One row per profiled launch: id, kernel, grid, block, launch (n-th launch of that kernel), then the
+    counter columns of the kernel table (common.kernels.COUNTERS: ncu time, DRAM bytes / TB/s / % of the
+    ceiling of the same traffic, L2 hit, SM, tensor, occupancy and its limiter, registers, shared memory,
+    warps per CTA, stalls) and ``stall_<reason>_pct``. ``peaks`` (common.ceilings.peaks) gives the DRAM
+    ceilings; without them ``dram_pct`` is NaN. A ``point`` column (split_points) is kept first."""
     import pandas as pd
-    units = df.attrs.get("units", {})
+
+    from .kernels import counters
     if "gpu__time_duration.sum" not in df.columns:
         raise NcuParseError("the ncu CSV has no gpu__time_duration.sum column, so no kernel time: collect it "
                             "(--metrics gpu__time_duration.sum, or a section set such as SpeedOfLight/full)")
-    time_us = _col(df, "gpu__time_duration.sum", units, _TIME_US)
-    rd = _col(df, "dram__bytes_read.sum", units, _BYTE)
-    wr = _col(df, "dram__bytes_write.sum", units, _BYTE)
     out = pd.DataFrame({
         "id": df["ID"].to_numpy(),
         "kernel": [short_name(k) for k in df["Kernel Name"]],
         "grid": df.get("Grid Size", pd.Series([""] * len(df))).to_numpy(),
         "block": df.get("Block Size", pd.Series([""] * len(df))).to_numpy(),
-        "time_us": time_us,
-        "dram_read_mb": rd / 1e6,
-        "dram_write_mb": wr / 1e6,
     })
     out["launch"] = out.groupby("kernel").cumcount()
-    out["dram_tb_s"] = (rd + wr) / (time_us * 1e-6) / 1e12
-    if peaks and peaks.get("dram_tb_s"):
-        out["pct_peak_dram"] = 100 * out["dram_tb_s"] / peaks["dram_tb_s"]
-    out["dram_pct"] = _first(df, DRAM_PCT_METRICS, units)
-    out["sm_pct"] = _col(df, "sm__throughput.avg.pct_of_peak_sustained_elapsed", units)
-    tensor = None
-    for m in TENSOR_METRICS:
-        if m in df.columns:
-            v = _col(df, m, units)
-            tensor = v if tensor is None else pd.Series(tensor).combine(pd.Series(v), max).to_numpy()
-    out["tensor_pct"] = tensor if tensor is not None else math.nan
-    out["occupancy_pct"] = _col(df, "sm__warps_active.avg.pct_of_peak_sustained_active", units)
-    out["theoretical_occupancy_pct"] = _col(df, "sm__maximum_warps_per_active_cycle_pct", units)
-    out["regs_per_thread"] = _col(df, "launch__registers_per_thread", units)
-    out["l2_hit_pct"] = _col(df, "lts__t_sector_hit_rate.pct", units)
-    out["waves"] = _col(df, "launch__waves_per_multiprocessor", units)
+    for name, vals in counters(df, peaks).items():
+        out[name] = vals
     if "point" in df.columns:
         out.insert(0, "point", df["point"].to_numpy())
-    records = df.to_dict("records")
-    out["limiter"] = [occupancy_limiter(r) for r in records]
-    stalls = {r: _col(df, STALL_METRIC.format(r), units) for r in STALL_REASONS
-              if STALL_METRIC.format(r) in df.columns and r != "selected"}
-    tops = []
-    for i in range(len(df)):
-        vals = {r: v[i] for r, v in stalls.items() if not math.isnan(v[i])}
-        tot = sum(vals.values())
-        if not tot:
-            tops.append("")
-            continue
-        ranked = sorted(vals.items(), key=lambda kv: -kv[1])[:top_stalls]
-        tops.append(", ".join(f"{r} {100 * v / tot:.0f}%" for r, v in ranked))
-        for r, v in vals.items():
-            out.loc[i, f"stall_{r}_pct"] = 100 * v / tot
-    out["top_stalls"] = tops
     out.attrs["missing_metrics"] = [m for m in KEY_METRICS if m not in df.columns]
     return out
 
@@ -507,15 +437,16 @@ def bound(row) -> str:
     """What limits a kernel, from a summarize() row: memory-bound, memory-latency-bound,
     compute-bound, compute-bound (tensor cores) or latency-bound.
 
-    ncu's SM % is the highest of several SM sub-throughputs, including the issue of load/store
-    instructions, so SM % above DRAM % alone does not make a kernel compute-bound: when the top
-    warp stall is a memory stall (long_scoreboard, lg_throttle...) the kernel is waiting on memory
+    It compares ncu's two speed-of-light figures, DRAM (``dram_sol_pct``) and SM (``sm_pct``), both as % of
+    ncu's theoretical peaks. ncu's SM % is the highest of several SM sub-throughputs, including the issue
+    of load/store instructions, so SM % above DRAM % alone does not make a kernel compute-bound: when the
+    top warp stall is a memory stall (long_scoreboard, lg_throttle...) the kernel is waiting on memory
     (memory-latency-bound); compute-bound needs the math pipes busy (tensor pipe > 50%, or SM % above
     DRAM % with a non-memory top stall).
     """
     def num(v):
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-    dram, sm, tc = num(row.get("dram_pct")), num(row.get("sm_pct")), num(row.get("tensor_pct"))
+    dram, sm, tc = num(row.get("dram_sol_pct")), num(row.get("sm_pct")), num(row.get("tensor_pct"))
     vals = [v for v in (dram, sm) if v is not None]
     if not vals:
         return "n/a"
@@ -531,14 +462,19 @@ def bound(row) -> str:
 
 
 def bound_why(row) -> str:
-    """One sentence giving the numbers behind :func:`bound` (DRAM, SM, tensor %, top stall and its meaning)."""
+    """One sentence giving the numbers behind :func:`bound`: ncu's DRAM and SM speed-of-light %, the tensor
+    pipe, the top stall with its meaning, and whether that stall is a bottleneck (common.kernels.stall_note)."""
+    from .kernels import stall_note
     st = top_stall(row)
-    parts = [f"DRAM {row.get('dram_pct', math.nan):.0f}%", f"SM {row.get('sm_pct', math.nan):.0f}%"]
+    parts = [f"DRAM SOL {row.get('dram_sol_pct', math.nan):.0f}%", f"SM SOL {row.get('sm_pct', math.nan):.0f}%"]
     if row.get("tensor_pct") is not None and not math.isnan(row.get("tensor_pct")):
         parts.append(f"tensor {row['tensor_pct']:.0f}%")
     why = f"{bound(row)}: " + ", ".join(parts)
     if st:
         why += f"; top stall {st} ({STALL_MEANING.get(st, '?')})"
+        note = stall_note(row)
+        if note:
+            why += f": {note}"
     return why
 
 
@@ -559,6 +495,9 @@ def main(argv=None) -> int:
     pr.add_argument("--set", dest="section_set", default=None,
                     help="ncu section set (e.g. full, detailed); default: the workbook's summary metrics")
     pr.add_argument("--clock-control", default="none", choices=("none", "base"))
+    pr.add_argument("--cache-control", default="none", choices=CACHE_CONTROL,
+                    help="none: caches as the application left them (a served kernel); all: flushed before each "
+                         "pass (a kernel timed with a cold L2). Default none")
     pr.add_argument("--nvtx-include", default=None, help="only kernels inside this NVTX range")
     pr.add_argument("--timeout", type=float, default=None)
     pr.add_argument("app", nargs=argparse.REMAINDER, help="-- then the command to profile")
@@ -567,7 +506,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import pandas as pd
     pd.set_option("display.width", 200)
-    cols = ["kernel", "launch", "time_us", "dram_tb_s", "dram_pct", "sm_pct", "tensor_pct",
+    cols = ["kernel", "launch", "ncu_time_us", "dram_tb_s", "dram_pct", "l2_hit_pct", "sm_pct", "tensor_pct",
             "occupancy_pct", "limiter", "top_stalls"]
     if a.cmd == "summarize":
         s = summarize(read_raw(Path(a.csv)))
@@ -578,7 +517,8 @@ def main(argv=None) -> int:
         p.error("give the command to profile after --")
     res = profile(app, a.out, kernel=a.kernel, launch_skip=a.skip, launch_count=a.count,
                   section_set=a.section_set, metrics=None if a.section_set else "summary",
-                  clock_control=a.clock_control, nvtx_include=a.nvtx_include, timeout=a.timeout)
+                  clock_control=a.clock_control, cache_control=a.cache_control, nvtx_include=a.nvtx_include,
+                  timeout=a.timeout)
     s = summarize(res.df)
     s.to_csv(Path(a.out) / "kernels.csv", index=False)
     print(s[[c for c in cols if c in s.columns]].to_string(index=False, float_format="%.1f"))

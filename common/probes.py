@@ -5,8 +5,11 @@
     nv = measure_nvlink(2, quick=True)                       # all-reduce bus bandwidth (>= 2 GPUs)
 
 DRAM: a kernel that only reads streams faster than one that reads and writes (an H100 on 2026-11-25: read
-3.16, write 3.30, copy 3.02 TB/s), so there are three ceilings, not one, and a kernel is divided by the one
-that matches its traffic (common.ceilings.dram_for). Each kind is the best of several probes on buffers far
+3.16, write 3.30, copy 3.02 TB/s), so there are four ceilings, not one: read, mixed (two reads per write, as
+an activation reading gate and up), copy (one read per write) and write; a kernel is divided by the one that
+matches its traffic (common.ceilings.dram_for). On that H100 an activation kernel moving 470 MB read and 239
+MB written ran at 100.4% of the copy ceiling (tests/fixtures/ncu_raw_l2_resident_vs_dram_h100_cache-none.csv):
+its traffic is not a copy's, which is why the mixed kind exists. Each kind is the best of several probes on buffers far
 above L2 (Triton kernels with a few block sizes, torch ``x.sum()``, ``fill_``, ``zero_``, ``copy_``).
 
 GEMM: the best median over a sweep of shapes (mamf-finder's "maximum achievable matmul FLOPS"), the model's
@@ -22,14 +25,15 @@ import os
 
 from . import clocks
 
-DRAM_KINDS = ("read", "write", "copy")
+DRAM_KINDS = ("read", "mixed", "copy", "write")     # by share of writes: 0, 1/3 (two reads per write), 1/2, 1
 
 GIB = 1 << 30
 MIB = 1 << 20
 
-DRAM_METHOD = ("per kind of traffic (read only, write only, copy = read + write), the best of several streaming "
-               "probes on buffers far larger than L2 ({size}): Triton read, write and copy kernels (a few block sizes / "
-               "warp counts) and torch x.sum(), fill_, zero_, copy_; copies count bytes read + written. Each probe: "
+DRAM_METHOD = ("per kind of traffic (read only; mixed = two reads per write; copy = one read per write; write "
+               "only), the best of several streaming probes on buffers far larger than L2 ({size}): Triton read, "
+               "write, copy and add kernels (a few block sizes / warp counts) and torch x.sum(), fill_, zero_, copy_, "
+               "add; bytes count everything read and written. Each probe: "
                "warm-up, then {reps} single calls timed with CUPTI (the kernel's own duration, as every kernel of the "
                "workbook is timed), each after a spin kernel, median; the sustained rate (CUDA events around "
                "back-to-back calls) is kept beside it")
@@ -81,11 +85,14 @@ def _dram_probes(torch, quick: bool):
         read_cfg = [(16384, 8), (8192, 4)] if quick else [(16384, 8), (8192, 4), (16384, 16), (32768, 16)]
         write_cfg = [(16384, 8)] if quick else [(16384, 8), (8192, 4), (32768, 16)]
         copy_cfg = [(8192, 8)] if quick else [(8192, 8), (16384, 8), (4096, 4)]
+        mix_cfg = [(8192, 8)] if quick else [(8192, 8), (16384, 8)]
         probes += [(f"triton read BLOCK={b} warps={w}", "read", _triton_read(kern, b, w)) for b, w in read_cfg]
         probes += [(f"triton write BLOCK={b} warps={w}", "write", _triton_write(kern, b, w)) for b, w in write_cfg]
         probes += [(f"triton copy BLOCK={b} warps={w}", "copy", _triton_copy(kern, b, w)) for b, w in copy_cfg]
+        probes += [(f"triton add BLOCK={b} warps={w}", "mixed", _triton_add(kern, b, w)) for b, w in mix_cfg]
     probes += [("torch x.sum()", "read", _torch_read), ("torch fill_", "write", _torch_fill),
-               ("torch zero_", "write", _torch_zero), ("torch copy_", "copy", _torch_copy)]
+               ("torch zero_", "write", _torch_zero), ("torch copy_", "copy", _torch_copy),
+               ("torch add", "mixed", _torch_add)]
     return probes
 
 
@@ -115,6 +122,15 @@ def _torch_zero(x, y):
 def _torch_copy(x, y):
     """torch y.copy_(x), a device-to-device memcpy: bytes = 2 x buffer (read + write); CUDA events around back-to-back calls, median."""
     return (lambda: y.copy_(x)), 2 * x.numel(), _doc(_torch_copy)
+
+
+def _torch_add(x, y):
+    """torch.add(a, b, out=c) on bf16, a and b the two halves of the buffer, c half of the second: bytes = 1.5 x buffer (two reads per write, as an activation's gate and up); CUDA events around back-to-back calls, median."""
+    import torch
+    v = x.view(torch.bfloat16)
+    half = v.numel() // 2
+    a, b, c = v[:half], v[half:2 * half], y.view(torch.bfloat16)[:half]
+    return (lambda: torch.add(a, b, out=c)), 3 * half * 2, _doc(_torch_add)
 
 
 def _triton_read(kern, block, warps):
@@ -148,11 +164,23 @@ def _triton_copy(kern, block, warps):
     return make
 
 
+def _triton_add(kern, block, warps):
+    def make(x, y):
+        """Triton add kernel: each program loads BLOCK bf16 from each half of the buffer and stores their sum to a third; bytes = 1.5 x buffer (two reads per write); CUDA events around back-to-back calls, median."""
+        import torch
+        v = x.view(torch.bfloat16)
+        half = (v.numel() // 2) // block * block
+        a, b, c = v[:half], v[half:2 * half], y.view(torch.bfloat16)[:half]
+        grid = (half // block,)
+        return (lambda: kern["add"][grid](a, b, c, BLOCK=block, num_warps=warps)), 3 * half * 2, _doc(make)
+    return make
+
+
 _TRITON: dict = {}
 
 
 def _triton_kernels() -> dict | None:
-    """The three Triton streaming kernels (compiled on first launch), or None when Triton is missing.
+    """The four Triton streaming kernels (compiled on first launch), or None when Triton is missing.
     Buffers are whole multiples of BLOCK, so the kernels need no mask; offsets are 64-bit."""
     if "kernels" in _TRITON:
         return _TRITON["kernels"]
@@ -180,7 +208,14 @@ def _triton_kernels() -> dict | None:
         x = tl.load(x_ptr + offs, eviction_policy="evict_first")
         tl.store(y_ptr + offs, x, eviction_policy="evict_first")
 
-    _TRITON["kernels"] = {"read": _read, "write": _write, "copy": _copy, "version": triton.__version__}
+    @triton.jit
+    def _add(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + offs, eviction_policy="evict_first")
+        b = tl.load(b_ptr + offs, eviction_policy="evict_first")
+        tl.store(c_ptr + offs, a + b, eviction_policy="evict_first")
+
+    _TRITON["kernels"] = {"read": _read, "write": _write, "copy": _copy, "add": _add, "version": triton.__version__}
     return _TRITON["kernels"]
 
 

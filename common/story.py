@@ -5,8 +5,9 @@
         ("Prefill 38.1 ms", [("hotspot: attention 45%", [])]),
     ]))
     print(timeline(events, width=96))      # one lane per row, '#' where the event runs
-    print(table(rows, ["kernel", "time_us", "dram_pct"]))
-    print(kernel_line(summary_row))        # "Decode 198.7 us <- DRAM 57% SM 74% TC 0% occ 35% (registers) ..."
+    print(table(rows, ["kernel", "ncu_time_us", "dram_pct"]))
+
+A kernel's own line (work and counters) is common.kernels.node / line: one format for every report.
 
 Everything returns a string; nothing here measures or reads files.
 """
@@ -15,17 +16,32 @@ from __future__ import annotations
 import math
 
 
-def tree(title: str, items, indent: str = "") -> str:
-    """Render nested (label, children) pairs as a box-drawing tree under ``title``."""
-    lines = [title] if title else []
+WIDTH = 120     # the widest line a story prints: trees wrap to it (a report read on a code host does not scroll)
+
+
+def wrap(text: str, first: str, rest: str, width: int = WIDTH) -> list[str]:
+    """``text`` after the prefix ``first``, continued on lines that start with ``rest``, none over ``width``
+    characters (words are not split; a single word longer than the room is left whole)."""
+    import textwrap
+    room = max(20, width - max(len(first), len(rest)))
+    parts = textwrap.wrap(str(text), room, break_long_words=False, break_on_hyphens=False) or [""]
+    return [first + parts[0]] + [rest + p for p in parts[1:]]
+
+
+def tree(title: str, items, indent: str = "", width: int = WIDTH) -> str:
+    """Render nested (label, children) pairs as a box-drawing tree under ``title``; a label longer than the
+    room left by ``width`` wraps onto continuation lines under itself (the tree's lines stay unbroken)."""
+    lines = wrap(title, "", "  ", width) if title else []
 
     def walk(nodes, prefix):
         nodes = list(nodes)
         for i, node in enumerate(nodes):
             label, children = (node, []) if isinstance(node, str) else node
             last = i == len(nodes) - 1
-            lines.append(f"{indent}{prefix}{'└── ' if last else '├── '}{label}")
-            walk(children, prefix + ("    " if last else "│   "))
+            below = prefix + ("    " if last else "│   ")
+            lines.extend(wrap(label, f"{indent}{prefix}{'└── ' if last else '├── '}",
+                              f"{indent}{below}{'│ ' if children else '  '}", width))
+            walk(children, below)
     walk(items, "")
     return "\n".join(lines)
 
@@ -74,14 +90,6 @@ def _numeric(v) -> bool:
     return v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def bar(value: float, vmax: float, width: int = 30, char: str = "█") -> str:
-    """A horizontal bar scaled to vmax."""
-    if not vmax or value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    n = max(0, min(width, round(width * value / vmax)))
-    return char * n
-
-
 def timeline(events, width: int = 100, label_width: int = 28, lane_key: str = "lane",
              start: float | None = None, end: float | None = None, unit: str = "ms") -> str:
     """ASCII Gantt chart. ``events``: dicts with lane, start, end (same unit), optional mark char.
@@ -108,21 +116,6 @@ def timeline(events, width: int = 100, label_width: int = 28, lane_key: str = "l
         out.append(f"{lane[:label_width]:<{label_width}} |{''.join(row)}|")
     axis = f"{'':<{label_width}} {fmt(t0)} {unit}".ljust(label_width + width - 6) + f"{fmt(t1)} {unit}"
     return "\n".join(out + [axis])
-
-
-def kernel_line(r: dict) -> str:
-    """One kernel with its hardware context, from a common.ncu.summarize() row."""
-    parts = [f"{r.get('kernel', '?')} {fmt(r.get('time_us'))} us <-"]
-    if r.get("dram_pct") is not None:
-        parts.append(f"DRAM {fmt(r.get('dram_pct'))}%")
-    if r.get("dram_tb_s") is not None and not _nan(r.get("dram_tb_s")):
-        parts.append(f"({fmt(r.get('dram_tb_s'))} TB/s)")
-    parts.append(f"SM {fmt(r.get('sm_pct'))}%")
-    parts.append(f"TC {fmt(r.get('tensor_pct'))}%")
-    parts.append(f"occ {fmt(r.get('occupancy_pct'))}% (limit: {r.get('limiter', 'n/a')})")
-    if r.get("top_stalls"):
-        parts.append(f"stalls: {r['top_stalls']}")
-    return " ".join(parts)
 
 
 def _nan(v) -> bool:

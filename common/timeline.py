@@ -1,16 +1,14 @@
 """One joined timeline per story: scheduler steps -> layers -> kernels -> hardware counters.
 
     kt = step_kernels(ev, step=r"^step\\[", outer=r"^scheduler\\.run_batch$", parse=parse_step)
-    kt = add_work(kt, cfg, steps, ceilings)            # FLOPs / bytes by role -> TFLOP/s, TB/s, % of ceiling
-    kt, info = attach_counters(kt, ncu_rows, windows)  # Nsight Compute counters on every kernel of a step kind
+    kt = add_work(kt, cfg, steps, ceilings)            # FLOPs / formula bytes by role -> TFLOP/s, effective TB/s
+    kt, info = attach_counters(kt, ncu_rows, windows, ceilings)  # Nsight Compute counters on every kernel of a step kind
     tree = layer_tree(kt, step=0)                       # one layer + the once-per-step kernels, shares of the step
     write_perfetto_fit("story.json", kt, steps=spans, requests=reqs, counters=tracks)   # ui.perfetto.dev, <= 5 MB
 
-The kernel table ``kt`` has one row per GPU kernel of a traced step: step (0-based), step_name and the
-fields ``parse`` returns for it (mode, bs, toks ...), order, kernel, cls (common.trace.kernel_class),
-ts_us / dur_us / end_us (GPU side), stream, layer (None outside the layers), pos (position in its layer),
-segment (pre | layer | post) and role (qkv_proj, o_proj, gate_up_proj, down_proj, input_norm,
-post_norm, rope, kv_store, attention, act, embedding, final_norm, lm_head, sampling, prepare, other).
+The kernel table ``kt`` has one row per GPU kernel of a traced step; its columns are declared once in
+common.kernels (trace, layers, work, counters, joined), plus the fields ``parse`` returns for a step
+name (mode, bs, toks ...).
 
 How the pieces are joined (each join is one function here, shared by the three systems):
   * kernels -> steps: common.trace.kernels_in_ranges (correlation id, same process and thread; graph
@@ -33,9 +31,11 @@ from pathlib import Path
 
 from .trace import TraceError, assign_layers, kernel_class, kernels_in_ranges
 
+from . import kernels
+
 GEMM_ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-COUNTER_COLUMNS = ("ncu_time_us", "dram_tb_s", "dram_pct", "sm_pct", "tensor_pct", "occupancy_pct", "limiter",
-                   "top_stalls", "l2_hit_pct", "dram_read_mb", "dram_write_mb", "grid", "block")
+COUNTER_COLUMNS = tuple(kernels.names("counters")) + ("grid", "block")     # what attach_counters copies
+STREAM_FACTOR = kernels.STREAM_FACTOR    # weights of the step >= 4x the L2: a GEMM's formula bytes come from DRAM
 
 
 # ------------------------------------------------------------------ kernels of each step
@@ -133,8 +133,10 @@ def primary(kt):
 # ------------------------------------------------------------------ work and rates
 
 def add_work(kt, cfg: dict, steps: dict, ceilings: dict | None = None, tp: int = 1):
-    """FLOPs and minimum bytes of each kernel's role (common.flops.layer_work), and the rates its traced
-    time gives: tflop_s, tb_s, and % of the measured ceilings (``ceilings``: dram_tb_s, bf16_tflops).
+    """FLOPs and formula bytes of each kernel's role (common.flops.layer_work), and the rates its traced time
+    gives (the work columns of common.kernels): tflop_s and pct_bf16_ceiling; eff_tb_s, the effective
+    bandwidth (formula bytes / time, not a DRAM rate); stream_pct for the GEMMs of a step whose weights are
+    at least STREAM_FACTOR x the L2 (``ceilings["l2_mb"]``): their formula bytes then do come from DRAM.
 
     ``steps``: {step: {"tokens": new tokens, "qo_lens": [...], "kv_lens": [...]}} (the batch of that
     step, from the scheduler's log). Only the primary kernel of a role carries its work (see primary()).
@@ -152,12 +154,18 @@ def add_work(kt, cfg: dict, steps: dict, ceilings: dict | None = None, tp: int =
             kt.loc[sel, "bytes"] = float(w["bytes"])
     sec = kt["dur_us"] * 1e-6
     kt["tflop_s"] = (kt["flops"] / sec / 1e12).where(kt["flops"] > 0)
-    kt["tb_s"] = kt["bytes"] / sec / 1e12
-    if ceilings:
-        if ceilings.get("bf16_tflops"):
-            kt["pct_bf16_ceiling"] = 100 * kt["tflop_s"] / ceilings["bf16_tflops"]
-        if ceilings.get("dram_tb_s"):
-            kt["pct_dram_ceiling"] = 100 * kt["tb_s"] / ceilings["dram_tb_s"]
+    kt["eff_tb_s"] = kt["bytes"] / sec / 1e12
+    kt["pct_bf16_ceiling"] = 100 * kt["tflop_s"] / ceilings["bf16_tflops"] if (ceilings or {}).get("bf16_tflops") \
+        else math.nan
+    kt["stream_pct"] = math.nan
+    read = (ceilings or {}).get("dram_read_tb_s") or (ceilings or {}).get("dram_tb_s")
+    l2 = (ceilings or {}).get("l2_mb")
+    if read and l2:
+        gemm = kt["role"].isin(GEMM_ROLES + ("lm_head",))
+        weights = kt[gemm].groupby("step")["bytes"].sum()
+        big = set(weights[weights >= STREAM_FACTOR * l2 * 1e6].index)
+        sel = gemm & kt["step"].isin(big)
+        kt.loc[sel, "stream_pct"] = 100 * kt.loc[sel, "eff_tb_s"] / read
     return kt
 
 
@@ -183,14 +191,14 @@ def _collapse(g, keep_layers: int):
     return names, keys
 
 
-def attach_counters(kt, ncu_rows, windows: list[dict], keep_layers: int = 2):
+def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = None, keep_layers: int = 2):
     """Nsight Compute counters on the kernels of the traced steps.
 
     ``ncu_rows``: common.ncu.summarize() rows (a DataFrame) of ALL profiled kernels in launch order;
     ``windows``: in the order they were profiled, one dict each: {"name", "step": a traced step of the
     same kind, "match": {column: value} selecting every traced step the counters apply to}.
-    Returns (kt with the COUNTER_COLUMNS and ``ncu_window``, info) where info has one row per window:
-    kernels expected / profiled / matched by name.
+    Returns (kt with the COUNTER_COLUMNS, ``ncu_window`` and the joined columns of common.kernels, info)
+    where info has one row per window: kernels expected / profiled / matched by name.
     """
     kt = kt.copy()
     for c in COUNTER_COLUMNS + ("ncu_window",):
@@ -231,9 +239,9 @@ def attach_counters(kt, ncu_rows, windows: list[dict], keep_layers: int = 2):
             applied += 1
             kt.at[idx, "ncu_window"] = w["name"]
             for col in COUNTER_COLUMNS:
-                kt.at[idx, col] = c.get("time_us") if col == "ncu_time_us" else c.get(col)
+                kt.at[idx, col] = c.get(col)
         info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied})
-    return kt, info
+    return kernels.joined(kt, ceilings), info
 
 
 def _seg_index(kt, idx) -> int:
@@ -244,6 +252,9 @@ def _seg_index(kt, idx) -> int:
 
 
 # ------------------------------------------------------------------ the layer tree
+
+TREE_COLUMNS = tuple(kernels.names("work", "counters", "joined"))
+
 
 def layer_tree(kt, step: int, layer: int = 1):
     """The hardware tree of one step: the once-per-step kernels and every kernel of one layer, each with
@@ -256,11 +267,9 @@ def layer_tree(kt, step: int, layer: int = 1):
     for r in pick.to_dict("records"):
         share_one = 100 * r["dur_us"] / total if total else math.nan
         out.append({"segment": r["segment"], "role": r["role"], "kernel": r["kernel"], "cls": r["cls"],
-                    "time_us": r["dur_us"], "share_pct": share_one,
+                    "dur_us": r["dur_us"], "share_pct": share_one,
                     "share_all_layers_pct": share_one * n_layers if r["segment"] == "layer" else share_one,
-                    **{k: r.get(k) for k in ("tflop_s", "tb_s", "pct_bf16_ceiling", "pct_dram_ceiling", "ncu_time_us",
-                                             "dram_pct", "sm_pct", "tensor_pct", "occupancy_pct", "limiter",
-                                             "top_stalls", "grid")}})
+                    **{k: r.get(k) for k in TREE_COLUMNS}, "grid": r.get("grid")})
     return out
 
 
@@ -319,9 +328,7 @@ def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float |
     streams = {}
     for r in kt[kt["step"].isin(keep)].to_dict("records"):
         tid = streams.setdefault(r.get("stream"), len(streams) + 1)
-        args = {k: r.get(k) for k in ("step", "layer", "role", "cls", "tflop_s", "tb_s", "pct_bf16_ceiling",
-                                      "pct_dram_ceiling", "ncu_time_us", "dram_pct", "sm_pct", "tensor_pct",
-                                      "occupancy_pct", "limiter", "top_stalls")}
+        args = {k: r.get(k) for k in ("step", "layer", "role", "cls", *TREE_COLUMNS)}
         ev.append({"ph": "X", "pid": 3, "tid": tid, "name": r["kernel"], "cat": r.get("cls") or "kernel",
                    "ts": round(r["ts_us"] - t0, 3), "dur": round(r["dur_us"], 3), "args": _clean_args(args)})
     for s, tid in streams.items():

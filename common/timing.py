@@ -4,7 +4,8 @@
     t = bench(fn, method="events")                    # CUDA events: kernel time + launch latency
     t = bench(fn, method="graph")                     # events around one CUDA-graph replay
     print(t.median_us, t.spread_pct)
-    r = rates(t.median_ms, bytes=..., flops=..., peaks=ceilings.peaks())   # TB/s, TFLOP/s, % of peak
+    r = rates(t.median_ms, bytes=..., flops=..., peaks=ceilings.peaks(), mix="copy", working_set=...)
+                                                      # effective TB/s, TFLOP/s, % of a ceiling where valid
 
 Method (every sample):
   1. cold L2 (``cold_l2=True``): write a buffer twice the L2 size (which evicts the inputs of the
@@ -36,6 +37,7 @@ CPU-side costs (radix-tree matching, schedulers) are timed with :func:`bench_cpu
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -244,41 +246,64 @@ def bench_cpu(fn, *, reps: int | None = None, rep_ms: float = 200.0, warmup: int
     return Timing(samples_ms=samples, method="cpu", cold_l2=False, warmup=warmup)
 
 
-def rates(ms: float, *, bytes: float | None = None, flops: float | None = None,
-          peaks: dict | None = None) -> dict:
-    """Turn a time and the work done into TB/s, TFLOP/s and % of the device's ceilings.
+def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, peaks: dict | None = None,
+          mix: str = "copy", working_set: float | None = None) -> dict:
+    """Turn a time and the work done into rates, named by what they measure (common.kernels):
 
-    ``peaks`` is a dict like ``ceilings.peaks()`` returns: ``dram_tb_s`` and ``bf16_tflops`` (this GPU's
-    measured ceilings; the datasheet only where nothing was measured). Arithmetic intensity
-    (FLOP/byte) is given when both are known, for a roofline position.
+    * ``eff_tb_s``: effective bandwidth, formula ``bytes`` / time. Not a DRAM rate: bytes a kernel finds
+      in L2 (or leaves there, unwritten back) are counted but never reach DRAM.
+    * ``eff_pct``: eff_tb_s as % of the DRAM ceiling of traffic kind ``mix`` (read, mixed, copy, write:
+      common.ceilings), given only where ``working_set`` (the bytes the call touches; default ``bytes``) is
+      at least common.kernels.STREAM_FACTOR times the L2 (``peaks["l2_mb"]``): then its bytes do go through
+      DRAM. Otherwise NaN, and ``eff_pct_why`` says why. ``l2_resident``: the working set fits in L2.
+    * ``tflop_s``, ``pct_bf16_ceiling`` (% of the measured bf16 ceiling), ``flop_per_byte``.
 
     A % above 100 is kept as measured (never clipped) and flagged: ``above_ceiling: True`` and a
     ``note`` naming the ceiling and by how much it was beaten. It means the ceiling probe
-    under-measures this GPU and must be improved (``python -m common.ceilings measure --refresh``
-    after a better probe), not that the kernel beat the hardware.
+    under-measures this GPU (or ran at a lower clock: common.clocks) and must be improved
+    (``python -m common.ceilings measure --refresh`` after a better probe), not that the kernel beat it.
     """
+    from .ceilings import DRAM_KEYS
+    from .kernels import STREAM_FACTOR
     out: dict = {"ms": ms}
     s = ms / 1e3
     if bytes is not None and s > 0:
         out["bytes"] = bytes
-        out["tb_s"] = bytes / s / 1e12
+        out["eff_tb_s"] = bytes / s / 1e12
     if flops is not None and s > 0:
         out["flops"] = flops
         out["tflop_s"] = flops / s / 1e12
     if bytes and flops:
         out["flop_per_byte"] = flops / bytes
-    if peaks:
-        notes = []
-        for got, pct_key, peak_key, what, unit in (("tb_s", "pct_peak_dram", "dram_tb_s", "DRAM bandwidth", "TB/s"),
-                                                   ("tflop_s", "pct_peak_tflops", "bf16_tflops", "bf16 tensor", "TFLOP/s")):
-            if got in out and peaks.get(peak_key):
-                pct = 100.0 * out[got] / peaks[peak_key]
-                out[pct_key] = pct
-                if pct > 100.0:
-                    notes.append(_above_note(out[got], pct, peaks, peak_key, what, unit))
-        if notes:
-            out["above_ceiling"] = True
-            out["note"] = "; ".join(notes)
+    if not peaks:
+        return out
+    notes = []
+    if "eff_tb_s" in out:
+        key = DRAM_KEYS.get(mix, "dram_copy_tb_s")
+        key = key if peaks.get(key) else "dram_tb_s"        # a record from before the kinds were measured apart
+        ceil, l2 = peaks.get(key), peaks.get("l2_mb")
+        ws = working_set if working_set is not None else bytes
+        out.update(eff_ceiling=mix, l2_resident=bool(l2 and ws < l2 * 1e6))
+        if not ceil:
+            out["eff_pct"], out["eff_pct_why"] = math.nan, "no DRAM ceiling"
+        elif not l2:
+            out["eff_pct"], out["eff_pct_why"] = math.nan, "L2 size unknown: cannot tell DRAM traffic from L2 traffic"
+        elif ws < STREAM_FACTOR * l2 * 1e6:
+            out["eff_pct"] = math.nan
+            out["eff_pct_why"] = (f"working set {ws / 1e6:.3g} MB < {STREAM_FACTOR} x L2 ({l2:g} MB): effective "
+                                  "bandwidth, not a DRAM rate")
+        else:
+            out["eff_pct"] = 100.0 * out["eff_tb_s"] / ceil
+            if out["eff_pct"] > 100.0:
+                notes.append(_above_note(out["eff_tb_s"], out["eff_pct"], peaks, key, f"DRAM {mix}", "TB/s"))
+    if "tflop_s" in out and peaks.get("bf16_tflops"):
+        out["pct_bf16_ceiling"] = 100.0 * out["tflop_s"] / peaks["bf16_tflops"]
+        if out["pct_bf16_ceiling"] > 100.0:
+            notes.append(_above_note(out["tflop_s"], out["pct_bf16_ceiling"], peaks, "bf16_tflops", "bf16 tensor",
+                                     "TFLOP/s"))
+    if notes:
+        out["above_ceiling"] = True
+        out["note"] = "; ".join(notes)
     return out
 
 

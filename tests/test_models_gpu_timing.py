@@ -1,5 +1,6 @@
 """Model presets, the device table, provenance, the timing maths and the one-line errors."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -84,10 +85,10 @@ def test_timing_statistics_and_rates():
     assert t.quantile_ms(0.9) == pytest.approx(61.6)
     assert t.to_dict()["n"] == 5 and "samples_ms" not in t.to_dict()
     assert timing.Timing(samples_ms=[2.5], method="events", cold_l2=False).quantile_ms(0.9) == 2.5
-    r = timing.rates(0.2, bytes=800e6, flops=2e9, peaks={"dram_tb_s": 4.0, "bf16_tflops": 800})
-    assert r["tb_s"] == pytest.approx(4.0) and r["pct_peak_dram"] == pytest.approx(100)
+    r = timing.rates(0.2, bytes=800e6, flops=2e9, peaks={"dram_tb_s": 4.0, "bf16_tflops": 800, "l2_mb": 50.0})
+    assert r["eff_tb_s"] == pytest.approx(4.0) and r["eff_pct"] == pytest.approx(100)     # 800 MB = 16 x L2
     assert r["tflop_s"] == pytest.approx(10) and r["flop_per_byte"] == pytest.approx(2.5)
-    assert r["pct_peak_tflops"] == pytest.approx(1.25)
+    assert r["pct_bf16_ceiling"] == pytest.approx(1.25)
     assert "above_ceiling" not in r and "note" not in r           # exactly 100% is not above
     with pytest.raises(ValueError):
         timing.bench(lambda: None, method="stopwatch")
@@ -105,23 +106,38 @@ def test_timing_quantile_is_the_one_in_stats():
 
 def test_rates_above_ceiling_is_flagged_not_clipped():
     """4.34 TB/s against a 4.25 TB/s measured ceiling (mini-SGLang decode on an H200): 102%, kept and flagged."""
-    pk = {"dram_tb_s": 4.25, "bf16_tflops": 741.0, "source": "measured",
-          "sources": {"dram_tb_s": "measured", "bf16_tflops": "measured"},
-          "method": {"dram_tb_s": "best of 8 probes: torch copy_", "bf16_tflops": "best of 16 GEMM shapes: 8192x8192x8192 nt"}}
-    r = timing.rates(1.0, bytes=4.34e9, peaks=pk)
-    assert r["pct_peak_dram"] == pytest.approx(102.1, abs=0.05)          # never clipped
+    pk = {"dram_tb_s": 4.25, "dram_read_tb_s": 4.25, "bf16_tflops": 741.0, "source": "measured", "l2_mb": 60.0,
+          "sources": {"dram_read_tb_s": "measured", "bf16_tflops": "measured"},
+          "method": {"dram_read_tb_s": "fastest read probe: torch x.sum()",
+                     "bf16_tflops": "best of 16 GEMM shapes: 8192x8192x8192 nt"}}
+    r = timing.rates(1.0, bytes=4.34e9, peaks=pk, mix="read")
+    assert r["eff_pct"] == pytest.approx(102.1, abs=0.05)                # never clipped
     assert r["above_ceiling"] is True
-    assert "measured DRAM bandwidth ceiling 4.25 TB/s" in r["note"] and "2.1% above" in r["note"]
-    assert "torch copy_" in r["note"] and "under-measures" in r["note"]
+    assert "measured DRAM read ceiling 4.25 TB/s" in r["note"] and "2.1% above" in r["note"]
+    assert "torch x.sum()" in r["note"] and "under-measures" in r["note"]
     r = timing.rates(1.0, flops=784e9, peaks=pk)                          # SGLang eager prefill GEMM vs 741
     assert r["above_ceiling"] is True and "bf16 tensor ceiling 741 TFLOP/s" in r["note"]
-    assert r["pct_peak_tflops"] == pytest.approx(105.8, abs=0.05)
-    r = timing.rates(1.0, bytes=5.0e9, flops=800e9, peaks=pk)             # both above: both named
+    assert r["pct_bf16_ceiling"] == pytest.approx(105.8, abs=0.05)
+    r = timing.rates(1.0, bytes=5.0e9, flops=800e9, peaks=pk, mix="read")  # both above: both named
     assert r["note"].count("above it") == 2
-    r = timing.rates(1.0, bytes=4.0e9, peaks=pk)
-    assert "above_ceiling" not in r and r["pct_peak_dram"] < 100
-    r = timing.rates(1.0, bytes=5.0e9, peaks={"dram_tb_s": 4.8, "source": "datasheet"})
-    assert r["above_ceiling"] and "datasheet DRAM bandwidth ceiling" in r["note"]
+    r = timing.rates(1.0, bytes=4.0e9, peaks=pk, mix="read")
+    assert "above_ceiling" not in r and r["eff_pct"] < 100
+    r = timing.rates(1.0, bytes=5.0e9, peaks={"dram_tb_s": 4.8, "source": "datasheet", "l2_mb": 60.0})
+    assert r["above_ceiling"] and "datasheet DRAM copy ceiling" in r["note"]
+
+
+def test_effective_bandwidth_of_a_small_working_set_is_never_a_dram_percent():
+    """A call that moves less than 4 x L2 gets effective TB/s only: its bytes may never leave L2."""
+    pk = {"dram_tb_s": 3.30, "dram_copy_tb_s": 3.02, "l2_mb": 50.0}
+    r = timing.rates(0.001, bytes=8.4e6, peaks=pk)                       # 8.4 MB in 1 us: 8.4 TB/s
+    assert r["eff_tb_s"] == pytest.approx(8.4) and math.isnan(r["eff_pct"]) and r["l2_resident"]
+    assert "working set 8.4 MB < 4 x L2 (50 MB)" in r["eff_pct_why"] and "above_ceiling" not in r
+    r = timing.rates(0.1, bytes=180e6, peaks=pk)                          # 180 MB < 200 MB: still no %
+    assert math.isnan(r["eff_pct"]) and not r["l2_resident"]
+    r = timing.rates(0.1, bytes=180e6, peaks=pk, working_set=1e9)         # the caller knows it streams 1 GB
+    assert r["eff_pct"] == pytest.approx(100 * 1.8 / 3.02)
+    r = timing.rates(1.0, bytes=5e9, peaks={"dram_tb_s": 4.0})             # no L2 size: no %
+    assert math.isnan(r["eff_pct"]) and "L2 size unknown" in r["eff_pct_why"]
 
 
 # ------------------------------------------------------------------ measured ceilings (no GPU needed)
@@ -199,6 +215,7 @@ def test_peaks_reads_the_cache_without_torch(fake_gpus):
     assert p["measured"]["dram_tb_s"] == 4.31 and p["measured"]["date_utc"] == "2026-11-24T10:00:00Z"
     assert p["method"]["dram_tb_s"] == "fastest of 3 probes: triton write BLOCK=16384 warps=8"
     assert (p["dram_read_tb_s"], p["dram_write_tb_s"], p["dram_copy_tb_s"]) == (4.05, 4.31, 4.12)   # one per kind
+    assert p["dram_mixed_tb_s"] == 4.31 and p["sources"]["dram_mixed_tb_s"] == "measured (fastest probe)"   # none of that kind
     assert p["method"]["dram_read_tb_s"] == "fastest read probe: torch x.sum()"
     assert "8192x8192x8192 nt" in p["method"]["bf16_tflops"]
     # one GPU's set has no all-reduce sweep: the NVLink figure is the datasheet's per direction, and says so
@@ -246,14 +263,14 @@ def test_ceilings_table_rows(fake_gpus):
           "sizes": [{"bytes": 1 << 30, "busbw_gb_s": 361.5}], "method": "all-reduce sweep"}
     c = _fake_set(nvlink=nv)
     rows = ceilings.ceilings_table(c)
-    assert [r["ceiling"] for r in rows] == (["DRAM read", "DRAM write", "DRAM copy"] + ["bf16 tensor throughput"] * 2
+    assert [r["ceiling"] for r in rows] == (["DRAM read", "DRAM copy", "DRAM write"] + ["bf16 tensor throughput"] * 2
                                             + ["NVLink all-reduce busbw"])
     assert set(rows[0]) == {"ceiling", "probe", "measured", "unit", "datasheet", "pct_of_datasheet", "is_ceiling", "method"}
     dram = rows[:3]
-    assert [r["measured"] for r in dram] == [4.05, 4.31, 4.12]        # read, write, copy: each kind's fastest probe
+    assert [r["measured"] for r in dram] == [4.05, 4.12, 4.31]        # read, copy, write: each kind's fastest probe
     assert [r["is_ceiling"] for r in dram] == ["yes", "yes", "yes"]
-    assert dram[1]["probe"] == "triton write BLOCK=16384 warps=8 (1 GiB)" and dram[1]["unit"] == "TB/s"
-    assert dram[1]["datasheet"] == 4.8 and dram[1]["pct_of_datasheet"] == pytest.approx(89.79, abs=0.01)
+    assert dram[2]["probe"] == "triton write BLOCK=16384 warps=8 (1 GiB)" and dram[2]["unit"] == "TB/s"
+    assert dram[2]["datasheet"] == 4.8 and dram[2]["pct_of_datasheet"] == pytest.approx(89.79, abs=0.01)
     assert rows[3]["probe"] == "GEMM 8192x8192x8192 nt" and rows[3]["is_ceiling"] == "yes"
     assert rows[3]["pct_of_datasheet"] == pytest.approx(100 * 781.2 / 989)
     assert rows[5]["measured"] == 361.5 and rows[5]["datasheet"] == 450 and "NV18" in rows[5]["probe"]
@@ -433,10 +450,12 @@ def test_ceiling_names_the_denominator():
 
 
 def test_dram_ceiling_matches_the_traffic():
-    """A kernel is divided by the DRAM ceiling of its traffic: read (< 10% writes), write (> 90%), else copy."""
-    pk = {"dram_tb_s": 3.30, "dram_read_tb_s": 3.16, "dram_write_tb_s": 3.30, "dram_copy_tb_s": 3.02}
+    """A kernel is divided by the DRAM ceiling of its traffic, by the share of its bytes that are writes."""
+    pk = {"dram_tb_s": 3.30, "dram_read_tb_s": 3.16, "dram_write_tb_s": 3.30, "dram_copy_tb_s": 3.02,
+          "dram_mixed_tb_s": 3.08}
     assert ceilings.dram_for(pk, 235e6, 2.4e6) == (3.16, "read")        # a decode GEMM: the weights stream in
     assert ceilings.dram_for(pk, 537e6, 537e6) == (3.02, "copy")        # RMSNorm on 512 MB: read + write
+    assert ceilings.dram_for(pk, 470e6, 239e6) == (3.08, "mixed")       # act_and_mul: gate and up in, one out
     assert ceilings.dram_for(pk, 0.0, 1e6) == (3.30, "write")
     assert ceilings.dram_for(pk, None, None) == (3.02, "copy")          # unknown: the lowest of the three
     assert ceilings.dram_for({"dram_tb_s": 4.7}, 1e6, 0) == (4.7, "read")   # a record from before the kinds

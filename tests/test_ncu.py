@@ -20,14 +20,15 @@ def test_raw_page_kernels_units_and_separators(fixture_path):
 
 def test_summary_time_bytes_and_bandwidth(fixture_path):
     s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")),
-                      peaks={"dram_tb_s": 4.0})
+                      peaks={"dram_tb_s": 4.0, "dram_read_tb_s": 3.9, "dram_copy_tb_s": 3.6})
     dec = s.iloc[0]
-    assert dec["time_us"] == pytest.approx(200.512)                      # "200,512" ns
+    assert dec["ncu_time_us"] == pytest.approx(200.512)                  # "200,512" ns
     assert dec["dram_read_mb"] == pytest.approx(537.311232)              # "537,311,232" byte
     tb_s = (537_311_232 + 3_209_984) / 200.512e-6 / 1e12
     assert dec["dram_tb_s"] == pytest.approx(tb_s)
-    assert dec["pct_peak_dram"] == pytest.approx(100 * tb_s / 4.0)
-    assert dec["dram_pct"] == pytest.approx(56.03)
+    assert dec["dram_kind"] == "read"                                    # 0.6% of its bytes are writes
+    assert dec["dram_pct"] == pytest.approx(100 * tb_s / 3.9)           # against the READ ceiling
+    assert dec["dram_sol_pct"] == pytest.approx(56.03)                   # ncu's own % of its theoretical peak
     assert dec["limiter"].startswith("registers")
 
 
@@ -36,8 +37,8 @@ def test_default_clock_control_slows_the_same_kernels(fixture_path):
     base = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-base.csv")))
     none = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")))
     assert list(base["kernel"]) == list(none["kernel"])
-    assert (base["time_us"] > none["time_us"]).all()
-    assert base["time_us"].iloc[0] > 1.2 * none["time_us"].iloc[0]      # decode: 254 vs 200.5 us
+    assert (base["ncu_time_us"] > none["ncu_time_us"]).all()
+    assert base["ncu_time_us"].iloc[0] > 1.2 * none["ncu_time_us"].iloc[0]      # decode: 254 vs 200.5 us
 
 
 def test_full_set_summary_has_hardware_story(fixture_path):
@@ -47,8 +48,9 @@ def test_full_set_summary_has_hardware_story(fixture_path):
     by = {r["kernel"]: r for r in s.to_dict("records")}
     prefill, decode = by["BatchPrefillWithPagedKVCacheKernel"], by["BatchDecodeWithPagedKVCacheKernel"]
     assert prefill["tensor_pct"] > 30 > decode["tensor_pct"]          # FA2 prefill uses the tensor pipe
-    assert decode["dram_pct"] == pytest.approx(56.57)                   # from gpu__dram_throughput in --set full
-    assert prefill["limiter"] == "registers+shared_mem (2 blocks/SM)"
+    assert decode["dram_sol_pct"] == pytest.approx(56.57)               # from gpu__dram_throughput in --set full
+    assert prefill["limiter"] == "registers+shared_mem (2 CTAs/SM)" and prefill["ctas_per_sm"] == 2
+    assert prefill["warps_per_cta"] == 4 and prefill["regs_per_thread"] > 100 and prefill["smem_kb_per_cta"] > 30
     assert by["RMSNormKernel"]["occupancy_pct"] == pytest.approx(91.10)
     for r in s.to_dict("records"):
         shares = [v for k, v in r.items() if k.startswith("stall_") and not (isinstance(v, float) and math.isnan(v))]
@@ -87,7 +89,7 @@ def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
         assert got == pytest.approx(ref, abs=tol), col
         compared += 1
     assert compared >= 50
-    assert ncu.summarize(df)["time_us"].iloc[0] == pytest.approx(
+    assert ncu.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(
         action.metric_by_name("gpu__time_duration.sum").as_double() / 1e3)
 
 
@@ -134,7 +136,7 @@ def test_usecond_units_are_converted(fixture_path):
     df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
     df["gpu__time_duration.sum"] = df["gpu__time_duration.sum"] / 1e3
     df.attrs["units"]["gpu__time_duration.sum"] = "usecond"
-    assert ncu.summarize(df)["time_us"].iloc[0] == pytest.approx(200.512)
+    assert ncu.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(200.512)
 
 
 def test_marker_points_split_launches(fixture_path):
@@ -195,8 +197,8 @@ def test_a_missing_time_metric_is_named(fixture_path):
 def test_bound_reads_the_stalls_not_only_sm_vs_dram(fixture_path):
     rows = {r["kernel"]: r for r in ncu.summarize(ncu.read_raw(fixture_path(FULL))).to_dict("records")}
     norm = rows["RMSNormKernel"]
-    # SM 62% > DRAM 55%, but the warps wait on memory: not compute-bound
-    assert norm["sm_pct"] > norm["dram_pct"] and ncu.top_stall(norm) == "long_scoreboard"
+    # SM 62% > DRAM 55% (ncu's speed-of-light figures), but the warps wait on memory: not compute-bound
+    assert norm["sm_pct"] > norm["dram_sol_pct"] and ncu.top_stall(norm) == "long_scoreboard"
     assert ncu.bound(norm) == "memory-latency-bound"
     assert "long_scoreboard" in ncu.bound_why(norm) and "global/local memory load" in ncu.bound_why(norm)
     assert ncu.bound(rows["BatchPrefillWithPagedKVCacheKernel"]) == "compute-bound (tensor cores)"

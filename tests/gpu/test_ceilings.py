@@ -4,7 +4,7 @@ Measures the quick set (common.ceilings.measure_ceilings, into a private cache: 
 alone) and checks:
   (a) every probe (each DRAM probe, each GEMM shape, each all-reduce size) is positive and below 1.3x
       the datasheet figure it sits beside;
-  (b) each DRAM ceiling (read, write, copy) is at least every probe of its kind;
+  (b) each DRAM ceiling (read, mixed, copy, write) is at least every probe of its kind;
   (c) a plain torch bf16 GEMM of 8192^3 (a @ b and a @ b.T) timed on its own does not beat the bf16
       ceiling by more than 2%;
   (d) a plain torch x.sum() over 2 GiB timed on its own does not beat the DRAM read ceiling by more than 2%;
@@ -76,7 +76,7 @@ def test_dram_ceiling_is_the_best_probe(cset):
         assert d["tb_s"] >= p["tb_s"], p["name"]
         assert d["kinds"][p["kind"]]["tb_s"] >= p["tb_s"], p["name"]
     assert d["tb_s"] == max(p["tb_s"] for p in d["probes"])
-    assert set(d["kinds"]) == {"read", "write", "copy"}
+    assert set(d["kinds"]) == {"read", "mixed", "copy", "write"}
     assert cset["bf16"]["tflops"] == max(s["tflops"] for s in cset["bf16"]["shapes"])
 
 
