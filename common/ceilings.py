@@ -272,6 +272,13 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
     return out
 
 
+def complete(pk: dict) -> dict:
+    """A recorded ceilings dict (a run keeps only some keys) with what the datasheet row of its GPU adds: the L2
+    size and the SM count (hardware facts, not ceilings). The recorded values are kept."""
+    spec = device_spec(pk.get("gpu")) or {}
+    return {**pk, "l2_mb": pk.get("l2_mb") or spec.get("l2_mb"), "sm_count": pk.get("sm_count") or spec.get("sms")}
+
+
 def dram_kind(read_bytes, write_bytes) -> str:
     """'read', 'mixed', 'copy' or 'write': the kind of DRAM traffic a kernel makes, from the share of its bytes
     that are writes (KIND_BY_WRITE_SHARE), which picks its ceiling. Unknown bytes -> 'copy'."""
@@ -394,6 +401,8 @@ def ceiling_text(pk: dict, key: str = "dram_tb_s", short: bool = False) -> str:
     """The denominator of a % column, named: 'the measured DRAM read ceiling 4.62 TB/s (fastest read probe: ...)
     of NVIDIA H200' (``short``: without the method and the GPU, for a title that names the GPU already)."""
     unit, what = _WHAT.get(key, ("", key))
+    if key in DRAM_KEYS.values() and not pk.get(key) and pk.get("dram_tb_s"):
+        key, what = "dram_tb_s", "DRAM (one ceiling: measured before read, write and copy were kept apart)"
     src = (pk.get("sources") or {}).get(key) or pk.get("source") or "?"
     how = (pk.get("method") or {}).get(key)
     val = pk.get(key)

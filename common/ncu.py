@@ -102,10 +102,11 @@ def with_marker(kernel_regex: str) -> str:
 
 
 def split_points(df):
-    """Add a ``point`` column (0-based, by markers seen so far) and drop the marker rows."""
-    is_mark = df["Kernel Name"].str.contains(MARKER_KERNEL, regex=False)
-    point = is_mark.cumsum() - 1
-    out = df.assign(point=point.to_numpy())[~is_mark.to_numpy()].reset_index(drop=True)
+    """Add a ``point`` column (0-based, by markers seen so far; common.trace.split_at_marker) and drop the
+    marker rows."""
+    from .trace import split_at_marker
+    point, is_mark = split_at_marker(df["Kernel Name"], MARKER_KERNEL)
+    out = df.assign(point=point)[[not m for m in is_mark]].reset_index(drop=True)
     out.attrs = df.attrs
     return out
 

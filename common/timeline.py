@@ -1,6 +1,6 @@
 """One joined timeline per story: scheduler steps -> layers -> kernels -> hardware counters.
 
-    kt = step_kernels(ev, step=r"^step\\[", outer=r"^scheduler\\.run_batch$", parse=parse_step)
+    kt = layered(trace.step_kernels(ev, r"^step\\[", outer=r"^scheduler\\.run_batch$", parse=parse_step))
     kt = add_work(kt, cfg, steps, ceilings)            # FLOPs / formula bytes by role -> TFLOP/s, effective TB/s
     kt, info = attach_counters(kt, ncu_rows, windows, ceilings)  # Nsight Compute counters on every kernel of a step kind
     tree = layer_tree(kt, step=0)                       # one layer + the once-per-step kernels, shares of the step
@@ -10,10 +10,10 @@ The kernel table ``kt`` has one row per GPU kernel of a traced step; its columns
 common.kernels (trace, layers, work, counters, joined), plus the fields ``parse`` returns for a step
 name (mode, bs, toks ...).
 
-How the pieces are joined (each join is one function here, shared by the three systems):
-  * kernels -> steps: common.trace.kernels_in_ranges (correlation id, same process and thread; graph
-    replays included). With ``outer`` the step is the outer range (e.g. SGLang's scheduler.run_batch,
-    which also holds the sampling kernels) named after the step range inside it.
+How the pieces are joined (each join is one function, shared by the three systems):
+  * kernels -> steps: common.trace.step_kernels (the one join; correlation id, same process and thread;
+    graph replays included; an enclosing ``outer`` range such as SGLang's scheduler.run_batch, which also
+    holds the sampling kernels, gives the step its kernels).
   * kernels -> layers: common.trace.assign_layers (the repeating unit of the step's kernel names).
   * kernels -> counters: Nsight Compute profiles a few windows (one step each, usually of a model cut to
     2 layers of unchanged shapes); each window is aligned kernel by kernel with a traced step of the same
@@ -29,59 +29,38 @@ import math
 import re
 from pathlib import Path
 
-from .trace import TraceError, assign_layers, kernel_class, kernels_in_ranges
+from .trace import TraceError, assign_layers, kernel_class
 
 from . import kernels
 
 GEMM_ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-COUNTER_COLUMNS = tuple(kernels.names("counters")) + ("grid", "block")     # what attach_counters copies
+COUNTER_COLUMNS = tuple(kernels.names("counters"))     # what attach_counters copies (+ ncu's grid and block)
 STREAM_FACTOR = kernels.STREAM_FACTOR    # weights of the step >= 4x the L2: a GEMM's formula bytes come from DRAM
 
 
 # ------------------------------------------------------------------ kernels of each step
 
-def step_kernels(ev, step: str, outer: str | None = None, parse=None, layers: int | None = None):
-    """The kernel table of every traced step (see the module docstring).
-
-    ``step``: regex of the step ranges (their names carry the step's description); ``outer``: regex of
-    a range that encloses each step and more of its kernels (optional); ``parse(name) -> dict``: fields
-    of a step name; ``layers``: the model's layer count (checked by assign_layers when given).
-    """
+def layered(kt, layers: int | None = None):
+    """Layers, positions, segments and roles of the kernels of a common.trace.step_kernels table (the one join
+    of kernels to steps): per step, assign_layers finds the repeating unit of its kernel names (CUDA-graph
+    replays included); ``layers``: the model's layer count (checked when given; a step that is not one whole
+    forward gets no layers). Returns the table with layer, pos, segment and role (common.kernels LAYERS)."""
     import pandas as pd
-    steps = ev[(ev["kind"] == "user_annotation") & ev["name"].str.contains(step)].sort_values("ts_us")
-    if steps.empty:
-        raise TraceError(f"no step range matches {step!r}")
-    if outer:
-        j = kernels_in_ranges(ev, outer, empty_rows=False)
-        names = {}
-        for key, g in j.groupby(["range", "range_index"], sort=False):
-            lo, hi = g["range_ts_us"].iloc[0], g["range_end_us"].iloc[0]
-            inside = steps[(steps["ts_us"] >= lo) & (steps["end_us"] <= hi)]
-            if len(inside):
-                names[key] = inside["name"].iloc[0]
-        j = j[[names.get((r, i)) is not None for r, i in zip(j["range"], j["range_index"])]].copy()
-        j["step_name"] = [names[(r, i)] for r, i in zip(j["range"], j["range_index"])]
-        j["step_key"] = list(zip(j["range"], j["range_index"]))
-    else:
-        j = kernels_in_ranges(ev, step, empty_rows=False)
-        j["step_name"] = j["range"]
-        j["step_key"] = list(zip(j["range"], j["range_index"]))
-    j = j[j["gpu_kind"] == "kernel"]
-    order = {k: n for n, k in enumerate(sorted(set(j["step_key"]), key=lambda k: j[j["step_key"] == k]["range_ts_us"].iloc[0]))}
-    j = j.assign(step=[order[k] for k in j["step_key"]]).sort_values(["step", "ts_us"], kind="stable")
-    rows = []
-    for s, g in j.groupby("step", sort=True):
+    parts = []
+    for _s, g in kt.groupby("step", sort=True):
+        g = g.sort_values("ts_us", kind="stable").copy()
         names_ = g["kernel"].tolist()
         try:
             lay = assign_layers(names_, layers=layers)
         except TraceError:
             lay = [None] * len(names_)
-        meta = parse(g["step_name"].iloc[0]) if parse else {}
-        for n, (r, layer, role, pos, seg) in enumerate(zip(g.itertuples(), lay, *_roles(names_, lay))):
-            rows.append({"step": s, "step_name": r.step_name, **(meta or {}), "order": n, "kernel": r.kernel,
-                         "cls": kernel_class(r.kernel), "ts_us": r.ts_us, "dur_us": r.dur_us, "end_us": r.end_us,
-                         "stream": r.stream, "layer": layer, "pos": pos, "segment": seg, "role": role})
-    return pd.DataFrame(rows)
+        roles, pos, seg = _roles(names_, lay)
+        g["order"] = range(len(g))
+        g["layer"], g["pos"], g["segment"], g["role"] = lay, pos, seg, roles
+        parts.append(g)
+    out = pd.concat(parts, ignore_index=True) if parts else kt.assign(layer=None, pos=None, segment=None, role=None)
+    out.attrs = dict(kt.attrs)
+    return out
 
 
 def _roles(names: list, layers: list):
@@ -201,7 +180,7 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
     where info has one row per window: kernels expected / profiled / matched by name.
     """
     kt = kt.copy()
-    for c in COUNTER_COLUMNS + ("ncu_window",):
+    for c in COUNTER_COLUMNS + ("ncu_window", "ncu_grid", "ncu_block"):
         kt[c] = None
     rows = ncu_rows.to_dict("records")
     ncu_names = [r["kernel"] for r in rows]
@@ -240,6 +219,7 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
             kt.at[idx, "ncu_window"] = w["name"]
             for col in COUNTER_COLUMNS:
                 kt.at[idx, col] = c.get(col)
+            kt.at[idx, "ncu_grid"], kt.at[idx, "ncu_block"] = c.get("grid"), c.get("block")
         info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied})
     return kernels.joined(kt, ceilings), info
 

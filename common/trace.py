@@ -4,7 +4,10 @@
     k = kernels(ev)                               # GPU kernels only, in time order
     kernel_summary(k)                             # per kernel name: count, total, mean, share
     j = kernels_in_ranges(ev, r"^step\\[")       # every kernel launched inside each matching range
-    range_summary(j)                              # one row per range: GPU span, kernels, top 3
+    kt = step_kernels(ev, r"^step\\[", outer=r"^scheduler\\.run_batch$", parse=...)   # the kernels of each step
+    step_summary(kt)                              # one row per step: GPU span, kernels, time per class, top 3
+    calls_in_ranges(ev, r"^step\\[", r"^cudaGraphLaunch$")   # CPU calls (or nested ranges) inside each range
+    split_at_marker(names, "spin_kernel")         # sweep points between marker kernels
     capture_calls(torch, [("decode b=32", fn)], "trace.json")   # labelled calls under torch.profiler
     assign_layers(list(step_kernels["kernel"]))   # layer index of each kernel of a forward (graphs too)
     kernel_class(name)                            # gemm / attention / norm / rope / kv_store / ...
@@ -200,22 +203,113 @@ def kernels_in_ranges(ev, pattern: str, kinds=("user_annotation",), gpu_kinds=("
     return pd.DataFrame(rows, columns=JOIN_COLUMNS)
 
 
-def range_summary(joined, by: str = "range_index"):
-    """One row per range of a kernels_in_ranges() table: name, start, GPU span (first kernel start to
-    last kernel end), kernels, kernel_us (sum of kernel durations), busy_pct, top (top 3 kernels)."""
+def calls_in_ranges(ev, pattern: str, call: str, kinds=("user_annotation",), inner=("runtime",)) -> list[tuple[str, int]]:
+    """(range name, how many events of kind ``inner`` named like ``call`` start inside it, on the same process
+    and thread) for each range matching ``pattern``, in time order: the cudaEventSynchronize of an attention
+    backend's plan in a step, the cudaGraphLaunch of a graph replay, or (inner=("user_annotation",)) the
+    Layer_i ranges inside a step. The CPU-side twin of kernels_in_ranges (which joins GPU work by correlation)."""
+    rng = ev[ev["kind"].isin(kinds) & ev["name"].str.contains(pattern)].sort_values("ts_us", kind="stable")
+    calls = ev[ev["kind"].isin(inner) & ev["name"].str.contains(call)]
+    return [(r.name, int(((calls["pid"] == r.pid) & (calls["tid"] == r.tid) & (calls["ts_us"] >= r.ts_us)
+                          & (calls["ts_us"] <= r.end_us)).sum())) for r in rng.itertuples()]
+
+
+def split_at_marker(names, marker: str) -> tuple[list[int], list[bool]]:
+    """Sweep points of a profiled run: a marker kernel (common.ncu.MARKER_KERNEL, or any name) opens each point.
+    Returns (point index of every row, 0-based by markers seen so far, -1 before the first; whether the row is
+    a marker). The one marker split, for ncu rows (common.ncu.split_points) and traced kernels alike."""
+    point, pts, is_mark = -1, [], []
+    for n in names:
+        m = marker in str(n)
+        point += m
+        pts.append(point)
+        is_mark.append(m)
+    return pts, is_mark
+
+
+# ------------------------------------------------------------------ steps: the kernels of each forward step
+
+STEP_COLUMNS = ["step", "step_name", "order", "kernel", "full_name", "cls", "ts_us", "dur_us", "end_us", "stream",
+                "grid", "block", "how"]
+
+
+def step_ranges(ev, step: str, parse=None) -> list[dict]:
+    """Every range matching ``step`` in time order, as dicts: step (its index), name, ts_us, cpu_us (the range on
+    the CPU), pid, tid and the fields ``parse(name)`` returns (a step whose name ``parse`` rejects with None is
+    left out). Raises TraceError when none matches."""
+    ua = ev[(ev["kind"] == "user_annotation") & ev["name"].str.contains(step)].sort_values("ts_us", kind="stable")
+    if ua.empty:
+        raise TraceError(f"no step range matches {step!r}: was the trace written by the system's profiler "
+                         "(SGLang /start_profile, a script's capture)?")
+    out = []
+    for r in ua.itertuples():
+        meta = parse(r.name) if parse else {}
+        if meta is None:
+            continue
+        out.append({"step": len(out), "name": r.name, "ts_us": r.ts_us, "end_us": r.end_us, "cpu_us": r.dur_us,
+                    "pid": r.pid, "tid": r.tid, **meta})
+    return out
+
+
+def step_kernels(ev, step: str, outer: str | None = None, parse=None):
+    """The kernels of every step of a trace: the one place kernels are matched to a step.
+
+    A step is a range matching ``step`` (e.g. SGLang's ``step[DECODE bs=32]``, mini-SGLang's ``step[...]``);
+    its kernels are those of the range matching ``outer`` that encloses it on the same thread when there is one
+    (SGLang's ``scheduler.run_batch``, which also holds the sampling kernels launched after the step range
+    closes: ``how`` = "outer"), else those of the step range itself (``how`` = "step"). The join under both is
+    kernels_in_ranges (correlation ids; CUDA-graph replays included). ``parse(name) -> dict`` adds a step's
+    fields (mode, bs, toks...) to each of its rows. Returns the kernel table (STEP_COLUMNS + the parsed fields),
+    one row per kernel in start order within each step; ``.attrs["steps"]`` holds every step range
+    (step_ranges), those without kernels too.
+    """
     import pandas as pd
+    ranges = step_ranges(ev, step, parse)
+    ua = ev[ev["kind"] == "user_annotation"]
+    outers = ua[ua["name"].str.contains(outer)] if outer else ua.iloc[0:0]
+    joins = {"step": kernels_in_ranges(ev, step, empty_rows=False)}
+    if len(outers):
+        joins["outer"] = kernels_in_ranges(ev, outer, empty_rows=False)
     rows = []
-    for (name, i), g in joined.groupby(["range", by], sort=False):
-        kk = g[g["gpu_kind"] == "kernel"]
-        span = float(kk["end_us"].max() - kk["ts_us"].min()) if len(kk) else 0.0
-        top = kk.groupby("kernel")["dur_us"].sum().sort_values(ascending=False).head(3)
-        rows.append({"range": name, by: i, "start_us": float(g["range_ts_us"].iloc[0]),
-                     "cpu_us": float(g["range_end_us"].iloc[0] - g["range_ts_us"].iloc[0]),
-                     "gpu_start_us": float(kk["ts_us"].min()) if len(kk) else math.nan, "gpu_span_us": span,
-                     "kernels": int(len(kk)), "kernel_us": float(kk["dur_us"].sum()),
-                     "busy_pct": 100 * float(kk["dur_us"].sum()) / span if span else math.nan,
-                     "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
-    return pd.DataFrame(rows)
+    for st in ranges:
+        around = outers[(outers["ts_us"] <= st["ts_us"]) & (outers["end_us"] >= st["end_us"]) &
+                        (outers["tid"] == st["tid"]) & (outers["pid"] == st["pid"])]
+        how = "outer" if len(around) else "step"
+        name = around["name"].iloc[0] if len(around) else st["name"]
+        start = around["ts_us"].iloc[0] if len(around) else st["ts_us"]
+        j = joins[how]
+        inside = j[(j["range"] == name) & (j["range_ts_us"] == start) & (j["gpu_kind"] == "kernel")]
+        meta = {k: v for k, v in st.items() if k not in ("step", "name", "ts_us", "end_us", "cpu_us", "pid", "tid")}
+        for n, r in enumerate(inside.sort_values("ts_us", kind="stable").itertuples()):
+            rows.append({"step": st["step"], "step_name": st["name"], **meta, "order": n, "kernel": r.kernel,
+                         "full_name": r.full_name, "cls": kernel_class(r.kernel), "ts_us": r.ts_us, "dur_us": r.dur_us,
+                         "end_us": r.end_us, "stream": r.stream, "grid": r.grid, "block": r.block, "how": how})
+        st["how"] = how
+    kt = pd.DataFrame(rows)
+    if kt.empty:
+        kt = pd.DataFrame(columns=STEP_COLUMNS)
+    kt.attrs["steps"] = ranges
+    return kt
+
+
+def step_summary(kt, ranges: list[dict] | None = None) -> list[dict]:
+    """One row per step of a step_kernels() table (``ranges``: its ``.attrs["steps"]``, so steps without a
+    kernel get a row too): the step's fields, name, start_us (its first kernel, GPU clock), dur_us (GPU span:
+    first kernel start to last kernel end), cpu_us (the step range on the CPU), kernels, kernel_us,
+    ``<class>_us`` per kernel class, how (outer | step) and top (its 3 largest kernels)."""
+    ranges = ranges if ranges is not None else kt.attrs.get("steps", [])
+    out = []
+    for st in ranges:
+        g = kt[kt["step"] == st["step"]] if len(kt) else kt
+        meta = {k: v for k, v in st.items() if k not in ("step", "name", "ts_us", "end_us", "cpu_us", "pid", "tid", "how")}
+        by_cls = g.groupby("cls")["dur_us"].sum() if len(g) else {}
+        top = g.groupby("kernel")["dur_us"].sum().sort_values(ascending=False).head(3) if len(g) else {}
+        out.append({**meta, "name": st["name"], "start_us": float(g["ts_us"].min()) if len(g) else float(st["ts_us"]),
+                    "dur_us": float(g["end_us"].max() - g["ts_us"].min()) if len(g) else 0.0,
+                    "cpu_us": float(st["cpu_us"]), "kernels": int(len(g)), "kernel_us": float(g["dur_us"].sum()) if len(g) else 0.0,
+                    **{f"{c}_us": float(v) for c, v in dict(by_cls).items()}, "how": st.get("how", "step"),
+                    "top": "; ".join(f"{n} {v:.0f}us" for n, v in dict(top).items())})
+    return out
 
 
 def capture_calls(torch, calls, path, reps: int = 3, warm: bool = True) -> Path:

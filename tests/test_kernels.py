@@ -64,8 +64,9 @@ def test_hopper_gemm_reads_as_one_cta_per_sm_by_design(fixture_path):
     j = kernels.joined(__import__("pandas").DataFrame([{**gemv, "dur_us": 16.0}]), H100).iloc[0]
     assert j["one_cta_per_sm"] and j["ncu_ratio"] == pytest.approx(gemv["ncu_time_us"] / 16.0)
     label, kids = kernels.node(j.to_dict())
-    text = story.tree("", [(label, kids)])
+    text = " · ".join(k for k, _ in kids)
     assert "one CTA per SM by design" in text and "168 regs/thread" in text and "12.0 warps/CTA" in text
+    assert all(len(line) <= story.WIDTH for line in story.tree("", [(label, kids)]).splitlines())   # wrapped
 
 
 def test_stalls_on_a_saturated_pipe_are_not_called_a_bottleneck():

@@ -301,7 +301,7 @@ def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, mo
         pass
     got = results.load_summary(run.final_dir)["provenance"]["ceilings"]
     assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
-                   "dram_copy_tb_s": 4.4, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
+                   "dram_copy_tb_s": 4.4, "dram_mixed_tb_s": None, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
                    "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x"}
     # a re-analysis keeps the recording's denominators, not this machine's
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})

@@ -179,22 +179,21 @@ def test_latency_summary_uses_the_common_percentiles():
     assert sg.latency_summary([{"error": "x"}])["failed"] == 1
 
 
-# ------------------------------------------------------------------ traces: steps through common.trace.kernels_in_ranges
+# ------------------------------------------------------------------ traces: steps through common.trace.step_kernels
 
 def test_steps_from_the_server_trace_use_the_run_batch_range(fixture_path):
     ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
-    rows = []
-    steps = sg.steps_from_trace(ev, rows)
+    kt, steps = sg.steps(ev)
     assert [(s["mode"], s["bs"], s["toks"]) for s in steps] == [("EXTEND", 1, 11)]
     s = steps[0]
-    assert s["how"] == "run_batch" and s["kernels"] == len(rows) > 150 and s["cpu_us"] > 0
-    assert s["gemm_us"] > s["attention_us"] > 0 and s["kernel_us"] == pytest.approx(sum(r["dur_us"] for r in rows))
-    assert {r["class"] for r in rows} >= {"gemm", "attention", "norm", "rope", "activation", "kv_store"}
+    assert s["how"] == "outer" and s["kernels"] == len(kt) > 150 and s["cpu_us"] > 0
+    assert s["gemm_us"] > s["attention_us"] > 0 and s["kernel_us"] == pytest.approx(kt["dur_us"].sum())
+    assert set(kt["cls"]) >= {"gemm", "attention", "norm", "rope", "activation", "kv_store"}
     # the same join as common.trace.kernels_in_ranges on the outer range
     j = trace.kernels_in_ranges(ev, r"^scheduler\.run_batch$", empty_rows=False)
     assert s["kernels"] == int((j["gpu_kind"] == "kernel").sum())
     # without the outer range the step's own range is joined
-    inner = sg.steps_from_trace(ev[ev["name"] != "scheduler.run_batch"])
+    _, inner = sg.steps(ev[ev["name"] != "scheduler.run_batch"])
     assert inner[0]["how"] == "step" and inner[0]["kernels"] <= s["kernels"] and inner[0]["gemm_us"] > 0
     assert sg.parse_step_name("step[DECODE bs=32]") == {"mode": "DECODE", "bs": 32, "toks": None}
     assert sg.parse_step_name("scheduler.run_batch") is None
@@ -204,10 +203,10 @@ def test_steps_with_cuda_graph_replays(fixture_path):
     """CUDA graphs on: the decode step is one graph replay whose kernels share its cudaGraphLaunch's
     correlation id; the sampling kernels sit in scheduler.run_batch after the step range closes."""
     ev = trace.read_chrome_trace(fixture_path(GRAPHS))
-    rows = []
-    steps = sg.steps_from_trace(ev, rows)
-    assert [(s["mode"], s["bs"], s["toks"], s["how"]) for s in steps] == [("EXTEND", 1, 512, "run_batch"),
-                                                                          ("DECODE", 1, None, "run_batch")]
+    kt, steps = sg.steps(ev)
+    rows = kt.to_dict("records")
+    assert [(s["mode"], s["bs"], s["toks"], s["how"]) for s in steps] == [("EXTEND", 1, 512, "outer"),
+                                                                          ("DECODE", 1, None, "outer")]
     pre, dec = steps
     assert (pre["kernels"], dec["kernels"]) == (382, 431)      # every kernel of each run_batch, graphs included
     inner = trace.kernels_in_ranges(ev, r"^step\[DECODE", empty_rows=False)
@@ -222,15 +221,15 @@ def test_steps_with_cuda_graph_replays(fixture_path):
 def test_steps_from_a_trace_without_steps_is_a_clear_error(fixture_path):
     ev = trace.read_chrome_trace(fixture_path("torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json"))
     with pytest.raises(trace.TraceError, match="no step"):
-        sg.steps_from_trace(ev)
+        sg.steps(ev)
 
 
 @pytest.mark.parametrize("name", ["torch_trace_sglang_extend_step_h200_cut.json",
                                   "torch_trace_sglang_extend_step_h200_cut160.json"])
 def test_steps_on_the_other_sglang_fixtures(fixture_path, name):
     ev = trace.read_chrome_trace(fixture_path(name))
-    (s,) = sg.steps_from_trace(ev)
-    assert (s["mode"], s["toks"], s["how"]) == ("EXTEND", 11, "run_batch") and s["kernels"] > 0
+    _, (s,) = sg.steps(ev)
+    assert (s["mode"], s["toks"], s["how"]) == ("EXTEND", 11, "outer") and s["kernels"] > 0
     assert s["kernels"] == int((trace.kernels_in_ranges(ev, r"^scheduler\.run_batch$", empty_rows=False)["gpu_kind"]
                                 == "kernel").sum())
 

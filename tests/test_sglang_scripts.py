@@ -214,7 +214,7 @@ def test_linear_fit_and_rise():
 
 def test_class_table_and_request_figures_on_the_graph_trace(fixture_path):
     m = load("01_baseline_perf.py")
-    steps = sg.steps_from_trace(trace.read_chrome_trace(fixture_path("sglang_story_trace_graphs_llama8b_h200_cut.json.gz")))
+    _, steps = sg.steps(trace.read_chrome_trace(fixture_path("sglang_story_trace_graphs_llama8b_h200_cut.json.gz")))
     table = m.class_table(steps)
     assert table[0]["class"] == "gemm" and sum(r["prefill_pct"] for r in table) == pytest.approx(100.0)
     assert sum(r["decode_pct"] for r in table) == pytest.approx(100.0)
@@ -388,6 +388,7 @@ def test_ncu_story_says_what_the_wait_stall_means(fixture_path):
     s = s[s["kernel"].str.contains("Prefill")].head(4).copy()
     s.insert(0, "backend", "flashinfer")
     s.insert(1, "stage", "prefill")
+    s["shape"] = "prefill 512 tok"
     s["graphs"] = "CUDA graphs: prefill on, decode on — SGLang's defaults"
     text = m.tell(s, {"gpu": "NVIDIA H200", "dram_tb_s": 4.5, "bf16_tflops": 800.0}, 2)
     tops = {ncu.top_stall(r) for r in s.to_dict("records")} - {""}

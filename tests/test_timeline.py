@@ -31,7 +31,7 @@ def kt(request):
     from pathlib import Path
     fx = Path(__file__).parent / "fixtures"
     ev = trace.read_chrome_trace(fx / TRACE)
-    return timeline.step_kernels(ev, r"^step\[", outer=r"^scheduler\.run_batch$", parse=parse, layers=32)
+    return timeline.layered(trace.step_kernels(ev, r"^step\[", outer=r"^scheduler\.run_batch$", parse=parse), layers=32)
 
 
 @pytest.fixture(scope="module")

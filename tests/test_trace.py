@@ -98,8 +98,8 @@ def test_join_on_a_real_sglang_step_counts_what_the_step_launched(fixture_path):
     kern = j[j["gpu_kind"] == "kernel"]
     assert len(kern) == len(trace.kernels(ev)) - 3          # 3 kernels were launched before the range began
     assert (j["gpu_kind"] == "memcpy").sum() == 12
-    s = trace.range_summary(j).iloc[0]
-    assert s["kernels"] == len(kern) and 0 < s["busy_pct"] <= 100 and s["gpu_span_us"] > s["kernel_us"] * 0.5
+    (s,) = trace.step_summary(trace.step_kernels(ev, r"^step\["))
+    assert s["kernels"] == len(kern) and s["dur_us"] > s["kernel_us"] * 0.5 and s["how"] == "step"
     classes = {trace.kernel_class(n) for n in kern["kernel"]}
     assert {"gemm", "attention", "norm", "rope", "activation", "kv_store"} <= classes
 
@@ -137,3 +137,42 @@ def test_kernel_classes_on_real_names(fixture_path):
     assert trace.kernel_class("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "allreduce"
     assert trace.kernel_class("_fwd_grouped_kernel_stage1") == "attention"
     assert trace.kernel_class("somethingUnknown") == "other"
+
+
+# ------------------------------------------------------------------ the one join: same rows as before
+
+def _close(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return (a is None and b != b) or (b is None and a != a) or a == pytest.approx(b, rel=1e-9, abs=1e-9)
+    return a == b
+
+
+@pytest.mark.parametrize("name", ["sglang_server_trace_llama8b_h200_cut.json", "torch_trace_sglang_extend_step_h200_cut.json",
+                                  "torch_trace_sglang_extend_step_h200_cut160.json",
+                                  "sglang_story_trace_graphs_llama8b_h200_cut.json.gz",
+                                  "sglang_trace_one_text_request_h100.json.gz"])
+def test_step_join_gives_the_rows_of_the_helpers_it_replaced(fixture_path, name):
+    """trace.step_kernels + step_summary (the one join) against what _sglang.steps_from_trace returned at 41c0fd1,
+    before it was removed (tests/fixtures/expected_sglang_steps_41c0fd1.json.gz): the same steps, the same
+    kernels in the same order, the same times."""
+    import gzip
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sglang" / "scripts"))
+    import _sglang as sg
+    want = json.load(gzip.open(fixture_path("expected_sglang_steps_41c0fd1.json.gz")))["traces"][name]
+    kt = trace.step_kernels(trace.read_chrome_trace(fixture_path(name)), sg.STEP_RANGE, outer=sg.OUTER_RANGE,
+                            parse=sg.parse_step_name)
+    got = trace.step_summary(kt)
+    assert len(got) == len(want["steps"])
+    for g, w in zip(got, want["steps"]):
+        w = {**w, "how": {"run_batch": "outer"}.get(w["how"], w["how"])}
+        assert set(w) <= set(g), set(w) - set(g)
+        for k in w:
+            assert _close(g[k], w[k]), (k, g[k], w[k])
+    rows = [{"step": r.step, "mode": r.mode, "bs": r.bs, "kernel": r.kernel, "class": r.cls, "dur_us": r.dur_us}
+            for r in kt.itertuples()]
+    assert len(rows) == len(want["kernels"])
+    for g, w in zip(rows, want["kernels"]):
+        assert all(_close(g[k], w[k]) for k in w), (g, w)

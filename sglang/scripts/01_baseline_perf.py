@@ -189,7 +189,7 @@ def one_request(srv, P, prof_dir, rep: int) -> dict:
     (tr, *_), res = srv.traced(prof_dir, lambda: srv.generate(
         text=sg.random_text(P["prompt"], 1 + rep), stream=True, sampling_params={**sg.GREEDY, "max_new_tokens": P["new"]}),
         num_steps=1 + min(P["new"] - 1, 32))
-    steps = sg.steps_from_trace(trace.read_chrome_trace(tr))
+    _kt, steps = sg.steps(trace.read_chrome_trace(tr))
     log_rows = sg.parse_batch_log(srv.log_since(mark))
     joined, info = sg.join_steps(steps, log_rows)
     return {"rep": rep, "result": res, "steps": steps, "joined": joined, "join": info, "log_rows": log_rows}
@@ -253,7 +253,7 @@ def steps_under_load(srv, P, prof_dir, run) -> tuple[list, dict]:
     srv.while_decoding(burst, lambda: srv.start_profile(prof_dir, num_steps=P["trace_steps"]), running=r"[2-9]|\d\d+",
                        stagger_s=0.02)
     srv.stop_profile()
-    st = sg.steps_from_trace(trace.read_chrome_trace(srv.wait_traces(prof_dir, before)[0]))
+    _kt, st = sg.steps(trace.read_chrome_trace(srv.wait_traces(prof_dir, before)[0]))
     joined, info = sg.join_steps(st, sg.parse_batch_log(srv.log_since(mark)))
     run.log(f"traced {len(st)} steps under load; joined to log lines: {info['matched']}/{info['of']}")
     return joined, info

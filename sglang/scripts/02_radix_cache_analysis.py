@@ -174,14 +174,13 @@ def kernel_switch(srv, prof_dir: Path, P, run) -> list[dict]:
             sent.extend([("cold", rep, send(srv, prefix + sg.random_ids(SUFFIX, 1))),
                          ("warm", rep, send(srv, prefix + sg.random_ids(SUFFIX, 2)))])
     (tr, *_), _ = srv.traced(prof_dir, pairs)
-    krows: list = []
-    steps = sg.steps_from_trace(trace.read_chrome_trace(tr), krows)
+    kt, steps = sg.steps(trace.read_chrome_trace(tr))
     idx = [i for i, s in enumerate(steps) if s["mode"] == "EXTEND"]
     if len(idx) != len(sent):
         raise RuntimeError(f"traced {len(idx)} prefill steps for {len(sent)} requests")
     out = []
     for (kind, rep, r), i in zip(sent, idx):
-        att = sorted({k["kernel"] for k in krows if k["step"] == i and k["class"] == "attention"})
+        att = sorted(set(kt[(kt["step"] == i) & (kt["cls"] == "attention")]["kernel"]))
         out.append({"kind": kind, "rep": rep, "cached_tokens": r["cached_tokens"], "attention_kernels": ";".join(att)})
         run.log(f"{kind} prefill rep {rep} (cached {r['cached_tokens']}): attention kernels {att}")
     return out

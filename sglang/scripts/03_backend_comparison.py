@@ -141,9 +141,9 @@ def prefill(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
             srv.flush_cache()
             srv.generate(input_ids=sg.random_ids(L, 777 + i), sampling_params={**sg.GREEDY, "max_new_tokens": 1})
     (tr, *_), _ = srv.traced(prof_dir / name, reps)
-    krows: list = []
-    ext = [s for s in sg.steps_from_trace(trace.read_chrome_trace(tr), krows) if s["mode"] == "EXTEND"]
-    kernels += [{"variant": name, "stage": "prefill", **k} for k in krows if k["mode"] == "EXTEND"]
+    kt, st = sg.steps(trace.read_chrome_trace(tr))
+    ext = [s for s in st if s["mode"] == "EXTEND"]
+    kernels += [{"variant": name, "stage": "prefill", **k} for k in kernel_rows(kt[kt["mode"] == "EXTEND"])]
     att_ms = [s.get("attention_us", 0) / 1e3 for s in ext]
     fl = flops.prefill_flops([L], [L], sh["hq"], sh["d"]) * sh["layers"]      # causal, every layer
     med = statistics.median(att_ms) if att_ms else float("nan")
@@ -154,6 +154,11 @@ def prefill(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
             "prefill_attention_pct_peak": 100 * tf / pk["bf16_tflops"] if tf else None, "_att_ms": att_ms}
 
 
+def kernel_rows(kt) -> list[dict]:
+    """The kernel table's rows this script keeps per kernel (kernels.csv): step, mode, bs, kernel, cls, dur_us."""
+    return kt[["step", "mode", "bs", "kernel", "cls", "dur_us"]].to_dict("records")
+
+
 def decode(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
     """A batch decoding together; P["decode_steps"] steps traced once all of it decodes."""
     B, Ld = P["decode_bs"], P["decode_len"]
@@ -162,11 +167,11 @@ def decode(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
             for i in range(B)]
     (files, _), res = srv.while_decoding(reqs, lambda: srv.traced(prof_dir / name, lambda: time.sleep(0.5),
                                                                   num_steps=P["decode_steps"]), running=B, stream=True)
-    krows: list = []
-    dec = [s for s in sg.steps_from_trace(trace.read_chrome_trace(files[0]), krows) if s["mode"] == "DECODE" and s["bs"] == B]
-    mine = [k for k in krows if k["mode"] == "DECODE" and k["bs"] == B]
+    kt, st = sg.steps(trace.read_chrome_trace(files[0]))
+    dec = [s for s in st if s["mode"] == "DECODE" and s["bs"] == B]
+    mine = kernel_rows(kt[(kt["mode"] == "DECODE") & (kt["bs"] == B)])
     kernels += [{"variant": name, "stage": "decode", **k} for k in mine]
-    att = [k for k in mine if k["class"] == "attention"]
+    att = [k for k in mine if k["cls"] == "attention"]
     steps = sorted({k["step"] for k in mine})
     per_step = [sum(1 for k in att if k["step"] == s) / sh["layers"] for s in steps]
     itl = [x * 1e3 for r in res if "error" not in r for x in r["client"]["itl_s"][2:]]
@@ -319,12 +324,12 @@ def kernel_tables(run, kernels, pd) -> None:
     if not len(kd):
         return
     steps = kd.groupby(["variant", "stage"])["step"].nunique().rename("steps")
-    kt = kd.groupby(["variant", "stage", "kernel", "class"])["dur_us"].agg(["count", "sum"]).reset_index()
+    kt = kd.groupby(["variant", "stage", "kernel", "cls"])["dur_us"].agg(["count", "sum"]).reset_index()
     kt = kt.join(steps, on=["variant", "stage"])
     kt["launches_per_step"] = kt["count"] / kt["steps"]
     kt["us_per_step"] = kt["sum"] / kt["steps"]
     kt = kt.drop(columns=["count", "sum"]).sort_values(["stage", "variant", "us_per_step"], ascending=[True, True, False])
-    sg.table(run, "kernels", kt[kt["class"] == "attention"])
+    sg.table(run, "kernels", kt[kt["cls"] == "attention"])
     sg.table(run, "kernels_all", kt)
 
 
@@ -362,7 +367,7 @@ def tell(rows, kernels, bar, model_dir, pk) -> str:
     items = []
     for r in rows:
         pre_k = ", ".join(sorted({k["kernel"] for k in kernels if k["variant"] == r["variant"] and k["stage"] == "prefill"
-                                  and k["class"] == "attention"})) or "-"
+                                  and k["cls"] == "attention"})) or "-"
         items.append((f"{r['variant']} (server start {r['start_s']:.0f} s; {r['graphs']})", [
             (f"prefill {r['prefill_len']} tok: TTFT {r['prefill_ttft_ms']:.1f} ms; attention {r['prefill_attention_ms']:.2f} "
              f"ms -> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_peak'])}% of "

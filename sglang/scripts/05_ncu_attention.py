@@ -16,8 +16,10 @@ What it measures
     By default the model keeps its real layer shapes but only --layers 2 layers
     (--json-model-override-args): attention kernels see exactly the shapes of the full model,
     and each step launches 2 per kernel instead of 32 (--layers 0 profiles the full model).
-    Per launch (common.ncu.summarize): time, DRAM bytes -> TB/s and % of the measured DRAM ceiling,
-    ncu's DRAM / SM / tensor-pipe %, achieved occupancy and its limiter, the top warp stalls with
+    Caches as the server left them (--cache-control none: the counters of the kernels as served).
+    Per launch (common.ncu.summarize, the counter columns of common.kernels): ncu's kernel time, DRAM bytes
+    -> TB/s and % of the measured DRAM ceiling of the same traffic (read for attention), L2 hit rate, SM /
+    tensor-pipe %, occupancy with registers, shared memory, warps and CTAs per SM, the top warp stalls with
     what each means (common.ncu.STALL_MEANING); prefill attention FLOPs (common.flops) -> TFLOP/s and
     % of the measured bf16 ceiling. Stage comes from the kernel name (FlashInfer ragged prefill vs
     paged decode; Triton extend vs split-KV decode). Every launch is one repetition of a verdict.
@@ -26,7 +28,7 @@ What the plan expected (hypotheses in H below, A100 figures as the sources)
     * Decode attention (batch 32, KV 4096) is memory-bound: DRAM ~82% of peak, tensor pipe ~15%,
       long-scoreboard the top stall.
     * Prefill attention sits near the ridge point with much higher tensor-pipe activity; occupancy
-      ~47%, limited by shared memory (the limiter is a name: observed, not judged).
+      ~47% (A100), limited by shared memory: judged on the achieved occupancy; the limiter is reported.
 
 Run
     python sglang/scripts/05_ncu_attention.py --quick                 # flashinfer, ~2 min (or 05_ncu_attention.sh)
@@ -48,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, ncu, story  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, story  # noqa: E402
 from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -71,7 +73,8 @@ PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 05"
 H = declare(f"""
     dram = decode-attention-memory-bound: decode attention (batch 32, KV 4096) is memory-bound: DRAM above ~70% of
             peak
-        judged on: ncu DRAM throughput % of the main decode attention kernel (per profiled launch)
+        judged on: DRAM bytes ncu counted over its kernel time, as % of the measured DRAM read ceiling, of the main
+            decode attention kernel (per profiled launch; the KV cache it reads is many times the L2)
         confirmed: [70, 100]%
         source: {PLAN}: 'DRAM above ~70% of peak (A100: 82%)'
     tensor = decode-attention-tensor-low: decode attention leaves the tensor pipe mostly idle
@@ -87,6 +90,10 @@ H = declare(f"""
         judged on: prefill tensor-pipe % / the decode kernel's median (per profiled prefill launch)
         confirmed: >= 2
         source: {PLAN}: 'much higher tensor-pipe activity' (A100: 35% vs 15%), judged as >= 2x
+    occ = prefill-occupancy: prefill attention keeps about half of the SM's warps active (A100: 47%)
+        judged on: achieved occupancy % of the prefill attention kernel (per profiled launch)
+        confirmed: [30, 65]%
+        source: {PLAN}: 'occupancy ~47%, limited by shared memory' (A100); the limiter is reported beside it
 """)
 
 
@@ -116,7 +123,7 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
     log_file = out_dir / "ncu_log.txt"
     wrapper = ncu.build_cmd([], log_file=log_file, kernel=KERNELS[backend][0], launch_count=args.launch_count,
                             metrics=None if args.section_set else "summary", section_set=args.section_set,
-                            extra=["--profile-from-start", "off", "--graph-profiling", "node"])
+                            cache_control="none", extra=["--profile-from-start", "off", "--graph-profiling", "node"])
     pool = Lp + B * (Lkv + DECODE_NEW + 16) + 4096
     fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, max_total_tokens=pool, log_level="info",
                          decode_log_interval=1,
@@ -145,14 +152,15 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
     # the server has exited; ncu printed its CSV into its log file (common.ncu.read_log)
     df = ncu.read_log(log_file, out_dir / "ncu.csv", extra_log=run.dir / f"server_{backend}.log",
                       what=f"{backend} attention kernels")
-    s = ncu.summarize(df, peaks=pk)
+    s = kernels.joined(ncu.summarize(df, peaks=pk), pk)
     if s.attrs.get("missing_metrics"):
         run.note(f"{backend}: ncu collected no {', '.join(s.attrs['missing_metrics'])}")
     s.insert(0, "backend", backend)
     s.insert(1, "stage", [stage_of(k, backend) for k in s["kernel"]])
     fl_one = flops.prefill_flops([Lp], [Lp], sh["hq"], sh["d"])          # one layer's causal prefill attention
-    s["tflop_s"] = [fl_one / (t * 1e-6) / 1e12 if st == "prefill" and t else None for st, t in zip(s["stage"], s["time_us"])]
-    s["pct_peak_tflops"] = [100 * x / pk["bf16_tflops"] if x else None for x in s["tflop_s"]]
+    s["tflop_s"] = [fl_one / (t * 1e-6) / 1e12 if st == "prefill" and t else None
+                    for st, t in zip(s["stage"], s["ncu_time_us"])]
+    s["pct_bf16_ceiling"] = [100 * x / pk["bf16_tflops"] if x else None for x in s["tflop_s"]]
     s["shape"] = [f"prefill {Lp} tok" if st == "prefill" else f"decode bs {B} kv {Lkv}" for st in s["stage"]]
     s["graphs"] = sg.graphs_text(fl)
     return s
@@ -166,37 +174,40 @@ def stall_lead(row) -> float:
     return ls / max(other, 1e-9) if ls or other else float("nan")
 
 
-def verdicts(run, s, args) -> None:
+def verdicts(run, s, args, pk) -> None:
     """On FlashInfer where present (the default backend here): every profiled launch is a repetition."""
     main_b = "flashinfer" if "flashinfer" in set(s["backend"]) else s["backend"].iloc[0]
     one = s[s["backend"] == main_b]
     dec = one[(one["stage"] == "decode") & one["kernel"].str.contains("Paged|_fwd_grouped|Decode")]
     if len(dec):     # the decode kernel with the most time: the one that reads the KV cache
-        dec = dec[dec["kernel"] == dec.groupby("kernel")["time_us"].sum().idxmax()]
+        dec = dec[dec["kernel"] == dec.groupby("kernel")["ncu_time_us"].sum().idxmax()]
     pre = one[one["stage"] == "prefill"]
     if len(dec):
         d = dec.iloc[0]
         run.headline(decode_attention_dram_pct=float(dec["dram_pct"].median()),
                      decode_attention_tb_s=float(dec["dram_tb_s"].median()))
         ev = f"attention_kernels.csv ({d['kernel']}, batch {args.decode_bs}, KV {args.decode_kv})"
-        run.judge(H["dram"], list(dec["dram_pct"]), evidence=ev, detail=f"{story.fmt(dec['dram_tb_s'].median())} TB/s = "
-                  f"{story.fmt(dec['pct_peak_dram'].median())}% of the measured DRAM ceiling; {ncu.bound_why(d.to_dict())}")
+        run.judge(H["dram"], list(dec["dram_pct"]), evidence=ev, detail=f"DRAM {story.fmt(dec['dram_tb_s'].median())} TB/s "
+                  f"of {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}; L2 hit "
+                  f"{story.fmt(dec['l2_hit_pct'].median())}%; {ncu.bound_why(d.to_dict())}")
         run.judge(H["tensor"], list(dec["tensor_pct"]), evidence=ev)
         run.judge(H["stall"], [stall_lead(r) for _, r in dec.iterrows()], evidence="stalls.csv",
                   detail=f"top stalls: {d['top_stalls'] or '-'}")
     if len(pre) and len(dec):
-        p = pre.sort_values("time_us", ascending=False).iloc[0]
+        p = pre.sort_values("ncu_time_us", ascending=False).iloc[0]
         dt = float(dec["tensor_pct"].median())
         run.headline(prefill_attention_tensor_pct=float(pre["tensor_pct"].median()),
                      prefill_attention_tflop_s=float(pre["tflop_s"].median()))
         run.judge(H["prefill_tc"], [x / max(dt, 1e-9) for x in pre["tensor_pct"]], evidence="attention_kernels.csv",
-                  detail=f"{p['kernel']}: {story.fmt(p['tflop_s'])} TFLOP/s = {story.fmt(p['pct_peak_tflops'])}% of the "
+                  detail=f"{p['kernel']}: {story.fmt(p['tflop_s'])} TFLOP/s = {story.fmt(p['pct_bf16_ceiling'])}% of the "
                   f"measured bf16 ceiling; decode tensor {dt:.0f}%")
-        run.observe("prefill attention occupancy is limited by shared memory or registers (A100: 47%, shared memory; "
-                    "the limiter is a name: observed, not judged)",
-                    f"achieved occupancy {p['occupancy_pct']:.0f}%, limiter {p['limiter']}",
-                    "confirmed" if any(x in str(p["limiter"]) for x in ("shared_mem", "registers")) else "refuted",
-                    "attention_kernels.csv")
+    if len(pre):
+        p = pre.sort_values("ncu_time_us", ascending=False).iloc[0]
+        run.judge(H["occ"], list(pre["occupancy_pct"]), evidence="attention_kernels.csv",
+                  detail=f"theoretical {story.fmt(p['theoretical_occupancy_pct'])}%, limiter {p['limiter']}, "
+                  f"{story.fmt(p['warps_per_cta'])} warps/CTA, {story.fmt(p['regs_per_thread'])} regs/thread, "
+                  f"{story.fmt(p['smem_kb_per_cta'])} KB smem/CTA" + ("; one CTA per SM by design" if p.get("one_cta_per_sm")
+                                                                      else ""))
 
 
 def tell(s, pk, layers) -> str:
@@ -205,10 +216,12 @@ def tell(s, pk, layers) -> str:
     for (b, st), g in s.groupby(["backend", "stage"], sort=False):
         rows = g.to_dict("records")
         tops = sorted({ncu.top_stall(r) for r in rows} - {""})
-        items.append((f"{b} — {st} ({rows[0]['graphs']})", [(story.kernel_line(r), []) for r in rows[:6]]
+        items.append((f"{b} — {st} ({rows[0]['graphs']})",
+                      [kernels.node(r, head=f"{r['kernel']} launch {r['launch']} ({r['shape']})") for r in rows[:6]]
                       + [(f"top stall {t}: {ncu.STALL_MEANING.get(t, '?')}", []) for t in tops]))
-    return story.tree(f"ATTENTION ON THE COUNTERS — {pk['gpu']} (DRAM ceiling {pk['dram_tb_s']:.2f} TB/s, "
-                      f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s); layers kept: {layers or 'all'}", items)
+    return story.tree(f"ATTENTION ON THE COUNTERS — {pk['gpu']} ({ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
+                      f"bf16 {story.fmt(pk['bf16_tflops'])} TFLOP/s); ncu with caches as served; layers kept: "
+                      f"{layers or 'all'}", items)
 
 
 def main(argv=None) -> int:
@@ -237,12 +250,11 @@ def main(argv=None) -> int:
         if not frames:
             raise RuntimeError("no backend was profiled; see point_errors")
         s = pd.concat(frames, ignore_index=True)
-        cols = ["backend", "stage", "shape", "kernel", "launch", "time_us", "dram_tb_s", "pct_peak_dram", "dram_pct",
-                "sm_pct", "tensor_pct", "tflop_s", "pct_peak_tflops", "occupancy_pct", "theoretical_occupancy_pct",
-                "limiter", "regs_per_thread", "top_stalls"]
+        cols = ["backend", "stage", "shape", "kernel", "launch", "tflop_s", "pct_bf16_ceiling",
+                *kernels.names("counters")]
         sg.table(run, "attention_kernels", s[[x for x in cols if x in s.columns]])
         sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [x for x in s.columns if x.startswith("stall_")]])
-        verdicts(run, s, args)
+        verdicts(run, s, args, pk)
         run.story(tell(s, pk, args.layers), echo=True)
     return 0
 

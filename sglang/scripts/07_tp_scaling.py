@@ -158,9 +158,9 @@ def measure(srv, tp: int, run, prof_dir: Path, quick: bool) -> tuple[dict, list]
     (files, _), _ = srv.while_decoding(reqs, lambda: srv.traced(prof_dir, lambda: time.sleep(0.5), num_steps=DECODE_STEPS,
                                                                 ranks=tp), running=DECODE_BS, timeout=600)
     rank0 = next((f for f in files if "-TP-0" in f.name), files[0])
-    krows: list = []
-    steps = [s for s in sg.steps_from_trace(trace.read_chrome_trace(rank0), krows) if s["mode"] == "DECODE"]
-    ar = [k for k in krows if k["mode"] == "DECODE" and k["class"] == "allreduce"]
+    kt, st = sg.steps(trace.read_chrome_trace(rank0))
+    steps = [s for s in st if s["mode"] == "DECODE"]
+    ar = kt[(kt["mode"] == "DECODE") & (kt["cls"] == "allreduce")].to_dict("records")
     row.update(decode_bs=DECODE_BS, decode_step_gpu_ms=statistics.median(s["dur_us"] for s in steps) / 1e3 if steps else None,
                kernel_us_per_step=statistics.median(s["kernel_us"] for s in steps) if steps else math.nan,
                **iv_cols("allreduce_us_per_step", [s.get("allreduce_us", 0.0) for s in steps]),

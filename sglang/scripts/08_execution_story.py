@@ -59,7 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, models, ncu, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, kernels, models, ncu, story, timeline, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -73,7 +73,8 @@ SP = {"temperature": 0, "ignore_eos": True}
 
 H = declare("""
     decode_gemm = decode-gemm-bw: decode at batch 1 is bound by reading the weights
-        judged on: decode GEMMs' weight-streaming rate as % of the measured DRAM ceiling (per layer)
+        judged on: decode GEMMs' weight-streaming rate (weight bytes / traced time) as % of the measured DRAM read
+            ceiling, per layer (the step's weights are many times the L2: they stream from DRAM)
         confirmed: [70, 100]%
         source: PLAN.md 01: 'decode is memory-bound'; restated in sglang/reports/plan.md (a batch-1 step reads all
             weights once)
@@ -177,8 +178,8 @@ def parse_step(name: str) -> dict:
 def analyse_story(trace_path, log_text, cfg, pk):
     """Kernel table of a traced story with its steps joined to the scheduler log and the work of each role."""
     ev = trace.read_chrome_trace(trace_path)
-    kt = timeline.step_kernels(ev, r"^step\[", outer=r"^scheduler\.run_batch$", parse=parse_step,
-                               layers=cfg["num_hidden_layers"])
+    kt = timeline.layered(trace.step_kernels(ev, sg.STEP_RANGE, outer=sg.OUTER_RANGE, parse=parse_step),
+                          layers=cfg["num_hidden_layers"])
     steps = [{"mode": g["mode"].iloc[0], "bs": int(g["bs"].iloc[0]), "toks": int(g["toks"].iloc[0])}
              for _s, g in kt.groupby("step")]
     joined, info = sg.join_steps(steps, sg.parse_batch_log(log_text))
@@ -280,10 +281,11 @@ def counters(args, run, model_dir, base, P, backend):
     """The server cut to 2 layers under ncu; one-step windows. Returns (summary rows, window names)."""
     log_file = run.dir / "ncu" / "ncu_log.txt"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    wrapper = ncu.build_cmd([], log_file=log_file, metrics="summary", launch_count=5000,
+    wrapper = ncu.build_cmd([], log_file=log_file, metrics="summary", launch_count=5000, cache_control="none",
                             extra=["--profile-from-start", "off", "--graph-profiling", "node"])
     fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, decode_log_interval=1,
-                         max_total_tokens=P["pool"], json_model_override_args={"num_hidden_layers": 2})
+                         max_total_tokens=P["pool"], json_model_override_args={"num_hidden_layers": 2},
+                         **counter_graphs(P))
     windows = []
     with sg.Server(model_dir, fl, port=args.port, log_path=run.path("server_ncu.log"), wrapper=wrapper, echo=run.log,
                    start_timeout=max(args.start_timeout, 1800), env=ENV, name="server[2 layers under ncu]") as srv:
@@ -312,6 +314,14 @@ def counters(args, run, model_dir, base, P, backend):
     return ncu.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv"))), windows
 
 
+def counter_graphs(P) -> dict:
+    """The CUDA graphs the 2-layer server under ncu captures: only the sizes its windows run (decode at batch 1 and
+    at the batch; prefill of one prompt and of a chunk of batch/2 prompts), so ncu follows ~4 captures, not ~94.
+    The kernels of those graphs are the full server's at the same sizes (its graphs cover every size)."""
+    return {"cuda_graph_bs_decode": [1, P["batch"]],
+            "cuda_graph_bs_prefill": sorted({P["prompt"], P["prompt"] * (P["batch"] // 2)})}
+
+
 def window_specs(kt, names, P) -> list[dict]:
     """Which traced step each ncu window stands for, and which steps take its counters."""
     specs = []
@@ -331,15 +341,18 @@ def window_specs(kt, names, P) -> list[dict]:
 # ------------------------------------------------------------------ analysis and verdicts
 
 def gemm_efficiency(kt, pk) -> list[dict]:
-    """Per step kind and GEMM role: achieved TFLOP/s and TB/s (traced time), % of the ceilings, the counters."""
+    """Per step kind and GEMM role (traced kernel time): TFLOP/s and % of the bf16 ceiling; effective bandwidth
+    of the weights and, where the step's weights are many times the L2, the weight-streaming % of the DRAM read
+    ceiling (common.kernels stream_pct); the ncu counters where they ran (DRAM % from ncu's bytes)."""
     rows = []
     gem = kt[kt["role"].isin(timeline.GEMM_ROLES + ("lm_head",)) & kt["flops"].notna()]
+    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
     for (mode, bs, role), g in gem.groupby(["mode", "bs", "role"], sort=False):
         intensity = float((g["flops"] / g["bytes"]).median())
-        ridge = pk["bf16_tflops"] / pk["dram_tb_s"] if pk.get("dram_tb_s") else math.nan
-        rows.append({"mode": mode, "bs": bs, "role": role, "kernels": len(g), "time_us": float(g["dur_us"].median()),
+        ridge = pk["bf16_tflops"] / read if read else math.nan
+        rows.append({"mode": mode, "bs": bs, "role": role, "kernels": len(g), "dur_us": float(g["dur_us"].median()),
                      "tflop_s": float(g["tflop_s"].median()), "pct_bf16_ceiling": float(g["pct_bf16_ceiling"].median()),
-                     "tb_s": float(g["tb_s"].median()), "pct_dram_ceiling": float(g["pct_dram_ceiling"].median()),
+                     "eff_tb_s": float(g["eff_tb_s"].median()), "stream_pct": _med(g, "stream_pct"),
                      "flop_per_byte": intensity, "ridge": ridge,
                      "bound_by_intensity": "memory" if intensity < ridge else "compute",
                      "tensor_pct": _med(g, "tensor_pct"), "dram_pct": _med(g, "dram_pct"), "grid": _first(g, "grid"),
@@ -347,8 +360,8 @@ def gemm_efficiency(kt, pk) -> list[dict]:
                                      .str.contains("splitK").any()),
                      "why": ""})
     for r in rows:
-        r["why"] = ("memory-bound: intensity below the ridge, the weights stream from DRAM" if r["bound_by_intensity"] ==
-                    "memory" else "compute-bound: tensor cores") + (" (split-K + reduce kernel)" if r["split_k"] else "")
+        r["why"] = ("intensity below the ridge: the weights stream in" if r["bound_by_intensity"] == "memory"
+                    else "intensity above the ridge: tensor cores") + (" (split-K + reduce kernel)" if r["split_k"] else "")
     return rows
 
 
@@ -365,9 +378,10 @@ def _first(g, col):
 def judge_all(run, data):
     """Every verdict of the run, each on the interval of its repeated measurement."""
     one, obs, P = data["kt_one"], data["observer"], data["P"]
-    dec = one[(one["mode"] == "DECODE") & (one["role"] == "gate_up_proj") & one["pct_dram_ceiling"].notna()]
-    run.judge(H["decode_gemm"], list(dec["pct_dram_ceiling"]), evidence="kernels_one.csv: gate_up GEMM of every layer "
-              "and decode step (traced time, weight bytes from common.flops)")
+    dec = one[(one["mode"] == "DECODE") & (one["role"] == "gate_up_proj") & one["stream_pct"].notna()]
+    run.judge(H["decode_gemm"], list(dec["stream_pct"]), evidence="kernels_one.csv: gate_up GEMM of every layer "
+              "and decode step (traced time, weight bytes from common.flops; the step reads all 16 GB of weights, many "
+              "times the L2, so they come from DRAM)")
     pre = one[(one["mode"] == "EXTEND") & one["role"].isin(timeline.GEMM_ROLES) & one["pct_bf16_ceiling"].notna()]
     run.judge(H["prefill_gemm"], list(pre["pct_bf16_ceiling"]), evidence="kernels_one.csv: the 4 GEMMs x 32 layers "
               "of the prefill step")
@@ -453,7 +467,7 @@ def measure(args, run, P, model_dir, base, backend) -> dict:
 def analyse(run, data, cfg) -> None:
     """The joined tables of the last traced run of each story (with the counters when ncu ran); per-run
     scalars of every traced run."""
-    pk = data["pk"]
+    pk = data["pk"] = ceilings.complete(data["pk"])
     for name in ("one", "batch"):
         last = data[f"traced_{name}"][-1]
         kt, spans, base_us, info = analyse_story(last["trace"], last["log"], cfg, pk)
@@ -462,19 +476,47 @@ def analyse(run, data, cfg) -> None:
     shares = []
     for t in data["traced_one"]:
         ev = trace.read_chrome_trace(t["trace"])
-        kt = timeline.step_kernels(ev, r"^step\[", outer=r"^scheduler\.run_batch$", parse=parse_step)
+        kt = trace.step_kernels(ev, sg.STEP_RANGE, outer=sg.OUTER_RANGE, parse=parse_step)
         pre = kt[kt["mode"] == "EXTEND"]
         shares.append(100 * pre[pre["cls"] == "attention"]["dur_us"].sum() / pre["dur_us"].sum())
     data["attention_shares"] = shares
     if data.get("windows"):
-        rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"))
+        rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
             data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows,
-                                                                 window_specs(data[f"kt_{name}"], data["windows"], data["P"]))
+                                                                 window_specs(data[f"kt_{name}"], data["windows"], data["P"]),
+                                                                 pk)
+            info = [{**i, **same_kernels(data[f"kt_{name}"], i["window"])} for i in info]
             run.table(f"ncu_windows_{name}", info)
-            run.log(f"counters on {name}: " + ", ".join(f"{i['window']} {i['matched']}/{i['expected']}" for i in info))
+            run.log(f"counters on {name}: " + ", ".join(f"{i['window']} {i['matched']}/{i['expected']} by name, "
+                                                        f"{i['same_grid_pct']:.0f}% same grid, ncu/traced median "
+                                                        f"{i['ncu_over_traced']:.2f}" for i in info))
 
 
+SAME_TIME = 0.25      # the 2-layer server runs the same kernel when its ncu time is within 25% of the traced time
+
+
+def same_dims(traced, counted) -> bool:
+    """A traced grid '2x66x1' and ncu's '(2, 66, 1)' name the same launch shape."""
+    import re
+    return re.findall(r"\d+", str(traced)) == re.findall(r"\d+", str(counted)) != []
+
+
+def same_kernels(kt, window: str) -> dict:
+    """How far the kernels of the few-layer server under ncu are those of the full server, for one window: the share of
+    kernels that took counters whose launch grid is the traced one, the median ncu/traced time, and the share
+    within SAME_TIME of it (the rest is ncu's replay, clocks and caches: the observer effect of ncu)."""
+    g = kt[kt["ncu_window"] == window]
+    if not len(g):
+        return {"same_grid_pct": math.nan, "ncu_over_traced": math.nan, "within_margin_pct": math.nan}
+    grid = [same_dims(a, b) for a, b in zip(g["grid"], g["ncu_grid"])]
+    ratio = g["ncu_ratio"].astype(float)
+    return {"same_grid_pct": 100 * sum(grid) / len(g), "ncu_over_traced": float(ratio.median()),
+            "within_margin_pct": float(100 * ((ratio - 1).abs() <= SAME_TIME).mean())}
+
+
+PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_tb_s", "dram_write_tb_s", "bf16_tflops",
+           "bf16_sm_mhz", "l2_mb", "source")      # the ceilings a recording keeps (a re-analysis divides by them)
 RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk")
 
 
@@ -509,10 +551,11 @@ def main(argv=None) -> int:
     backend, backend_why = backend_choice()
     with Run(__file__, args, out=args.out) as run:
         pk = ceilings.peaks()
-        run.log(f"{pk['gpu']}: ceilings DRAM {pk['dram_tb_s']:.2f} TB/s, bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
+        run.log(f"{pk['gpu']}: ceilings {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
+                f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
                 f"({pk.get('source')}); attention backend: {backend_why}")
         data = measure(args, run, P, model_dir, base, backend)
-        data.update(backend_why=backend_why, pk={k: pk.get(k) for k in ("gpu", "dram_tb_s", "bf16_tflops", "source")},
+        data.update(backend_why=backend_why, pk={k: pk.get(k) for k in PK_KEYS},
                     windows=[])
         if args.ncu:
             rows, data["windows"] = counters(args, run, model_dir, base, P, backend)
@@ -565,7 +608,7 @@ def finish(run, data, pk, backend_why):
     run.table("cache_requests", data["cache"])
     judge_all(run, data)
     run.headline(**{f"{r['mode'].lower()}_b{r['bs']}_{r['role']}_pct_of_ceiling": round(
-        r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["pct_dram_ceiling"], 1) for r in eff
+        r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["stream_pct"], 1) for r in eff
         if r["role"] in ("gate_up_proj", "lm_head")})
     for name, fig in figures(data, trees, pk).items():
         run.figure(name, fig)
@@ -661,14 +704,12 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
         tr = [x for x in trees if x["story"] == "one" and x["mode"] == mode]
         if not tr:
             continue
-        kids = [(f"{x['segment']:5s} {x['role']:13s} {x['kernel'][:38]:38s} {f(x['time_us'])} us "
-                 f"({f(x['share_all_layers_pct'])}% of step{' x32 layers' if x['segment'] == 'layer' else ''})"
-                 + (f" · {f(x['tflop_s'])} TFLOP/s = {f(x['pct_bf16_ceiling'])}% bf16" if _ok(x.get('tflop_s')) and (x.get('tflop_s') or 0) > 20 else "")
-                 + (f" · {f(x['tb_s'])} TB/s = {f(x['pct_dram_ceiling'])}% DRAM" if _ok(x.get('tb_s')) and (x.get('tb_s') or 0) > 0.5 else "")
-                 + (f" · ncu: DRAM {f(x['dram_pct'])}% SM {f(x['sm_pct'])}% TC {f(x['tensor_pct'])}% occ "
-                    f"{f(x['occupancy_pct'])}% ({x.get('limiter')}); {x.get('top_stalls')}" if _ok(x.get("dram_pct")) else ""),
-                 []) for x in tr if x["segment"] == "layer" or x["role"] in ("embedding", "final_norm", "lm_head")
-                 or x["share_pct"] >= 0.2]
+        n_layers = int(one[one["step"] == tr[0]["step"]]["layer"].max() or 0) + 1
+        kids = [kernels.node(x, head=f"{x['segment']} {x['role']}: {x['kernel']} {f(x['dur_us'])} us kernel time, "
+                             f"{f(x['share_all_layers_pct'])}% of the step's kernel time"
+                             + (f" (x{n_layers} layers)" if x["segment"] == "layer" else ""))
+                for x in tr if x["segment"] == "layer" or x["role"] in ("embedding", "final_norm", "lm_head")
+                or x["share_pct"] >= 0.2]
         small = [x for x in tr if x["segment"] != "layer" and x["role"] not in ("embedding", "final_norm", "lm_head")
                  and x["share_pct"] < 0.2]
         if small:
@@ -687,10 +728,12 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and not r['traced']))} vs "
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and r['traced']))} ms", [])
         for s in ("one", "batch")]))
-    items.append(("GEMM efficiency (traced time; % of the measured ceiling that binds it)", [
-        (f"{r['mode']} bs {r['bs']} {r['role']}: {f(r['tflop_s'])} TFLOP/s ({f(r['pct_bf16_ceiling'])}% bf16), "
-         f"{f(r['tb_s'])} TB/s ({f(r['pct_dram_ceiling'])}% DRAM), {f(r['flop_per_byte'])} FLOP/B vs ridge {f(r['ridge'])}: "
-         f"{r['why']}", []) for r in eff]))
+    items.append(("GEMM efficiency (kernel time, traced; the ceiling that binds each: bf16 above the ridge, the DRAM "
+                  "read ceiling below it)", [
+        (f"{r['mode']} bs {r['bs']} {r['role']}: {f(r['tflop_s'])} TFLOP/s = {f(r['pct_bf16_ceiling'])}% of the bf16 "
+         f"ceiling; weights effective {f(r['eff_tb_s'])} TB/s" + (f" = {f(r['stream_pct'])}% of the DRAM read ceiling"
+                                                                 if _ok(r.get("stream_pct")) else "")
+         + f"; {f(r['flop_per_byte'])} FLOP/B vs ridge {f(r['ridge'])}: {r['why']}", []) for r in eff]))
     pr = data["pressure"]
     items.append((f"pressure ({data['P']['load_n']} prompts at {data['P']['load_rate']}/s, pool {data['P']['pool']} tokens)", [
         (f"max running {max((r.get('running_req') or 0) for r in pr)}, max queued {max((r.get('queue_req') or 0) for r in pr)}, "
@@ -699,8 +742,9 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
          f"{sum(1 for r in pr if is_chunk(r))}", [])]))
     items.append(("the cache over time (per request: hit / miss / evicted)", [
         (" ".join(f"{c['group']}{c['outcome'][0]}" for c in data["cache"]), [])]))
-    return story.tree(f"EXECUTION STORY — {pk['gpu']} (DRAM ceiling {f(pk['dram_tb_s'])} TB/s, bf16 "
-                      f"{f(pk['bf16_tflops'])} TFLOP/s)", items)
+    return story.tree(f"EXECUTION STORY — {pk['gpu']} ({ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, bf16 "
+                      f"{f(pk['bf16_tflops'])} TFLOP/s" + (f" at SM {f(pk['bf16_sm_mhz'])} MHz" if pk.get("bf16_sm_mhz")
+                                                           else "") + ")", items)
 
 
 def _ok(v) -> bool:

@@ -8,7 +8,7 @@
         rows = sg.parse_batch_log(srv.log_since(mark))      # "Prefill batch" / "Decode batch" lines
         m = srv.metrics()                                   # /metrics (Prometheus text) -> Metrics
         (tr,), _ = srv.traced(run.dir / "profiles", lambda: srv.generate(...))   # /start_profile .. /stop_profile
-        steps = sg.steps_from_trace(trace.read_chrome_trace(tr))
+        kt, steps = sg.steps(trace.read_chrome_trace(tr))
     # leaving the block -- normally, on an error, on Ctrl-C or SIGTERM -- stops the whole process tree
 
 Server (``python -m sglang.launch_server``) is a common.procs.Group (own session and process group,
@@ -37,7 +37,7 @@ Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 out
   hit_rate(before, after)   prefix-cache hit rate from counter deltas (never the cache_hit_rate gauge)
   read_bench_jsonl(path)    `sglang.benchmark.serving --output-file` -> one dict per run
   parse_step_name(name)     'step[EXTEND bs=1 toks=11]' -> {"mode", "bs", "toks"}
-  steps_from_trace(ev)      SGLang's forward steps with their kernels, through common.trace.kernels_in_ranges
+  steps(ev)                 SGLang's forward steps: their kernels (common.trace.step_kernels) and a row per step
   join_steps(steps, rows)   each traced step next to its scheduler log line (matched by sequence)
 """
 from __future__ import annotations
@@ -1075,48 +1075,12 @@ def parse_step_name(name: str) -> dict | None:
     return {"mode": m["mode"], "bs": int(m["bs"]), "toks": int(m["toks"]) if m["toks"] else None}
 
 
-def steps_from_trace(ev, kernel_rows: list | None = None) -> list[dict]:
-    """SGLang's forward steps in a torch-profiler trace (event table of common.trace) with their kernels.
-
-    The join is common.trace.kernels_in_ranges (a kernel belongs to the range its launch call started
-    in, same process and thread; CUDA-graph replays included). A step's kernels are those of the
-    ``scheduler.run_batch`` range around its ``step[...]`` range when the trace has one (it also holds
-    the sampling kernels, launched after the step range closes), else those of the step range.
-
-    Returns one dict per step: mode, bs, toks, name, start_us (first kernel, GPU clock), dur_us (GPU span:
-    first kernel start to last kernel end), cpu_us (the step range on the CPU), kernels, kernel_us,
-    ``<class>_us`` per common.trace.kernel_class, how (run_batch | step), top (3 largest kernels).
-    With ``kernel_rows`` (a list) one row per kernel is appended to it: step, mode, bs, kernel, class, dur_us.
-    """
-    ua = ev[ev["kind"] == "user_annotation"]
-    steps = ua[ua["name"].str.match(STEP_RANGE)].sort_values("ts_us", kind="stable")
-    if steps.empty:
-        raise trace.TraceError("no step[...] range in the trace: was it written by SGLang's /start_profile?")
-    outer = ua[ua["name"].str.match(OUTER_RANGE)]
-    joins = {"step": trace.kernels_in_ranges(ev, STEP_RANGE, empty_rows=False)}
-    if len(outer):
-        joins["run_batch"] = trace.kernels_in_ranges(ev, OUTER_RANGE, empty_rows=False)
-    out = []
-    for s in steps.itertuples():
-        meta = parse_step_name(s.name)
-        if meta is None:
-            continue
-        around = outer[(outer["ts_us"] <= s.ts_us) & (outer["end_us"] >= s.end_us) & (outer["tid"] == s.tid)]
-        how, start = ("run_batch", around["ts_us"].iloc[0]) if len(around) else ("step", s.ts_us)
-        j = joins[how]
-        inside = j[(j["range_ts_us"] == start) & (j["gpu_kind"] == "kernel")]
-        cls = inside["kernel"].map(trace.kernel_class)
-        by_cls = inside.assign(c=cls).groupby("c")["dur_us"].sum()
-        top = inside.groupby("kernel")["dur_us"].sum().sort_values(ascending=False).head(3)
-        if kernel_rows is not None:
-            kernel_rows += [{"step": len(out), "mode": meta["mode"], "bs": meta["bs"], "kernel": k, "class": c,
-                             "dur_us": float(d)} for k, c, d in zip(inside["kernel"], cls, inside["dur_us"])]
-        span = float(inside["end_us"].max() - inside["ts_us"].min()) if len(inside) else 0.0
-        out.append({**meta, "name": s.name, "start_us": float(inside["ts_us"].min()) if len(inside) else float(s.ts_us),
-                    "dur_us": span, "cpu_us": float(s.dur_us), "kernels": int(len(inside)),
-                    "kernel_us": float(inside["dur_us"].sum()), **{f"{c}_us": float(v) for c, v in by_cls.items()},
-                    "how": how, "top": "; ".join(f"{n} {v:.0f}us" for n, v in top.items())})
-    return out
+def steps(ev):
+    """SGLang's forward steps in a torch-profiler trace: (the kernel table of common.trace.step_kernels, the one
+    join: each step's kernels from the ``scheduler.run_batch`` range around its ``step[...]`` range, which also
+    holds the sampling kernels; one summary row per step from common.trace.step_summary)."""
+    kt = trace.step_kernels(ev, STEP_RANGE, outer=OUTER_RANGE, parse=parse_step_name)
+    return kt, trace.step_summary(kt)
 
 
 def _sig_step(s: dict):
