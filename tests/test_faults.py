@@ -91,6 +91,14 @@ FAULTS = {
     "results-disk-full-writing": ("results", "'[setup] results of ... not saved ([Errno 28] ...)'; exit 2; "
                                              "no .partial"),
     "results-disk-full-finishing": ("results", "'... ([Errno 28] ... while finishing) ...'; exit 2; no .partial"),
+    "results-out-not-ours": ("results", "'[setup] <path> is not a results folder (no summary.json of a run) | is not a "
+                                        "folder: a run replaces only a folder an earlier run of <script> wrote; give "
+                                        "--out a new folder'; exit 2, twice; the reports, a clone, a special file "
+                                        "byte-identical, nothing moved"),
+    "results-previous-kept": ("results", "the old run cannot be moved (immutable) or the new one cannot move in: "
+                                         "one [setup] line; exit 2; <stem> and .previous/<stem> byte-identical"),
+    "results-symlinked-entry": ("results", "results/<stem> a link to another disk: the run lands there, the link stays, "
+                                           "the run it replaced in that disk's .previous/, no .trash-* left; exit 0"),
     "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
@@ -226,9 +234,10 @@ class World:
                 for p in sorted(self.root.glob("*/reports/**/*")) if p.is_file()}
 
     def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
-             commit="6ca9eea", files=("table.csv",), keep=True) -> Path:
-        """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``."""
-        script = self.root / system / "scripts" / f"{stem}.py"
+             commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None) -> Path:
+        """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
+        ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script."""
+        script = script or self.root / system / "scripts" / f"{stem}.py"
         with results.Run(script, {"seeded": True}, out=out, quiet=True) as r:
             r.summary["provenance"].update(gpu=gpu, gpu_count=1, packages={"torch": torch},
                                            git={"commit": commit, "dirty": False}, date_utc="2026-11-21T16:08:31Z")
@@ -315,7 +324,8 @@ def test_the_real_pipeline_on_a_machine_without_a_gpu(tmp_path, pids, fault):
     """The FlashInfer pipeline as a new user runs it after `make test`: its real 06_full_pipeline.sh and
     step scripts (copied into the World with the real report pages), no torch / a CPU-only torch."""
     w = World(tmp_path, systems=("flashinfer",), scripts=True)
-    w.seed("flashinfer", "06_full_pipeline", files=("steps.csv",))
+    w.seed("flashinfer", "06_full_pipeline", files=("steps.csv",),
+           script=w.root / "flashinfer" / "scripts" / "06_full_pipeline.sh")
     w.seed("flashinfer", "03_profile_decode")
     if fault == "pipeline-no-gpu":
         env = env_for(tmp_path, smi="fail", PYTHONPATH=blocked(tmp_path, "torch"))
@@ -666,7 +676,7 @@ def demo_world(tmp_path) -> tuple[World, Path]:
     """A World with a stand-in page and an earlier good run at demo/results/01_demo (the --out of the cases)."""
     w = World(tmp_path, systems=(), page=DEMO_PAGE)
     out = w.root / "demo" / "results" / "01_demo"
-    w.seed("demo", "01_demo", out=out, files=("table.csv", "old_only.txt"))
+    w.seed("demo", "01_demo", out=out, files=("table.csv", "old_only.txt"), script=EXPERIMENT)
     return w, out
 
 
@@ -790,6 +800,95 @@ def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
     assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
     assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: {why} "
                                "(fix its permissions or pass --out DIR)"]
+    w.check()
+
+
+def reanalysis_source(tmp_path: Path) -> Path:
+    """A recording 04_nsys_profile.py --reanalyse reads (no GPU needed): two nsys tables of a real H200 run."""
+    src = tmp_path / "recorded"
+    if not src.exists():
+        src.mkdir()
+        shutil.copy(FIXTURES / "sglang_nsys_cuda_gpu_trace_cut_h200.csv", src / "timeline_overlap_on_cuda_gpu_trace.csv")
+        shutil.copy(FIXTURES / "sglang_nsys_nvtx_pushpop_cut_h200.csv", src / "timeline_overlap_on_nvtx_pushpop_trace.csv")
+    return src
+
+
+@covers("results-out-not-ours")
+@pytest.mark.parametrize("target", ["reports", "clone", "special-file"])
+def test_out_at_a_folder_no_run_made_is_refused(tmp_path, pids, target):
+    """`04_nsys_profile.py --reanalyse DIR --out X`, twice: X the committed reports (with an uncommitted edit), a
+    clone's root (.git inside), a special file (a FIFO stands for /dev/full: nothing here may move a device node).
+    Before, X became .previous/ and the second run deleted it."""
+    w = World(tmp_path)
+    (w.root / "sglang" / "reports" / "analysis.md").write_text("# an edit not yet committed\n")
+    w.reports0 = w.reports()
+    if target == "reports":
+        out, why = w.root / "sglang" / "reports", "is not a results folder (no summary.json of a run)"
+    elif target == "clone":
+        (w.root / ".git").mkdir()
+        (w.root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        out, why = w.root, "is not a results folder (no summary.json of a run)"
+    else:
+        out, why = tmp_path / "full", "is not a folder"
+        os.mkfifo(out)
+    src, env = reanalysis_source(tmp_path), env_for(tmp_path)
+    before = snapshot(tmp_path)
+    for _ in range(2):
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", out], env)
+        assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+        assert lines(r.stderr) == [f"[setup] {out} {why}: a run replaces only a folder an earlier run of "
+                                   "sglang/scripts/04_nsys_profile.py wrote; give --out a new folder"]
+    assert snapshot(tmp_path) == before and not list(tmp_path.rglob(".previous"))
+    assert target != "special-file" or out.is_fifo()
+    w.check()
+
+
+@covers("results-previous-kept")
+@pytest.mark.parametrize("inject, what", [("eperm-previous", "[Errno 1] Operation not permitted"),
+                                          ("eio-replace", "[Errno 5] Input/output error")])
+def test_a_finish_that_fails_keeps_the_previous_run(tmp_path, pids, inject, what):
+    """Two earlier runs (one in <stem>, one in .previous/<stem>); the old run cannot be moved aside (an immutable
+    folder), or the new one cannot move in. Before, .previous/<stem> was deleted although nothing replaced it."""
+    w, out = demo_world(tmp_path)
+    older = w.kept.pop(out)
+    w.seed("demo", "01_demo", out=out, script=EXPERIMENT, files=("table.csv", "second.txt"))
+    w.kept[out.parent / ".previous" / "01_demo"] = older
+    r = experiment(out, "--tag", "new", "--inject", inject, env=env_for(tmp_path))
+    (rec,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] results of experiment not saved ({what} while finishing); {out} left as it "
+                               f"was; record in {rec}"]
+    w.check()
+
+
+@covers("results-symlinked-entry")
+def test_a_results_entry_that_links_to_another_disk_is_followed(tmp_path, pids):
+    """sglang/results/04_nsys_profile -> another disk. Before, the link was moved to .previous/, a local folder took
+    its place and the next run left the link as a .trash-* entry that nothing removed."""
+    w = World(tmp_path, scripts=True, code=True)
+    script = w.root / "sglang" / "scripts" / "04_nsys_profile.py"
+    disk = tmp_path / "disk2"
+    target = w.seed("sglang", "04_nsys_profile", out=disk / "04_nsys_profile", script=script, keep=False)
+    seeded = snapshot(target)
+    link = w.root / "sglang" / "results" / "04_nsys_profile"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target, target_is_directory=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (disk / "keep").mkdir()
+    (disk / "keep" / "data.txt").write_text("the user's data\n")
+    stale = link.parent / f".trash-04_nsys_profile-20260101-000000-000000-{dead.pid}"   # left by an older version
+    stale.symlink_to(disk / "keep", target_is_directory=True)
+    for _ in range(2):
+        r = run([PY, script, "--reanalyse", reanalysis_source(tmp_path)], env_for(tmp_path))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert json.loads((target / "summary.json").read_text())["args"]["reanalyse"]
+    prev = disk / ".previous" / "04_nsys_profile"
+    assert json.loads((prev / "summary.json").read_text())["args"]["reanalyse"] and snapshot(prev) != seeded
+    assert sorted(p.name for p in link.parent.iterdir()) == ["04_nsys_profile"]     # no .trash-*, no local copy
+    assert (disk / "keep" / "data.txt").read_text() == "the user's data\n"
+    no_partials(disk)
     w.check()
 
 
