@@ -31,7 +31,10 @@ Reports only move forward:
   header, and `make reports` prints one line for it; committed blocks without a run line count with
   the machine their stem's provenance block names (pages without a runs header get the line only);
 - a block whose results are missing keeps its committed content byte for byte, so a fresh clone
-  (no results/) leaves every report as committed, its runs header included.
+  (no results/) leaves every report as committed, its runs header included;
+- a page whose markers do not pair up (an opening marker without its closing one, a stray closing
+  marker) is refused whole: one line naming the file and the line, no file written (a block would
+  otherwise swallow the hand-written text after it).
 
 Tables are read with the stdlib csv module (no pandas needed to run this).
 
@@ -55,6 +58,7 @@ from .results import SCHEMA, SUMMARY, failed_dir, recover
 from .story import fmt
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
+MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
 RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 MAX_ROWS = 40
 STACK = ("torch", "flashinfer-python", "sglang")
@@ -535,8 +539,26 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     return "\n".join(out) + "\n", mixed
 
 
+def check_markers(text: str, label: str) -> None:
+    """RenderError naming the file and line of the first marker out of place: an opening marker inside a
+    block (its own closing marker missing), a closing marker outside one, a block never closed. Such a
+    page is refused whole: a block would otherwise swallow the hand-written text after it."""
+    opened = None                                   # (line, key) of the block we are in
+    for m in MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        if m.group("key") and opened:
+            raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto --> "
+                              f"before the next block opens (line {line})")
+        if not m.group("key") and not opened:
+            raise RenderError(f"{label} line {line}: <!-- /auto --> closes no block")
+        opened = (line, m.group("key")) if m.group("key") else None
+    if opened:
+        raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto -->")
+
+
 def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
     """The page ``text`` with every block rendered (kept blocks unchanged); raises RenderError."""
+    check_markers(text, label)
     matches = list(BLOCK.finditer(text))
     bodies: list[str] = []
     for m in matches:

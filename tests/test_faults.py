@@ -78,6 +78,9 @@ FAULTS = {
                                                  "no file written although earlier pages rendered"),
     "report-clean-clone": ("reports", "make reports / python -m common.report: 0 files changed, byte-identical, "
                                       "exit 0"),
+    "report-unbalanced-markers": ("reports", "'[failed] reports not refreshed, no file written: <page> line N: "
+                                             "<!-- auto:KEY --> has no closing <!-- /auto --> ...' (or a stray "
+                                             "closing marker); exit 1; every report byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
                                     "exit 1; no temp file left"),
     # (c) results folders
@@ -664,6 +667,39 @@ def test_a_full_disk_while_writing_the_reports_writes_no_file(tmp_path, pids):
     (line,) = lines(out.stdout)
     assert re.fullmatch(r"\[failed\] reports not refreshed, no file written: cannot write flashinfer/reports/\S+: "
                         r"\[Errno 28\] No space left on device", line), line
+    w.check()
+
+
+def _damage(text: str, how: str) -> tuple[str, str]:
+    """A real report page with its markers unbalanced ``how``; (the page, what the one line says after its name)."""
+    ls = text.split("\n")
+    opens = [i for i, ln in enumerate(ls) if ln.startswith("<!-- auto:")]
+    closes = [i for i, ln in enumerate(ls) if ln == "<!-- /auto -->"]
+    if how == "missing-close":           # the second block loses its closing marker: the third opens inside it
+        del ls[closes[1]]
+        return "\n".join(ls), (f"line {opens[1] + 1}: {ls[opens[1]]} has no closing <!-- /auto --> before the next "
+                                f"block opens (line {opens[2]})")
+    if how == "stray-close":             # a closing marker in the prose after the first block
+        ls.insert(closes[0] + 1, "<!-- /auto -->")
+        return "\n".join(ls), f"line {closes[0] + 2}: <!-- /auto --> closes no block"
+    del ls[closes[-1]]                   # the last block is never closed
+    return "\n".join(ls), f"line {opens[-1] + 1}: {ls[opens[-1]]} has no closing <!-- /auto -->"
+
+
+@covers("report-unbalanced-markers")
+@pytest.mark.parametrize("how", ["missing-close", "stray-close", "never-closed"])
+def test_a_page_with_unbalanced_markers_is_refused_whole(tmp_path, pids, how):
+    """`python -m common.report` over a real page whose markers do not pair up: before, the block swallowed the prose and the
+    next block's opening marker; now nothing is written and the line names the file and the line."""
+    w = World(tmp_path, systems=("sglang",), code=True)
+    page = w.root / "sglang" / "reports" / "analysis.md"
+    text, said = _damage(page.read_text(), how)
+    page.write_text(text)                                     # an uncommitted edit: kept byte for byte too
+    w.reports0 = w.reports()
+    w.seed("sglang", "08_execution_story", files=("table.csv", "timeline.png"))   # would refresh that page
+    out = report_cmd(w, env_for(tmp_path))
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    assert lines(out.stdout) == [f"[failed] reports not refreshed, no file written: sglang/reports/analysis.md {said}"]
     w.check()
 
 
