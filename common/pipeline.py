@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import REPO_ROOT, SYSTEMS
+from .procs import reap_left
 
 ONLY = "only"                   # Step(ncu=ONLY) / Step(nsys=ONLY): the step runs only with that flag
 STEM = "06_full_pipeline"
@@ -418,6 +419,7 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
         return 1
     env, rows, t0, between = child_env(), [], time.time(), False
     try:
+        reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -7,10 +7,13 @@
     rc = run_tool(cmd, log_path, timeout=600)            # a CLI tool in its own group, killed on timeout
     env = nccl_env()                                     # NVLink multicast off (the workbook's one policy)
 
-Pidfiles: a Group started with ``pidfile=`` writes ``{pid, pgid, cmd, started}`` there and removes it
-on a clean stop. A run killed with SIGKILL leaves the file behind; the next run calls
-:func:`reap_stale` on it, which stops the group it names if that group still runs the same command
-(so a server a killed run left behind is found and stopped, never silently joined on another port).
+Pidfiles: a Group started with ``pidfile=`` writes ``{pid, pgid, cmd, started, owner}`` there and removes
+it on a clean stop. A run killed with SIGKILL leaves the file behind; :func:`reap_stale` stops the group
+it names if its owner is gone and the group still runs the same command (so a server a killed run left
+behind is found and stopped, never silently joined on another port). The servers of every script keep
+their pidfiles in one registry (:func:`registry`, ``$HANDS_ON_CACHE/servers/<script>/``), and
+:func:`reap_left` sweeps all of it: any script's next run, or a pipeline, stops what any killed run left.
+Only processes a pidfile of the workbook recorded are ever signalled.
 
 Every function here is stdlib only and works on a machine without a GPU; /proc is read where it
 exists (Linux), elsewhere process-tree lookups return nothing and only the group is signalled.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -211,6 +215,33 @@ def reap_stale(path, echo=print) -> list[int]:
         stop_tree(pgid, members=left, term_timeout=15)
     path.unlink(missing_ok=True)
     return sorted(left)
+
+
+def registry(script: str | None = None) -> Path:
+    """The one record of the servers the workbook's runs started: ``<cache>/servers/`` (``script``: its
+    folder there, one per script)."""
+    from .checks import cache_dir
+    root = cache_dir() / "servers"
+    return root / re.sub(r"[^A-Za-z0-9_.-]", "_", script) if script else root
+
+
+def _owner(path: Path):
+    try:
+        return json.loads(path.read_text()).get("owner")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def reap_left(folder=None, echo=print) -> list[int]:
+    """Stop every process group that a killed run left behind under ``folder`` (default: the whole
+    :func:`registry`, whichever script started it): :func:`reap_stale` on each pidfile there, except this
+    process's own (runs still going are left alone by reap_stale). Returns the pids stopped."""
+    root = Path(folder) if folder else registry()
+    stopped: list[int] = []
+    for p in sorted(root.rglob("*.pid")) if root.is_dir() else ():
+        if _owner(p) != os.getpid():
+            stopped += reap_stale(p, echo)
+    return stopped
 
 
 # ------------------------------------------------------------------ a child process group

@@ -106,6 +106,9 @@ FAULTS = {
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
                                                 "the old server and its child stopped"),
+    "proc-sigkill-other-script": ("processes", "a server a SIGKILLed run of one script left: the next run of another "
+                                               "script (or a pipeline) says 'found a process group left behind ...' "
+                                               "and stops it and its child before anything starts; exit 0"),
     "proc-ncu-timeout": ("processes", "'[failed] NcuError: ncu did not finish within 2 s ...'; exit 1; ncu and the "
                                       "application (own session) gone"),
     "proc-three-runs-three-ports": ("processes", "three runs at once serve on three different OS-chosen ports"),
@@ -975,6 +978,43 @@ def test_a_server_left_by_a_sigkilled_run_is_stopped_by_the_next_run(tmp_path, p
     assert re.search(rf"found a process group left behind by a killed run \({pidfiles[0].name}: pid {server}, ", log)
     assert not list((tmp_path / "cache" / "servers" / "experiment").glob("*.pid"))
     no_partials(w.root)
+
+
+@covers("proc-sigkill-other-script")
+@pytest.mark.parametrize("next_run", ["other-script", "pipeline"])
+def test_a_server_left_by_one_script_is_stopped_by_any_other(tmp_path, pids, next_run):
+    """The registry of servers is one for the workbook: a run of another script (02_other.py, its own pidfile
+    folder) or a pipeline finds the server a SIGKILLed run of experiment.py left. Before, only the next run of
+    the same script looked, so on a GPU two servers' worth of memory stayed taken."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    a, server, _ = start(out, "--server-arg=--spawn-child", "--hold", "60", env=env)
+    pids.append(a.pid)
+    time.sleep(0.3)
+    family = [server, *procs.descendants(server)]
+    pids.extend(family)
+    a.kill()
+    a.communicate(timeout=10)
+    assert len(family) == 2 and all(procs.alive(p) for p in family)
+    (pidfile,) = (tmp_path / "cache" / "servers" / "experiment").glob("*.pid")
+    found = f"found a process group left behind by a killed run ({pidfile.name}: pid {server}, "
+    if next_run == "other-script":
+        other = tmp_path / "02_other.py"
+        other.symlink_to(EXPERIMENT)
+        b = run([PY, other, "--out", w.root / "demo" / "results" / "02_other", "--server", "--tag", "next"], env)
+        assert (b.returncode, b.stdout, b.stderr) == (0, "", "")
+        said = (w.root / "demo" / "results" / "02_other" / "log.txt").read_text()
+        assert (tmp_path / "cache" / "servers" / "02_other").is_dir()          # its own pidfile folder
+    else:
+        fs = fake_system(tmp_path / "p", ['Step("a", "ok.py")'])
+        b = pipeline(fs, env=env)
+        assert b.returncode == 0 and b.stderr == "" and TB not in b.stdout, b.stdout + b.stderr
+        said = b.stdout
+        assert said.splitlines()[1].startswith(found)                         # before the first step
+    assert found in said
+    assert procs.wait_gone(family, 5), [p for p in family if procs.alive(p)]
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check(partials=False)
 
 
 @covers("proc-three-runs-three-ports", "proc-sigterm-stops-server")

@@ -16,8 +16,9 @@ the whole tree stopped on exit, error, Ctrl-C, SIGTERM) with what SGLang needs a
   * a port from the OS (procs.free_port) unless one is given; a given port already in use is a
     SetupError (one line);
   * a pidfile (default ``$HANDS_ON_CACHE/servers/<script>/<run pid>-<name>.pid``, ``pidfile=False``: none):
-    before it starts, every server that a run of the same script killed with SIGKILL left behind
-    (its pidfile's owner is dead) is stopped (procs.reap_stale); servers of runs still going are left alone;
+    before it starts, every server that a run of any script killed with SIGKILL left behind (its
+    pidfile's owner is dead; procs.reap_left over the whole registry) is stopped; servers of runs still
+    going are left alone;
   * the environment: NVLink multicast off (procs.nccl_env, the workbook's one policy; --enable-nccl-nvls
     and --enable-symm-mem refused), the /health generation probe off (no 1-token prefills in the
     logs), HF offline for local model dirs;
@@ -61,7 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import cli, procs, stats, trace  # noqa: E402
-from common.checks import SetupError, cache_dir  # noqa: E402
+from common.checks import SetupError  # noqa: E402
 
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}   # for local model dirs: never reach the Hub
@@ -256,24 +257,16 @@ def random_text(n_chars: int, seed: int) -> str:
 # ================================================================== the server
 
 def servers_dir(script: str | None = None) -> Path:
-    """Where the servers of ``script`` (default: the running script's stem) keep their pidfiles."""
-    stem = script or Path(sys.argv[0] or "python").stem or "python"
-    return cache_dir() / "servers" / re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+    """Where the servers of ``script`` (default: the running script's stem) keep their pidfiles: its folder
+    in the workbook's one registry (procs.registry)."""
+    return procs.registry(script or Path(sys.argv[0] or "python").stem or "python")
 
 
-def reap_servers(folder, echo=print) -> list[int]:
-    """Stop every server that a killed run left behind in ``folder`` (its pidfile's owner is dead and
-    the process group still runs the recorded command; procs.reap_stale). Pidfiles of runs that are
-    still going, this one included, are left alone. Returns the pids stopped."""
-    stopped: list[int] = []
-    for p in sorted(Path(folder).glob("*.pid")):
-        try:
-            owner = json.loads(p.read_text()).get("owner")
-        except (OSError, ValueError):
-            owner = None
-        if owner != os.getpid():
-            stopped += procs.reap_stale(p, echo)
-    return stopped
+def reap_servers(folder=None, echo=print) -> list[int]:
+    """Stop every server that a killed run left behind in ``folder`` (default: the whole registry, whichever
+    script started it; procs.reap_left). Pidfiles of runs that are still going, this one included, are left
+    alone. Returns the pids stopped."""
+    return procs.reap_left(folder, echo)
 
 
 class Server:
@@ -336,8 +329,9 @@ class Server:
         return self.group.proc if self.group else None
 
     def start(self) -> "Server":
+        reap_servers(echo=self.echo)          # servers a SIGKILLed run of any script left behind
         if self.pidfile:
-            reap_servers(self.pidfile.parent, self.echo)       # servers a SIGKILLed run left behind
+            reap_servers(self.pidfile.parent, self.echo)       # and beside a pidfile given outside the registry
         if not procs.port_free(self.host, self.port):
             hint = "choose another with --port" if self.port_fixed else "the OS gave it a moment ago"
             raise SetupError(f"port {self.port} on {self.host} is already in use (another server running? "
