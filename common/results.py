@@ -154,12 +154,22 @@ def script_of(dir_: Path) -> str | None:
 
 def foreign(path: Path, script: str) -> str | None:
     """Why a run of ``script`` may not replace (or discard) ``path``: it exists and is not a results folder
-    of that script. None when absent or one. Only such folders are ever moved or deleted."""
-    if not os.path.lexists(path):
-        return None
-    if not path.is_dir():
-        return "is not a folder"
-    made = script_of(path)
+    of that script. None when absent or one. Only such folders are ever moved or deleted. A folder that
+    another run moves away while it is read is looked at again (two runs of one script at once)."""
+    for _ in range(50):
+        try:
+            before = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.isdir(path):
+            return "is not a folder"
+        made = script_of(path)
+        try:
+            after = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if (after.st_ino, after.st_dev) == (before.st_ino, before.st_dev):
+            break
     if made is None:
         return "is not a results folder (no summary.json of a run)"
     return None if made == script else f"holds a run of {made}"
@@ -293,12 +303,12 @@ class Run:
         self._t0 = time.time()
         self._done = False
         base = self.final_dir.parent
-        for p in (self.final_dir, self.previous_dir):
-            why = foreign(p, self.script)
-            if why:
-                raise SetupError(f"{p} {why}: a run replaces only a folder an earlier run of {self.script} "
-                                 "wrote; " + ("give --out a new folder" if out else "move it away"))
         try:
+            for p in (self.final_dir, self.previous_dir):
+                why = foreign(p, self.script)
+                if why:
+                    raise SetupError(f"{p} {why}: a run replaces only a folder an earlier run of {self.script} "
+                                     "wrote; " + ("give --out a new folder" if out else "move it away"))
             base.mkdir(parents=True, exist_ok=True)
             recover(self.final_dir)
             for d in dict.fromkeys((base, entry.parent)):
