@@ -66,6 +66,10 @@ FAULTS = {
                                               "the runner itself needs neither; exit 1"),
     # (b) reports
     "report-mixed-machines": ("reports", "one line per page naming both machines; only that run's blocks change"),
+    "report-older-or-other-gpu-run": ("reports", "'skipped <summary>: its run (<date>) is older than the blocks it "
+                                                 "would replace in <page> (<date>) ...' / '... its run on <GPU> would "
+                                                 "sit beside runs on <GPU> in <page>; copy it to results/other-gpu/...'; "
+                                                 "exit 0; byte-identical; ACCEPT_MIXED=1 takes it (the case above)"),
     "report-old-schema": ("reports", "'skipped <summary>: no \"schema\" key ...'; exit 0; reports byte-identical"),
     "report-no-provenance": ("reports", "'skipped <summary>: no provenance ...'; exit 0; byte-identical"),
     "report-malformed-json": ("reports", "'skipped <summary>: not valid JSON (...)'; exit 0; byte-identical"),
@@ -240,13 +244,16 @@ class World:
                 for p in sorted(self.root.glob("*/reports/**/*")) if p.is_file()}
 
     def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
-             commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None) -> Path:
+             commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None,
+             date: str | None = None) -> Path:
         """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
-        ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script."""
+        ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script.
+        Dated now (``date``: an ISO time), so that it is newer than the committed blocks it may replace."""
         script = script or self.root / system / "scripts" / f"{stem}.py"
         with results.Run(script, {"seeded": True}, out=out, quiet=True) as r:
             r.summary["provenance"].update(gpu=gpu, gpu_count=1, packages={"torch": torch},
-                                           git={"commit": commit, "dirty": False}, date_utc="2026-11-21T16:08:31Z")
+                                           git={"commit": commit, "dirty": False},
+                                           date_utc=date or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             for f in files:
                 if f.endswith(".csv"):
                     r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
@@ -486,10 +493,10 @@ def report_cmd(w: World, env, *args, timeout=120) -> subprocess.CompletedProcess
     return run([PY, "-m", "common.report", *args], env, cwd=w.root, timeout=timeout)
 
 
-def make_reports(w: World, env) -> subprocess.CompletedProcess:
+def make_reports(w: World, env, *args) -> subprocess.CompletedProcess:
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    return run(["make", "--no-print-directory", "-C", w.root, "reports", f"PYTHON={PY}"], env)
+    return run(["make", "--no-print-directory", "-C", w.root, "reports", f"PYTHON={PY}", *args], env)
 
 
 def totals(stdout: str) -> str:
@@ -510,7 +517,7 @@ def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
     pages0 = {p.name: p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md")}
     w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234", keep=False)
-    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    out = make_reports(w, env_for(tmp_path), "ACCEPT_MIXED=1")      # asked for (else skipped: the case below)
     assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
     # the pages where this run's blocks sit beside blocks of other runs that the committed pages place on an H200
     # (a block's hidden run line, or a provenance block of another script)
@@ -532,6 +539,30 @@ def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
     header = text[text.index("<!-- auto:runs -->"):].split("<!-- /auto -->")[0]
     assert "This page mixes runs from 2 machines" in header                 # and the page's header says so
     w.check(reports=False)
+
+
+@covers("report-older-or-other-gpu-run")
+@pytest.mark.parametrize("case", ["other-gpu", "older"])
+def test_an_older_or_other_gpu_run_is_skipped_unless_asked_for(tmp_path, pids, case):
+    """`make reports` over a run from another GPU model (another commit, an older torch), or over one dated
+    before the blocks it would replace: before, it silently replaced the newer blocks (only the mixed-machine
+    banner said anything); now one line, every report byte-identical (ACCEPT_MIXED=1: the case above)."""
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    if case == "other-gpu":
+        w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234")
+        why = (r"its run on NVIDIA H100 80GB HBM3 would sit beside runs on NVIDIA H200 in flashinfer/reports/\S+\.md; "
+               r"copy it to results/other-gpu/03_profile_decode/ to compare, or `make reports ACCEPT_MIXED=1` uses it")
+    else:
+        w.seed("flashinfer", "03_profile_decode", date="2026-11-01T10:00:00Z")
+        why = (r"its run \(2026-11-01\) is older than the blocks it would replace in flashinfer/reports/\S+\.md "
+               r"\(2026-11-\d\d\); `make reports ACCEPT_MIXED=1` uses it")
+    out = make_reports(w, env_for(tmp_path))
+    assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    (line,) = [ln for ln in lines(out.stdout) if ln.startswith("skipped ")]
+    assert re.fullmatch(rf"skipped flashinfer/results/03_profile_decode/summary\.json: {why}", line), line
+    assert not [ln for ln in lines(out.stdout) if "mixes runs" in ln or ln.startswith("updated ")]
+    assert totals(out.stdout).endswith("1 results file(s) skipped, 0 file(s) changed")
+    w.check()
 
 
 BAD_SUMMARIES = {
