@@ -44,6 +44,7 @@ FIXTURES = TESTS / "fixtures"
 EXPERIMENT = FAKES / "experiment.py"
 PY = sys.executable
 TB = "Traceback"
+SEEDED_AT = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())     # the date of every seeded run
 
 # ------------------------------------------------------------------ the matrix
 
@@ -248,12 +249,13 @@ class World:
              date: str | None = None) -> Path:
         """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
         ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script.
-        Dated now (``date``: an ISO time), so that it is newer than the committed blocks it may replace."""
+        Dated when this module was loaded (``date``: an ISO time), so newer than the committed blocks it may
+        replace, and the same in every World of one session (two Worlds' pages compare byte for byte)."""
         script = script or self.root / system / "scripts" / f"{stem}.py"
         with results.Run(script, {"seeded": True}, out=out, quiet=True) as r:
             r.summary["provenance"].update(gpu=gpu, gpu_count=1, packages={"torch": torch},
                                            git={"commit": commit, "dirty": False},
-                                           date_utc=date or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                                           date_utc=date or SEEDED_AT)
             for f in files:
                 if f.endswith(".csv"):
                     r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
