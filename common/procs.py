@@ -164,10 +164,10 @@ def wait_gone(pids, timeout: float) -> bool:
     return not any(alive(p) for p in pids)
 
 
-def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=()) -> list[int]:
+def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=(), on_kill=None) -> list[int]:
     """Stop process group ``pgid`` and every descendant: SIGTERM to ``first`` (e.g. the application
-    inside a profiler), then to the group and the strays, SIGKILL after ``term_timeout``. Returns the
-    pids still alive afterwards ([] when all are gone)."""
+    inside a profiler), then to the group and the strays, SIGKILL after ``term_timeout`` (``on_kill()`` is
+    called just before, to say so). Returns the pids still alive afterwards ([] when all are gone)."""
     members = set(members or ()) | set(group_pids(pgid)) | set(descendants(pgid)) | {pgid}
     for p in first:
         _signal_pid(p, signal.SIGTERM)
@@ -175,6 +175,8 @@ def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=()) 
     for p in members:
         _signal_pid(p, signal.SIGTERM)
     if not wait_gone(members, term_timeout):
+        if on_kill:
+            on_kill()
         members |= set(group_pids(pgid)) | set(descendants(pgid))
         _signal_group(pgid, signal.SIGKILL)
         for p in members:
@@ -250,7 +252,7 @@ class Group:
     """A command in its own session and process group, stopped with its whole tree on exit.
 
     ``start()`` returns self; ``stop()`` is idempotent and returns a report dict (stop_s, returncode,
-    processes, left_over). As a context manager it stops on normal exit, on an error, on Ctrl-C, and
+    left_over, killed: whether SIGTERM was not enough, said in one line when it happens). As a context manager it stops on normal exit, on an error, on Ctrl-C, and
     on SIGTERM/SIGHUP (turned into KeyboardInterrupt while the group runs in the main thread).
     """
 
@@ -315,8 +317,13 @@ class Group:
                 proc.stdin.close()
             except OSError:
                 pass
+        killed = []
+
+        def on_kill():
+            killed.append(True)
+            self.echo(f"{self.name}: still running {self.stop_timeout:.0f} s after SIGTERM; sending SIGKILL")
         try:
-            left = stop_tree(proc.pid, term_timeout=self.stop_timeout, first=first)
+            left = stop_tree(proc.pid, term_timeout=self.stop_timeout, first=first, on_kill=on_kill)
         except KeyboardInterrupt:      # a second Ctrl-C while stopping: no more patience
             _signal_group(proc.pid, signal.SIGKILL)
             raise
@@ -327,7 +334,7 @@ class Group:
                 pass
             self._close()
         self.stop_report = {"stop_s": round(time.time() - t0, 1), "returncode": proc.returncode,
-                            "left_over": left}
+                            "left_over": left, "killed": bool(killed)}
         if self.pidfile and not left:
             self.pidfile.unlink(missing_ok=True)
         if left:

@@ -120,7 +120,11 @@ FAULTS = {
     "proc-sigterm-stops-server": ("processes", "'[interrupted] stopped by SIGTERM ...'; exit 143; server tree gone"),
     "proc-no-fixed-port": ("processes", "no test or script binds a fixed port (30000 or any literal)"),
     "proc-server-dies-at-startup": ("processes", "'[failed] ServerError: server exited with code 3 during start-up "
-                                                 "...' naming the kept log; exit 1; no pidfile, no process"),
+                                                 "... Last log lines (<kept log>): <line> | <line>'; exit 1; no pidfile, "
+                                                 "no process"),
+    "proc-server-ignores-sigterm": ("processes", "the run's log: 'server: still running 3 s after SIGTERM; sending "
+                                                 "SIGKILL' then 'server: stopped (..., killed with SIGKILL after 3 s "
+                                                 "of SIGTERM)'; exit 0; no process"),
     "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
                                          "directly (it was 'not healthy after 900 s'); exit 0"),
     "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
@@ -1107,9 +1111,25 @@ def test_a_server_that_dies_during_start_up(tmp_path, pids):
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert r.returncode == 1 and r.stdout == "" and TB not in r.stderr
     assert re.fullmatch(re.escape("[failed] ServerError: server exited with code 3 during start-up after ") + r"\d+" +
-                        re.escape(f" s. Last log lines ({kept / 'server.log'}): (traceback: {kept / 'error.txt'})"),
+                        re.escape(f" s. Last log lines ({kept / 'server.log'}): fake server: model dummy-model on ")
+                        + r"127\.0\.0\.1:\d+" + re.escape(" | fake server: dying on purpose (CUDA out of memory) "
+                                                          f"(traceback: {kept / 'error.txt'})"),
                         lines(r.stderr)[0]) and len(lines(r.stderr)) == 1, r.stderr
     assert "dying on purpose" in (kept / "server.log").read_text()     # the line names a file that exists
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("proc-server-ignores-sigterm")
+def test_a_server_that_ignores_sigterm_is_said_to_be_killed(tmp_path, pids):
+    """Before: the stop waited the whole stop timeout in silence, then said 'stopped' as if SIGTERM had worked."""
+    w, out = demo_world(tmp_path)
+    w.kept.pop(out)                                       # this run succeeds and replaces the earlier one
+    r = experiment(out, "--server", "--server-arg=--ignore-term", "--tag", "stubborn", env=env_for(tmp_path))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr
+    log = [ln.split("] ", 1)[1] for ln in (out / "log.txt").read_text().splitlines()]
+    i = log.index("server: still running 3 s after SIGTERM; sending SIGKILL")
+    assert re.fullmatch(r"server: stopped \(1 processes, 3\.\d s; killed with SIGKILL after 3 s of SIGTERM\)", log[i + 1])
     assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
     w.check()
 

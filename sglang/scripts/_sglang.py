@@ -358,7 +358,7 @@ class Server:
             rc = self.group.poll()
             if rc is not None:
                 raise ServerError(f"{self.name} exited with code {rc} during start-up after {time.time() - t0:.0f} s. "
-                                  f"Last log lines ({self.log_path}):\n{self.log_tail(15)}")
+                                  f"Last log lines ({self.log_path}): {self.last_lines()}")
             try:
                 with _LOCAL.open(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -368,7 +368,7 @@ class Server:
             now = time.time()
             if now - t0 > self.start_timeout:
                 raise ServerError(f"{self.name} not healthy after {self.start_timeout:.0f} s (start_timeout). "
-                                  f"Last log lines:\n{self.log_tail(10)}")
+                                  f"Last log lines ({self.log_path}): {self.last_lines()}")
             if now - last_note > 30:
                 last_note = now
                 self.echo(f"{self.name}: still starting ({now - t0:.0f} s): {self.log_tail(1)[:160]}")
@@ -401,14 +401,16 @@ class Server:
             rep = g.stop()
             strays = [p for p in members if procs.alive(p)]    # left the tree when their parent (the app) exited
             if strays:
-                rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout)
+                rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout,
+                                                   on_kill=lambda: rep.update(killed=True))
             try:
                 atexit.unregister(self.stop)
             except Exception:  # noqa: BLE001 - interpreter shutting down
                 pass
         self.stop_report = {**rep, "processes": len(members), "gpu_left_over": _gpu_pids_left(members)}
         gl = self.stop_report["gpu_left_over"]
-        self.echo(f"{self.name}: stopped ({len(members)} processes, {rep['stop_s']} s)"
+        killed = f"; killed with SIGKILL after {self.stop_timeout:.0f} s of SIGTERM" if rep.get("killed") else ""
+        self.echo(f"{self.name}: stopped ({len(members)} processes, {rep['stop_s']} s{killed})"
                   + (f" WARNING: processes still alive: {rep['left_over']}" if rep["left_over"] else "")
                   + (f" WARNING: still holding GPU memory: {gl}" if gl else ""))
         return self.stop_report
@@ -472,6 +474,12 @@ class Server:
             return "(no log)"
         return "\n".join(lines[-n:])
 
+    def last_lines(self, n: int = 3) -> str:
+        """The last ``n`` lines the server wrote, on one line ('a | b | c'; the launch command left out): what an
+        error's one line shows of the log."""
+        lines = [ln.strip()[:240] for ln in self.log_tail(n + 40).splitlines() if ln.strip() and not ln.startswith("$ ")]
+        return " | ".join(lines[-n:]) or "(the log is empty)"
+
     def wait_log(self, pattern: str, mark: int = 0, timeout: float = 60, while_alive=None) -> re.Match:
         """Block until a log line after ``mark`` matches ``pattern``. ServerError on timeout, when the
         server dies, or when the thread ``while_alive`` (the client sending the load) has finished."""
@@ -481,7 +489,7 @@ class Server:
             if m:
                 return m
             if not self.alive():
-                raise ServerError(f"{self.name} died; last log lines:\n{self.log_tail(12)}")
+                raise ServerError(f"{self.name} died; last log lines ({self.log_path}): {self.last_lines()}")
             if while_alive is not None and not while_alive.is_alive():
                 raise ServerError(f"the requests finished before a log line matched {pattern!r}")
             time.sleep(0.05)
@@ -498,7 +506,7 @@ class Server:
         except urllib.error.HTTPError as e:
             raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError) as e:
-            dead = "" if self.alive() else f" The server is no longer running; last log lines:\n{self.log_tail(12)}"
+            dead = "" if self.alive() else f" The server is no longer running; last log lines ({self.log_path}): {self.last_lines()}"
             raise ServerError(f"{path}: {e.__class__.__name__}: {e}.{dead}") from None
 
     def get_json(self, path: str, timeout: float = 60):
