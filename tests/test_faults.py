@@ -125,6 +125,9 @@ FAULTS = {
     "proc-server-ignores-sigterm": ("processes", "the run's log: 'server: still running 3 s after SIGTERM; sending "
                                                  "SIGKILL' then 'server: stopped (..., killed with SIGKILL after 3 s "
                                                  "of SIGTERM)'; exit 0; no process"),
+    "proc-second-ctrl-c-at-start": ("processes", "Ctrl-C twice while the server starts (the second at once or while it "
+                                                 "is stopped): the one '[interrupted] stopped by Ctrl-C; ...' line, no "
+                                                 "'Exception ignored in atexit callback'; exit 130; no process"),
     "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
                                          "directly (it was 'not healthy after 900 s'); exit 0"),
     "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
@@ -1131,6 +1134,36 @@ def test_a_server_that_ignores_sigterm_is_said_to_be_killed(tmp_path, pids):
     i = log.index("server: still running 3 s after SIGTERM; sending SIGKILL")
     assert re.fullmatch(r"server: stopped \(1 processes, 3\.\d s; killed with SIGKILL after 3 s of SIGTERM\)", log[i + 1])
     assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("proc-second-ctrl-c-at-start")
+@pytest.mark.parametrize("gap", [0.0, 0.01, 0.3])
+def test_a_second_ctrl_c_while_the_server_starts(tmp_path, pids, gap):
+    """Ctrl-C while waiting for /health, then again ``gap`` s later, while the server (which ignores SIGTERM) is
+    being stopped. Before: the stop cut short left its atexit callback to write to the run's closed log
+    ('Exception ignored in atexit callback ... ValueError: I/O operation on closed file.') and, when cut before
+    the SIGKILL, the server running."""
+    w, out = demo_world(tmp_path)
+    p = subprocess.Popen([PY, str(EXPERIMENT), "--out", str(out), "--server", "--server-arg=--no-health",
+                          "--server-arg=--ignore-term", "--start-timeout", "60"], env=env_for(tmp_path), cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids.append(p.pid)
+    folder, t0 = tmp_path / "cache" / "servers" / "experiment", time.time()
+    while not list(folder.glob("*.pid")) and time.time() - t0 < 30:
+        time.sleep(0.02)
+    (pidfile,) = folder.glob("*.pid")
+    pids.append(json.loads(pidfile.read_text())["pgid"])
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert p.returncode == 130 and TB not in err, err
+    assert lines(err) == [f"[interrupted] stopped by Ctrl-C; earlier results were left as they were (this run kept in "
+                          f"{kept})."]
+    assert procs.wait_gone(pids[1:], 10), [q for q in pids if procs.alive(q)]
     w.check()
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -269,6 +270,21 @@ def reap_servers(folder=None, echo=print) -> list[int]:
     return procs.reap_left(folder, echo)
 
 
+def _last_stop(owner) -> None:
+    """atexit's stop of a Server or BenchWorker whose own stop was cut short (a second Ctrl-C): without a
+    word, since the run's log is closed by then (a message there raised, the stop ended before its
+    SIGKILL and the server stayed), and without waiting for a third Ctrl-C."""
+    quiet = lambda *_: None  # noqa: E731
+    bench = getattr(owner, "_bench", None)
+    for o in (owner, owner.group, bench, bench and bench.group):
+        if o is not None:
+            o.echo = quiet
+    try:
+        owner.stop()
+    except KeyboardInterrupt:
+        pass
+
+
 class Server:
     """``python -m sglang.launch_server`` as a context manager (see the module docstring).
 
@@ -302,6 +318,7 @@ class Server:
         self.pidfile = (servers_dir() / f"{os.getpid()}-{safe}.pid" if pidfile is None
                         else Path(pidfile) if pidfile else None)
         self.group: procs.Group | None = None
+        self._at_exit = None
         self.startup_s: float | None = None
         self.stop_report: dict = {}
         self._bench: BenchWorker | None = None
@@ -340,7 +357,8 @@ class Server:
             self.echo(f"{self.name}: note: {n}")
         self.group = procs.Group(self.cmd, self.log_path, env=self.env, name=self.name, pidfile=self.pidfile,
                                  echo=self.echo, stop_timeout=self.stop_timeout)
-        atexit.register(self.stop)
+        self._at_exit = functools.partial(_last_stop, self)
+        atexit.register(self._at_exit)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
         t0 = time.time()
         try:
@@ -404,7 +422,7 @@ class Server:
                 rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout,
                                                    on_kill=lambda: rep.update(killed=True))
             try:
-                atexit.unregister(self.stop)
+                atexit.unregister(self._at_exit)
             except Exception:  # noqa: BLE001 - interpreter shutting down
                 pass
         self.stop_report = {**rep, "processes": len(members), "gpu_left_over": _gpu_pids_left(members)}
@@ -963,6 +981,7 @@ class BenchWorker:
         self.cmd = [python, str(Path(__file__).resolve()), "--bench-worker", module]
         self.group: procs.Group | None = None
         self.runs = 0
+        self._at_exit = None
 
     @property
     def pid(self) -> int | None:
@@ -971,7 +990,8 @@ class BenchWorker:
     def _start(self) -> None:
         self.group = procs.Group(self.cmd, self.log_path, env={**os.environ, **self.env}, name="bench_serving worker",
                                  echo=self.echo, stdin_pipe=True).start()
-        atexit.register(self.stop)
+        self._at_exit = functools.partial(_last_stop, self)
+        atexit.register(self._at_exit)
 
     def run(self, argv, log, timeout: float | None = 900) -> int:
         """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``."""
@@ -1012,7 +1032,7 @@ class BenchWorker:
             self.group.stop()
             self.group = None
         try:
-            atexit.unregister(self.stop)
+            atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001 - interpreter shutting down
             pass
 
