@@ -309,13 +309,10 @@ _GEMM_FULL_EXTRA = sorted({(m, n, k) for m in (4096, 8192, 12288, 16384) for n i
                                                               (4096, 14336, 4096), (8192, 4096, 14336)})
 
 
-def _cache_base() -> Path:
-    return Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
-
-
 def ceilings_dir() -> Path:
     """Where every system reads and writes the ceilings: ``$HANDS_ON_CACHE/ceilings`` (default ``~/.cache/hands-on``)."""
-    return _cache_base() / "ceilings"
+    from .checks import cache_dir
+    return cache_dir() / "ceilings"
 
 
 def _file_name(uuid: str) -> str:
@@ -892,7 +889,8 @@ def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
     import tempfile
 
     from .procs import Group
-    ceilings_dir().mkdir(parents=True, exist_ok=True)
+    from .checks import cache_folder
+    cache_folder("ceilings")              # a cache that cannot be written: one [setup] line naming it
     with tempfile.TemporaryDirectory(dir=ceilings_dir()) as td:
         out = Path(td) / "ceilings.json"
         cmd = [sys.executable, "-m", "common.gpu", "ceilings", "--device", str(device), "--json-out", str(out)]

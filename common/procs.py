@@ -221,10 +221,11 @@ def reap_stale(path, echo=print) -> list[int]:
 
 def registry(script: str | None = None) -> Path:
     """The one record of the servers the workbook's runs started: ``<cache>/servers/`` (``script``: its
-    folder there, one per script)."""
-    from .checks import cache_dir
-    root = cache_dir() / "servers"
-    return root / re.sub(r"[^A-Za-z0-9_.-]", "_", script) if script else root
+    folder there, one per script, created: a SetupError naming it when the cache cannot be written)."""
+    from .checks import cache_dir, cache_folder
+    if script:
+        return cache_folder("servers", re.sub(r"[^A-Za-z0-9_.-]", "_", script))
+    return cache_dir() / "servers"
 
 
 def _owner(path: Path):

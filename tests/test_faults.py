@@ -140,6 +140,9 @@ FAULTS = {
     "value-tp-over-visible-gpus": ("values", "'[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible ...'; exit 2"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
+    "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
+                                     "writable ([Errno 20|13] ...); set HANDS_ON_CACHE to a writable folder'; exit 2; "
+                                     "nothing started"),
     "package-pandas-script": ("values", "'[setup] Python package(s) not importable: 'pandas' (pip install "
                                         "pandas)'; exit 2"),
     "package-matplotlib-script": ("values", "'[setup] ... 'matplotlib' (pip install matplotlib)'; exit 2"),
@@ -1288,6 +1291,42 @@ def test_an_ncu_csv_without_the_time_metric_is_named(tmp_path, pids):
                                "time: collect it (--metrics gpu__time_duration.sum, or a section set such as "
                                f"SpeedOfLight/full) (traceback: {tb})"]
     assert not (out / "kernels.csv").exists()                          # no table of NaN times
+    w.check()
+
+
+@covers("cache-not-writable")
+@pytest.mark.parametrize("how", ["cache-is-a-file", "home-cache-is-a-file", "chmod"])
+def test_a_cache_folder_that_cannot_be_written(tmp_path, pids, how):
+    """The server's pidfile goes to the cache ($HANDS_ON_CACHE, else ~/.cache/hands-on): before, a cache or HOME
+    that could not be written was '[failed] PermissionError' / 'NotADirectoryError' with a traceback file."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    cache, why = tmp_path / "cache", "[Errno 20] Not a directory"
+    if how == "cache-is-a-file":
+        cache.write_text("a file where the cache folder should be\n")
+    elif how == "home-cache-is-a-file":
+        del env["HANDS_ON_CACHE"]
+        env["HOME"] = str(tmp_path / "home")
+        (tmp_path / "home").mkdir()
+        (tmp_path / "home" / ".cache").write_text("a file\n")
+        cache = tmp_path / "home" / ".cache" / "hands-on"
+    else:
+        cache.mkdir()
+        cache.chmod(0o500)
+        if os.access(cache, os.W_OK):
+            cache.chmod(0o700)
+            pytest.skip("running as root: chmod does not make a folder read-only")
+        why = "[Errno 13] Permission denied"
+    try:
+        r = experiment(out, "--server", env=env)
+    finally:
+        if cache.is_dir():
+            cache.chmod(0o700)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] cache folder {cache / 'servers' / 'experiment'} is not writable ({why}); set "
+                               "HANDS_ON_CACHE to a writable folder"]
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()       # nothing started
     w.check()
 
 
