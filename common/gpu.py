@@ -903,8 +903,12 @@ def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
             rc = g.wait(1800)
         c = read_ceilings(out)
         if rc != 0 or c is None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
-            raise RuntimeError(f"measuring the ceilings failed (exit {rc}); log {log}: " + " | ".join(tail))
+            said = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+            setup = [ln for ln in said if ln.startswith("[setup] ")]
+            if rc == 2 and setup:            # the child's one line: the machine lacks something (no torch...)
+                from .checks import SetupError
+                raise SetupError(f"{setup[-1][len('[setup] '):]} (while measuring this GPU's ceilings; log {log})")
+            raise RuntimeError(f"measuring the ceilings failed (exit {rc}); log {log}: " + " | ".join(said[-3:]))
         return c
 
 

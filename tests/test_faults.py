@@ -138,6 +138,9 @@ FAULTS = {
     "value-batches-abc": ("values", "'... --batches: expected positive integers ...'; exit 2"),
     "value-unknown-preset": ("values", "'... unknown model preset 'gpt-9'; choose from ...'; exit 2"),
     "value-tp-over-visible-gpus": ("values", "'[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible ...'; exit 2"),
+    "value-gpu-without-torch": ("values", "sglang 01/03 where nvidia-smi sees an H200 but torch is missing: '[setup] "
+                                          "Python package 'torch' is not importable ... (while measuring this GPU's "
+                                          "ceilings; log <log>)'; exit 2; earlier results intact"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
@@ -1276,6 +1279,26 @@ def test_more_tensor_parallel_ranks_than_gpus(tmp_path, pids):
     assert lines(r.stderr) == ["[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible (CUDA_VISIBLE_DEVICES limits "
                                "what is visible)."]
     assert not (tmp_path / "cache" / "servers").exists()
+    w.check()
+
+
+@covers("value-gpu-without-torch")
+@pytest.mark.parametrize("script", ["01_baseline_perf", "03_backend_comparison"])
+def test_a_gpu_machine_without_torch(tmp_path, pids, script):
+    """The ceilings are measured in a child process, which stops with a [setup] line (exit 2): before, the script
+    wrapped it as '[failed] RuntimeError: measuring the ceilings failed (exit 2) ...' (exit 1)."""
+    w = World(tmp_path)
+    out = w.root / "results" / script
+    w.seed("sglang", script, out=out)
+    env = env_for(tmp_path, smi="h200", PYTHONPATH=os.pathsep.join(map(str, (sglang_stub(tmp_path),
+                                                                              blocked(tmp_path, "torch")))))
+    r = run([PY, REPO / "sglang" / "scripts" / f"{script}.py", "--quick", "--out", out], env)
+    log = tmp_path / "cache" / "ceilings" / "measure-GPU-00000000-fake-fake-fake-000000000000.log"
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
+    assert lines(r.stderr) == ["[setup] Python package 'torch' is not importable (ModuleNotFoundError: No module named "
+                               "'torch'). Install it: pip install -r requirements.txt (while measuring this GPU's "
+                               f"ceilings; log {log})"]
+    assert not (tmp_path / "cache" / "servers").exists() or not list((tmp_path / "cache" / "servers").rglob("*.pid"))
     w.check()
 
 
