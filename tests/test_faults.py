@@ -146,6 +146,17 @@ FAULTS = {
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
                                      "writable ([Errno 20|13] ...); set HANDS_ON_CACHE to a writable folder'; exit 2; "
                                      "nothing started"),
+    "value-ncu-text-in-a-number-column": ("values", "'[failed] NcuParseError: <dir>/ncu.csv: column "
+                                                    "gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a "
+                                                    "number'; exit 1 (was ValueError: could not convert string ...)"),
+    "value-nsys-csv-without-name": ("values", "'[failed] TraceError: <csv>: no Name column (columns: ...)'; exit 1 (was "
+                                              "KeyError: 'name'); the earlier run intact"),
+    "value-nsys-csv-cut-mid-row": ("values", "'[failed] TraceError: <csv>: column Name, line N: empty (the file cut "
+                                             "mid-row?)'; exit 1 (was AttributeError: 'float' ... 'replace')"),
+    "value-nsys-csv-cut-mid-quote": ("values", "'[failed] TraceError: <csv>: column Name, line N: a quote never closed "
+                                               "...'; exit 1 (was pandas' ParserError)"),
+    "value-trace-gz-cut": ("values", "'[failed] TraceError: trace <file> is cut short or damaged (EOFError: ...)'; "
+                                     "exit 1 (was EOFError, the file not named)"),
     "package-pandas-script": ("values", "'[setup] Python package(s) not importable: 'pandas' (pip install "
                                         "pandas)'; exit 2"),
     "package-matplotlib-script": ("values", "'[setup] ... 'matplotlib' (pip install matplotlib)'; exit 2"),
@@ -1350,6 +1361,60 @@ def test_a_cache_folder_that_cannot_be_written(tmp_path, pids, how):
                                "HANDS_ON_CACHE to a writable folder"]
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()       # nothing started
+    w.check()
+
+
+def _damaged_nsys(src: Path, how: str) -> tuple[Path, str]:
+    """The recording's cuda_gpu_trace CSV damaged ``how``; (its path, what the one line says after it)."""
+    csv_ = src / "timeline_overlap_on_cuda_gpu_trace.csv"
+    text = csv_.read_text()
+    ls = text.splitlines(keepends=True)
+    if how == "value-nsys-csv-without-name":
+        csv_.write_text(text.replace(",Name\n", ",Label\n", 1))
+        return csv_, "no Name column (columns: Start (ns), Duration (ns), CorrId, Strm, Label): not an nsys stats " \
+                     "table this reads"
+    if how == "value-nsys-csv-cut-mid-row":           # the last row cut after its third field
+        csv_.write_text("".join(ls[:40]) + ",".join(ls[40].split(",")[:3]))
+        return csv_, "column Name, line 41: empty (the file cut mid-row?)"
+    cut = text.index('"void', len("".join(ls[:15])))  # cut inside the quoted name of line 16
+    csv_.write_text(text[:cut + 20])
+    return csv_, ("column Name, line 16: a quote never closed (the file cut mid-quote?) (Error tokenizing data. C "
+                  "error: EOF inside string starting at row 15)")
+
+
+DAMAGED = ["value-ncu-text-in-a-number-column", "value-nsys-csv-without-name", "value-nsys-csv-cut-mid-row",
+           "value-nsys-csv-cut-mid-quote", "value-trace-gz-cut"]
+GZ_READER = "import sys\nsys.path.insert(0, {repo!r})\nfrom common import trace\nfrom common.checks import run_main\n" \
+            "run_main(lambda argv=None: trace.read_chrome_trace(sys.argv[1]))\n"
+
+
+@covers(*DAMAGED)
+@pytest.mark.parametrize("fault", DAMAGED)
+def test_a_damaged_profile_file_is_named_with_its_column_and_row(tmp_path, pids, fault):
+    """ncu_profile.sh over a value that is not a number, 04_nsys_profile.py --reanalyse over a damaged nsys CSV, a
+    script reading a cut .json.gz trace: one [failed] line naming the file (column, row), no pandas/gzip error."""
+    w = World(tmp_path)
+    env = env_for(tmp_path, FAKE_NCU="text", PYTHON=PY)
+    if fault == "value-ncu-text-in-a-number-column":
+        out = tmp_path / "ncu"
+        r = run(["bash", REPO / "flashinfer" / "scripts" / "ncu_profile.sh", "--out", out, "--", PY, "-c", "pass"], env)
+        said = f"NcuParseError: {out / 'ncu.csv'}: column gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a number"
+    elif fault == "value-trace-gz-cut":
+        gz = tmp_path / "trace.json.gz"
+        whole = (FIXTURES / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz").read_bytes()
+        gz.write_bytes(whole[:len(whole) // 2])
+        r = run([PY, "-c", GZ_READER.format(repo=str(REPO)), gz], env)
+        said = (f"TraceError: trace {gz} is cut short or damaged (EOFError: Compressed file ended before the "
+                "end-of-stream marker was reached)")
+    else:
+        out = w.root / "results" / "04_nsys_profile"
+        w.seed("sglang", "04_nsys_profile", out=out)
+        csv_, what = _damaged_nsys(reanalysis_source(tmp_path), fault)
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", csv_.parent, "--out", out], env)
+        said = f"TraceError: {csv_}: {what}"
+    assert r.returncode == 1 and TB not in r.stdout + r.stderr, r.stderr
+    (line,) = lines(r.stderr)
+    assert re.fullmatch(re.escape(f"[failed] {said} (traceback: ") + r"\S+(error\.txt|\d+\.txt)\)", line), line
     w.check()
 
 
