@@ -174,6 +174,9 @@ def _install_signal_handlers() -> dict:
     old: dict = {}
     if threading.current_thread() is not threading.main_thread():
         return old
+    from . import interrupted_at_start
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:   # the imports are done: Ctrl-C raises again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_signal(signum, frame):
         raise Interrupted(signum)

@@ -86,6 +86,9 @@ FAULTS = {
     "report-unbalanced-markers": ("reports", "'[failed] reports not refreshed, no file written: <page> line N: "
                                              "<!-- auto:KEY --> has no closing <!-- /auto --> ...' (or a stray "
                                              "closing marker); exit 1; every report byte-identical"),
+    "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common.report` still imports: '[interrupted] "
+                                                "stopped by Ctrl-C; earlier results were left as they were.'; exit 130; "
+                                                "no traceback; byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
                                     "exit 1; no temp file left"),
     # (c) results folders
@@ -698,6 +701,34 @@ def test_a_clone_without_results_keeps_every_report_byte_for_byte(tmp_path, pids
                             r"0 file\(s\) changed", totals(out.stdout))
         assert not [ln for ln in out.stdout.splitlines() if ln.startswith(("updated ", "skipped ", "[failed]"))]
         w.check()
+
+
+@covers("report-ctrl-c-during-imports")
+def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
+    """The first 0.2 s of `make reports` are imports; the World's copy of common/story.py (imported by the report
+    module) sleeps at import so that the Ctrl-C lands there. Before: a KeyboardInterrupt traceback."""
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    w.seed("flashinfer", "03_profile_decode")                   # a refresh would change the pages
+    story = w.root / "common" / "story.py"
+    story.write_text(story.read_text() + "\nimport pathlib as _p, time as _t\n"
+                     "_p.Path(__file__).with_name('importing').touch()\n_t.sleep(30)\n")
+    p = subprocess.Popen([PY, "-m", "common.report"], cwd=w.root, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pids.append(p.pid)
+    t0 = time.time()
+    while not (w.root / "common" / "importing").exists() and time.time() - t0 < 30:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and out == "" and TB not in err, err
+    assert lines(err) == ["[interrupted] stopped by Ctrl-C; earlier results were left as they were."]
+    w.check()
+    story.write_text(story.read_text().split("\nimport pathlib as _p")[0])     # once main runs: Ctrl-C raises again
+    rep = w.root / "common" / "report.py"                                       # (run_main's cleanup and line)
+    rep.write_text(rep.read_text().replace("    a = p.parse_args(argv)\n", "    a = p.parse_args(argv)\n    sig = "
+                   "__import__('signal')\n    print('SIGINT raises:', sig.getsignal(2) is sig.default_int_handler)\n"))
+    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    assert out.returncode == 0 and lines(out.stdout)[0] == "SIGINT raises: True", out.stdout + out.stderr
 
 
 REPORT_DISK_FULL = """
