@@ -110,6 +110,8 @@ FAULTS = {
                                          "one [setup] line; exit 2; <stem> and .previous/<stem> byte-identical"),
     "results-symlinked-entry": ("results", "results/<stem> a link to another disk: the run lands there, the link stays, "
                                            "the run it replaced in that disk's .previous/, no .trash-* left; exit 0"),
+    "results-tests-own-cache": ("results", "the test suite's own cache (conftest): a failure's traceback file from any "
+                                          "test process goes to a temporary HANDS_ON_CACHE, never ~/.cache/hands-on"),
     "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
@@ -895,6 +897,21 @@ def test_two_failing_runs_at_once_keep_their_own_error_files(tmp_path, pids):
         assert f"RuntimeError: boom {t}" in text and f"boom {'AB'.replace(t, '')}" not in text
     assert files[0] != files[1] and len(list((out.parent / ".failed" / "01_demo").iterdir())) == 2
     w.check()
+
+
+@covers("results-tests-own-cache")
+def test_the_suite_writes_nothing_into_the_users_cache(tmp_path, pids):
+    """A process a test starts with the inherited environment (not env_for) fails through run_main: its
+    traceback file lands in the session's temporary cache. Before, such files went to ~/.cache/hands-on/errors."""
+    from common.checks import cache_dir
+    real = Path.home() / ".cache" / "hands-on"
+    assert os.environ.get("HANDS_ON_CACHE") and not cache_dir().resolve().is_relative_to(real.resolve())
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom common.checks import run_main\n"
+            "def main(argv=None):\n    raise RuntimeError('boom')\nrun_main(main)\n" % str(REPO))
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    m = re.fullmatch(r"\[failed\] RuntimeError: boom \(traceback: (\S+)\)", r.stderr.strip())
+    assert r.returncode == 1 and m, r.stderr
+    assert Path(m.group(1)).parent == cache_dir() / "errors" and Path(m.group(1)).is_file()
 
 
 @covers("results-read-only")
