@@ -20,6 +20,9 @@ The steps are data: ``<system>/scripts/_steps.py`` defines ``STEPS = [Step(...),
 (common.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
 is reported apart from measurement time; its status does not count towards the pipeline's.
 
+Before the first step, the servers that a killed run of any script left behind (their pidfiles in the
+workbook's one registry, $HANDS_ON_CACHE/servers/) are stopped: common.procs.reap_left.
+
 Progress, one format everywhere (the ETA comes from the last run's step times)::
 
     [3/8] 02_profile_prefill  started  (elapsed 1m12s, ETA 4m30s)
