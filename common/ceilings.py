@@ -58,13 +58,10 @@ from .probes import fmt_bytes
 CEILINGS_VERSION = 5          # bump when a probe changes: a cached set of another version is measured again
 # 5: DRAM read / write / copy kept apart; GEMM shapes start off the power cap, their SM clock recorded
 
-def _cache_base() -> Path:
-    return Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
-
-
 def ceilings_dir() -> Path:
     """Where every system reads and writes the ceilings: ``$HANDS_ON_CACHE/ceilings`` (default ``~/.cache/hands-on``)."""
-    return _cache_base() / "ceilings"
+    from .checks import cache_dir
+    return cache_dir() / "ceilings"
 
 
 def _file_name(uuid: str) -> str:
@@ -354,8 +351,9 @@ def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
     returns the set it measured, or raises RuntimeError with the end of its log."""
     import tempfile
 
+    from .checks import cache_folder
     from .procs import Group
-    ceilings_dir().mkdir(parents=True, exist_ok=True)
+    cache_folder("ceilings")              # a cache that cannot be written: one [setup] line naming it
     with tempfile.TemporaryDirectory(dir=ceilings_dir()) as td:
         out = Path(td) / "ceilings.json"
         cmd = [sys.executable, "-m", "common.ceilings", "measure", "--device", str(device), "--json-out", str(out)]
@@ -368,8 +366,12 @@ def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
             rc = g.wait(1800)
         c = read_ceilings(out)
         if rc != 0 or c is None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
-            raise RuntimeError(f"measuring the ceilings failed (exit {rc}); log {log}: " + " | ".join(tail))
+            said = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+            setup = [ln for ln in said if ln.startswith("[setup] ")]
+            if rc == 2 and setup:            # the child's one line: the machine lacks something (no torch...)
+                from .checks import SetupError
+                raise SetupError(f"{setup[-1][len('[setup] '):]} (while measuring this GPU's ceilings; log {log})")
+            raise RuntimeError(f"measuring the ceilings failed (exit {rc}); log {log}: " + " | ".join(said[-3:]))
         return c
 
 

@@ -125,6 +125,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
 
 
+def cache_folder(*parts: str) -> Path:
+    """``<cache>/<parts...>``, created; a SetupError naming it and HANDS_ON_CACHE when it cannot be written
+    (a read-only cache folder or HOME, a file in its place). For what a run must write there (pidfiles,
+    model folders, measured ceilings); reading needs no check."""
+    d = cache_dir().joinpath(*parts)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise SetupError(f"cache folder {d} is not writable ([Errno {e.errno}] {e.strerror or e}); set "
+                         "HANDS_ON_CACHE to a writable folder") from None
+    return d
+
+
 def save_traceback(exc: BaseException) -> Path | None:
     """Write the traceback of ``exc`` to ``<cache>/errors/<stamp>-<pid>.txt`` (the last KEEP_ERRORS
     kept); its path, or None when it cannot be written."""
@@ -159,6 +174,9 @@ def _install_signal_handlers() -> dict:
     old: dict = {}
     if threading.current_thread() is not threading.main_thread():
         return old
+    from . import interrupted_at_start
+    if signal.getsignal(signal.SIGINT) is interrupted_at_start:   # the imports are done: Ctrl-C raises again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_signal(signum, frame):
         raise Interrupted(signum)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from pathlib import Path
+
+from .checks import cache_dir, cache_folder
 
 _LLAMA31_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 8192, "rope_type": "llama3"}
@@ -87,8 +88,7 @@ def kv_bytes_per_token(preset_or_config, dtype_bytes: int = 2) -> int:
 
 
 def default_dir(preset: str) -> Path:
-    base = Path(os.environ.get("HANDS_ON_CACHE", Path.home() / ".cache" / "hands-on"))
-    return base / "models" / preset
+    return cache_dir() / "models" / preset
 
 
 def _tokenizer(vocab_size: int, specials: dict, bos: str):
@@ -120,6 +120,8 @@ def write_model_dir(preset: str, out_dir: str | Path | None = None, tokenizer: b
     marker = out / ".hands-on-preset"
     if marker.is_file() and marker.read_text().strip() == f"{preset} {stamp}":
         return out
+    if out.absolute().is_relative_to(cache_dir().absolute()):     # a cache that cannot be written: one line
+        cache_folder(*out.absolute().relative_to(cache_dir().absolute()).parts)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     eos_ids = cfg["eos_token_id"]

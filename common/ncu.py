@@ -220,7 +220,9 @@ def read_log(log_path, csv_path=None, *, extra_log=None, what: str = ""):
         raise NcuError(f"ncu profiled no kernel ({what or log_path.name}). Last lines of {log_path.name}:\n{tail}")
     if csv_path is not None:
         Path(csv_path).write_text(csv_text)
-    return read_raw(csv_text)
+    df = read_raw(csv_text)
+    df.attrs["source"] = str(csv_path) if csv_path is not None else f"the CSV lines of {log_path}"
+    return df
 
 
 def extract_csv(text: str) -> str:
@@ -247,8 +249,12 @@ def to_number(s):
     return None
 
 
+def _is_file(src) -> bool:
+    return isinstance(src, Path) or (isinstance(src, str) and "\n" not in src and len(src) < 4096 and Path(src).exists())
+
+
 def _read_rows(src) -> list[list[str]]:
-    if isinstance(src, Path) or (isinstance(src, str) and "\n" not in src and len(src) < 4096 and Path(src).exists()):
+    if _is_file(src):
         text = Path(src).read_text(errors="replace")
     else:
         text = str(src)
@@ -297,6 +303,7 @@ def read_raw(src):
     df = pd.DataFrame(cols)
     df["ID"] = df["ID"].astype(int)
     df.attrs["units"] = dict(zip(header, units))
+    df.attrs["source"] = str(src) if _is_file(src) else "the ncu CSV"     # named by a value that is not a number
     return df
 
 
@@ -361,10 +368,18 @@ def short_name(full: str) -> str:
 
 
 def number_column(df, name: str):
-    """A column of a raw table as floats (text cells through to_number; NaN where a cell is not a number)."""
+    """A column of a raw table as floats ('n/a' is NaN); NcuParseError naming the file, column and row of a
+    value that is not a number."""
+    import pandas as pd
     vals = df[name]
-    if vals.dtype == object:
-        vals = vals.map(lambda v: to_number(v) if to_number(v) is not None else math.nan)
+    if not pd.api.types.is_numeric_dtype(vals):
+        nums = [to_number(v) for v in vals]
+        bad = next((i for i, n in enumerate(nums) if n is None), None)
+        if bad is not None:       # (row: the CSV line, after the header and units rows)
+            raise NcuParseError(f"{df.attrs.get('source', 'the ncu CSV')}: column {name}, row {bad + 3} "
+                                f"({df['Kernel Name'].iloc[bad] if 'Kernel Name' in df else 'kernel ' + str(bad)}): "
+                                f"{vals.iloc[bad]!r} is not a number")
+        vals = pd.Series(nums, index=vals.index)
     return vals.astype(float).to_numpy()
 
 

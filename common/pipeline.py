@@ -20,6 +20,9 @@ The steps are data: ``<system>/scripts/_steps.py`` defines ``STEPS = [Step(...),
 (common.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
 is reported apart from measurement time; its status does not count towards the pipeline's.
 
+Before the first step, the servers that a killed run of any script left behind (their pidfiles in the
+workbook's one registry, $HANDS_ON_CACHE/servers/) are stopped: common.procs.reap_left.
+
 Progress, one format everywhere (the ETA comes from the last run's step times)::
 
     [3/8] 02_profile_prefill  started  (elapsed 1m12s, ETA 4m30s)
@@ -54,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import REPO_ROOT, SYSTEMS
+from .procs import reap_left
 
 ONLY = "only"                   # Step(ncu=ONLY) / Step(nsys=ONLY): the step runs only with that flag
 STEM = "06_full_pipeline"
@@ -418,6 +422,7 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
         return 1
     env, rows, t0, between = child_env(), [], time.time(), False
     try:
+        reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -7,10 +7,13 @@
     rc = run_tool(cmd, log_path, timeout=600)            # a CLI tool in its own group, killed on timeout
     env = nccl_env()                                     # NVLink multicast off (the workbook's one policy)
 
-Pidfiles: a Group started with ``pidfile=`` writes ``{pid, pgid, cmd, started}`` there and removes it
-on a clean stop. A run killed with SIGKILL leaves the file behind; the next run calls
-:func:`reap_stale` on it, which stops the group it names if that group still runs the same command
-(so a server a killed run left behind is found and stopped, never silently joined on another port).
+Pidfiles: a Group started with ``pidfile=`` writes ``{pid, pgid, cmd, started, owner}`` there and removes
+it on a clean stop. A run killed with SIGKILL leaves the file behind; :func:`reap_stale` stops the group
+it names if its owner is gone and the group still runs the same command (so a server a killed run left
+behind is found and stopped, never silently joined on another port). The servers of every script keep
+their pidfiles in one registry (:func:`registry`, ``$HANDS_ON_CACHE/servers/<script>/``), and
+:func:`reap_left` sweeps all of it: any script's next run, or a pipeline, stops what any killed run left.
+Only processes a pidfile of the workbook recorded are ever signalled.
 
 Every function here is stdlib only and works on a machine without a GPU; /proc is read where it
 exists (Linux), elsewhere process-tree lookups return nothing and only the group is signalled.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -160,10 +164,10 @@ def wait_gone(pids, timeout: float) -> bool:
     return not any(alive(p) for p in pids)
 
 
-def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=()) -> list[int]:
+def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=(), on_kill=None) -> list[int]:
     """Stop process group ``pgid`` and every descendant: SIGTERM to ``first`` (e.g. the application
-    inside a profiler), then to the group and the strays, SIGKILL after ``term_timeout``. Returns the
-    pids still alive afterwards ([] when all are gone)."""
+    inside a profiler), then to the group and the strays, SIGKILL after ``term_timeout`` (``on_kill()`` is
+    called just before, to say so). Returns the pids still alive afterwards ([] when all are gone)."""
     members = set(members or ()) | set(group_pids(pgid)) | set(descendants(pgid)) | {pgid}
     for p in first:
         _signal_pid(p, signal.SIGTERM)
@@ -171,6 +175,8 @@ def stop_tree(pgid: int, *, term_timeout: float = 20.0, members=None, first=()) 
     for p in members:
         _signal_pid(p, signal.SIGTERM)
     if not wait_gone(members, term_timeout):
+        if on_kill:
+            on_kill()
         members |= set(group_pids(pgid)) | set(descendants(pgid))
         _signal_group(pgid, signal.SIGKILL)
         for p in members:
@@ -213,13 +219,41 @@ def reap_stale(path, echo=print) -> list[int]:
     return sorted(left)
 
 
+def registry(script: str | None = None) -> Path:
+    """The one record of the servers the workbook's runs started: ``<cache>/servers/`` (``script``: its
+    folder there, one per script, created: a SetupError naming it when the cache cannot be written)."""
+    from .checks import cache_dir, cache_folder
+    if script:
+        return cache_folder("servers", re.sub(r"[^A-Za-z0-9_.-]", "_", script))
+    return cache_dir() / "servers"
+
+
+def _owner(path: Path):
+    try:
+        return json.loads(path.read_text()).get("owner")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def reap_left(folder=None, echo=print) -> list[int]:
+    """Stop every process group that a killed run left behind under ``folder`` (default: the whole
+    :func:`registry`, whichever script started it): :func:`reap_stale` on each pidfile there, except this
+    process's own (runs still going are left alone by reap_stale). Returns the pids stopped."""
+    root = Path(folder) if folder else registry()
+    stopped: list[int] = []
+    for p in sorted(root.rglob("*.pid")) if root.is_dir() else ():
+        if _owner(p) != os.getpid():
+            stopped += reap_stale(p, echo)
+    return stopped
+
+
 # ------------------------------------------------------------------ a child process group
 
 class Group:
     """A command in its own session and process group, stopped with its whole tree on exit.
 
     ``start()`` returns self; ``stop()`` is idempotent and returns a report dict (stop_s, returncode,
-    processes, left_over). As a context manager it stops on normal exit, on an error, on Ctrl-C, and
+    left_over, killed: whether SIGTERM was not enough, said in one line when it happens). As a context manager it stops on normal exit, on an error, on Ctrl-C, and
     on SIGTERM/SIGHUP (turned into KeyboardInterrupt while the group runs in the main thread).
     """
 
@@ -284,8 +318,13 @@ class Group:
                 proc.stdin.close()
             except OSError:
                 pass
+        killed = []
+
+        def on_kill():
+            killed.append(True)
+            self.echo(f"{self.name}: still running {self.stop_timeout:.0f} s after SIGTERM; sending SIGKILL")
         try:
-            left = stop_tree(proc.pid, term_timeout=self.stop_timeout, first=first)
+            left = stop_tree(proc.pid, term_timeout=self.stop_timeout, first=first, on_kill=on_kill)
         except KeyboardInterrupt:      # a second Ctrl-C while stopping: no more patience
             _signal_group(proc.pid, signal.SIGKILL)
             raise
@@ -296,7 +335,7 @@ class Group:
                 pass
             self._close()
         self.stop_report = {"stop_s": round(time.time() - t0, 1), "returncode": proc.returncode,
-                            "left_over": left}
+                            "left_over": left, "killed": bool(killed)}
         if self.pidfile and not left:
             self.pidfile.unlink(missing_ok=True)
         if left:

@@ -27,11 +27,18 @@ Reports only move forward:
 - every block of every page is rendered in memory first; files (pages, figures) are written to temp
   files only when all rendered, and renamed into place only when all are written. An unexpected
   error, a full disk or a read-only file leaves every file as it was, one line, exit code 1;
+- a run older (by date) than a block of its stem it would replace, or from another GPU model than the
+  other blocks of a page it appears on, is skipped with one line (``skipped <summary>: ...``) and its
+  blocks keep their content, unless asked for (``make reports ACCEPT_MIXED=1``, env ACCEPT_MIXED) or
+  read from another folder (``<stem>@<folder>``, ``versus/<folder>``: the other GPU's runs);
 - a page whose blocks come from runs on different machines (GPU or stack) says so in its runs
   header, and `make reports` prints one line for it; committed blocks without a run line count with
   the machine their stem's provenance block names (pages without a runs header get the line only);
 - a block whose results are missing keeps its committed content byte for byte, so a fresh clone
-  (no results/) leaves every report as committed, its runs header included.
+  (no results/) leaves every report as committed, its runs header included;
+- a page whose markers do not pair up (an opening marker without its closing one, a stray closing
+  marker) is refused whole: one line naming the file and the line, no file written (a block would
+  otherwise swallow the hand-written text after it).
 
 Tables are read with the stdlib csv module (no pandas needed to run this).
 
@@ -55,8 +62,10 @@ from .results import SCHEMA, SUMMARY, failed_dir, recover
 from .story import fmt
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
+MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
 RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 MAX_ROWS = 40
+ACCEPT_MIXED = "ACCEPT_MIXED"      # =1: use runs that are older than their blocks or from another GPU model
 STACK = ("torch", "flashinfer-python", "sglang")
 # what pandas.read_csv reads as missing by default: tables render the same with or without pandas
 NA = {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
@@ -268,6 +277,8 @@ class Renderer:
         self.reports = system_dir / "reports"
         self.skipped: dict[str, str] = {}          # path -> what is wrong (one line each)
         self.copies: dict[Path, Path] = {}         # reports/figures/<stem>-<name>.png -> source
+        self.pages: dict[str, str] = {}            # label -> committed text: what a run may replace (mixed_problem)
+        self.accept_mixed = os.environ.get(ACCEPT_MIXED, "") not in ("", "0")
         self._cache: dict = {}
 
     def _rel(self, p: Path) -> str:
@@ -307,11 +318,33 @@ class Renderer:
         except OSError as e:
             self._skip(p, f"unreadable ({e.strerror or e})")
             return None
-        why = summary_problem(s)
+        why = summary_problem(s) or self.mixed_problem(stem, s)
         if why:
             self._skip(p, why)
             return None
         return s
+
+    def mixed_problem(self, stem: str, s: dict) -> str | None:
+        """Why run ``s`` of ``stem`` may not replace its blocks on the committed pages: it is older (by date)
+        than a block of its stem it would replace, or its GPU model differs from that of the other blocks
+        of a page it appears on. None when neither, when asked for (ACCEPT_MIXED=1), and for a run of
+        another folder (``<stem>@<folder>``, e.g. the other GPU's runs)."""
+        if self.accept_mixed or "@" in stem:
+            return None
+        gpu, _, _, date = _fields(run_line(s["provenance"]).removeprefix("<!-- run: ").removesuffix(" -->"))
+        for label, text in self.pages.items():
+            blocks = [(m.group("key"), m.group("body")) for m in BLOCK.finditer(text)]
+            if not any(_stem_of(k) == stem for k, _ in blocks):
+                continue
+            newer = max((_fields(r)[3] for k, b in blocks if _stem_of(k) == stem for r in _run_lines(b)), default="")
+            if newer > date:
+                return (f"its run ({date}) is older than the blocks it would replace in {label} ({newer}); "
+                        f"`make reports {ACCEPT_MIXED}=1` uses it")
+            others = _gpu_models([(k, b) for k, b in blocks if _stem_of(k) not in (None, stem)])
+            if others and _model(gpu) not in others:
+                return (f"its run on {_model(gpu)} would sit beside runs on {', '.join(sorted(others))} in {label}; "
+                        f"copy it to results/other-gpu/{stem}/ to compare, or `make reports {ACCEPT_MIXED}=1` uses it")
+        return None
 
     def render(self, key: str, old: str = "") -> tuple[str | None, str]:
         """(new body or None, reason when None). ``old``: the block's current body."""
@@ -494,6 +527,32 @@ def _run_lines(body: str) -> list[str]:
     return out
 
 
+def _fields(run: str) -> list[str]:
+    """GPU, stack, commit, date of a run line's text ('1x NVIDIA H200 · torch ... · commit abc · 2026-11-23')."""
+    return (run.split(" · ") + ["?"] * 4)[:4]
+
+
+def _model(gpu: str) -> str:
+    """'4x NVIDIA H200' -> 'NVIDIA H200' (the GPU model, whatever the count)."""
+    return re.sub(r"^\d+x ", "", gpu)
+
+
+def _stem_of(key: str) -> str | None:
+    """The stem whose run a block key renders from this system's own results/, or None (runs, index,
+    versus/<folder>, a ``<stem>@<folder>`` block of another folder)."""
+    stem = key.split("/", 1)[0] if "/" in key else None
+    return None if stem is None or stem == "versus" or "@" in stem else stem
+
+
+def _gpu_models(blocks: list[tuple[str, str]]) -> set[str]:
+    """The GPU models the blocks ``[(key, body)]`` were rendered from: their run lines, or for a block
+    without one, its stem's committed provenance line."""
+    out = {_model(_fields(r)[0]) for _, b in blocks for r in _run_lines(b)}
+    out |= {_model(m.split(" (", 1)[0]) for k, b in blocks if k.endswith("/provenance") and not _run_lines(b)
+            for m in [prov_machine(b)] if m}
+    return out
+
+
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
     the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines.
@@ -535,8 +594,26 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     return "\n".join(out) + "\n", mixed
 
 
+def check_markers(text: str, label: str) -> None:
+    """RenderError naming the file and line of the first marker out of place: an opening marker inside a
+    block (its own closing marker missing), a closing marker outside one, a block never closed. Such a
+    page is refused whole: a block would otherwise swallow the hand-written text after it."""
+    opened = None                                   # (line, key) of the block we are in
+    for m in MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        if m.group("key") and opened:
+            raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto --> "
+                              f"before the next block opens (line {line})")
+        if not m.group("key") and not opened:
+            raise RenderError(f"{label} line {line}: <!-- /auto --> closes no block")
+        opened = (line, m.group("key")) if m.group("key") else None
+    if opened:
+        raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto -->")
+
+
 def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
     """The page ``text`` with every block rendered (kept blocks unchanged); raises RenderError."""
+    check_markers(text, label)
     matches = list(BLOCK.finditer(text))
     bodies: list[str] = []
     for m in matches:
@@ -597,9 +674,10 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
             continue
         r = Renderer(root / system, root)
         renderers.append(r)
-        for md in sorted(rdir.glob("*.md")):
-            text = md.read_text()
-            new = render_page(text, r, f"{system}/reports/{md.name}", out)
+        mds = sorted(rdir.glob("*.md"))
+        r.pages = {f"{system}/reports/{md.name}": md.read_text() for md in mds}
+        for md, (label, text) in zip(mds, r.pages.items()):
+            new = render_page(text, r, label, out)
             if new != text:
                 pages.append((md, new))
         out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]

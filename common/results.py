@@ -21,7 +21,12 @@ A finished run writes summary.json (atomically) inside its partial folder, then 
 ``<stem>`` -> ``.previous/<stem>`` and the partial folder -> ``<stem>``. A process that dies between the
 two leaves no ``<stem>``: the next Run (or :func:`load_summary`) puts ``.previous/<stem>`` back. Two runs
 of one script at once: the last to finish wins and each folder holds one run only. A failed or
-interrupted run never touches ``<stem>``. When the disk is full (or any OSError hits the results while
+interrupted run never touches ``<stem>``; the kept ``.previous/<stem>`` goes only once the new run is in
+place (a rename that fails, e.g. on an immutable folder, leaves both). A run moves or deletes only a
+results folder of its own script (its summary.json names the script, :func:`foreign`): ``--out`` at any
+other existing path (the reports, a clone, a device file) is a :class:`SetupError` before anything runs.
+A ``<stem>`` that is a symbolic link (to another disk) is followed: the run and its ``.previous`` land
+beside the link's target, and the link stays. When the disk is full (or any OSError hits the results while
 writing or finishing), the partial folder is removed, earlier results stay as they were and
 :class:`ResultsError` says so in one line; a read-only results folder is a :class:`SetupError` at start.
 Sweep points that fail are recorded with :meth:`Run.point_error` and the sweep goes on.
@@ -50,6 +55,7 @@ SUMMARY = "summary.json"
 KEEP_FAILED = 5         # failed / interrupted runs kept per stem
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 _STALE = re.compile(r"^\.(partial|trash)-.+-(\d+)$")   # our temporary folders end in -<pid>
+_FAILED = re.compile(r"^\d{8}-\d{6}-\d{6}-\d+-[a-z-]+$")  # .failed/<stem>/<stamp>-<pid>-<status>
 
 
 class ResultsError(SetupError):
@@ -113,7 +119,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _rmtree(p: Path) -> None:
-    shutil.rmtree(p, ignore_errors=True)
+    """Remove a folder of ours; a symbolic link goes, never what it points to."""
+    if p.is_symlink():
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def results_dir(script_file: str | Path) -> Path:
@@ -132,11 +142,44 @@ def failed_dir(final: Path) -> Path:
     return final.parent / ".failed" / final.name
 
 
+def script_of(dir_: Path) -> str | None:
+    """The script whose run a folder holds (``"script"`` of its summary.json), or None when it is not a
+    results folder (absent, not a folder, no readable summary)."""
+    try:
+        s = json.loads((Path(dir_) / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    return s.get("script") if isinstance(s, dict) else None
+
+
+def foreign(path: Path, script: str) -> str | None:
+    """Why a run of ``script`` may not replace (or discard) ``path``: it exists and is not a results folder
+    of that script. None when absent or one. Only such folders are ever moved or deleted. A folder that
+    another run moves away while it is read is looked at again (two runs of one script at once)."""
+    for _ in range(50):
+        try:
+            before = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not os.path.isdir(path):
+            return "is not a folder"
+        made = script_of(path)
+        try:
+            after = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if (after.st_ino, after.st_dev) == (before.st_ino, before.st_dev):
+            break
+    if made is None:
+        return "is not a results folder (no summary.json of a run)"
+    return None if made == script else f"holds a run of {made}"
+
+
 def recover(final: Path) -> bool:
     """Put ``.previous/<name>`` back when a process died between the two renames of a finish."""
     final = Path(final)
     prev = previous_dir(final)
-    if final.exists() or not prev.is_dir():
+    if os.path.lexists(final) or script_of(prev) is None:    # only a run of ours goes back
         return False
     try:
         os.rename(prev, final)
@@ -168,41 +211,64 @@ def _prune_stale(base: Path) -> None:
             _rmtree(p)
 
 
-def _discard(p: Path) -> None:
-    """Remove a folder quickly: rename it out of the way (atomic), then delete it."""
+def _aside(p: Path) -> Path | None:
+    """Rename folder ``p`` out of the way (atomic) to a ``.trash-*`` name; None when there is none."""
     trash = p.parent.parent / f".trash-{p.name}-{_stamp()}-{os.getpid()}"
     try:
         os.rename(p, trash)
-    except OSError:
+    except FileNotFoundError:
+        return None
+    return trash
+
+
+def _put_back(trash: Path | None, p: Path) -> None:
+    """Undo :func:`_aside` (a newer run's folder already at ``p`` wins: then the trash goes)."""
+    if trash is None:
         return
-    _rmtree(trash)
+    try:
+        os.rename(trash, p)
+    except OSError:
+        _rmtree(trash)
 
 
-def _swap_in(src: Path, final: Path) -> None:
-    """Replace folder ``final`` by ``src``; the replaced folder becomes ``.previous/<name>``."""
+def _swap_in(src: Path, final: Path, script: str) -> None:
+    """Replace folder ``final`` by ``src``; the replaced folder becomes ``.previous/<name>``. Only a results
+    folder of ``script`` is ever moved or dropped, and the kept ``.previous`` run goes only once ``src``
+    is in place (a rename that fails leaves both as they were)."""
     prev = previous_dir(final)
     prev.parent.mkdir(exist_ok=True)
     for _ in range(20):  # a concurrent run may slip in between two renames: then go round again
-        _discard(prev)
+        for p in (final, prev):
+            why = foreign(p, script)
+            if why:
+                raise OSError(errno.EEXIST, f"{p} {why}: not replaced")
+        old = _aside(prev)
         try:
-            os.rename(final, prev)
-            moved = True
-        except FileNotFoundError:
-            moved = False
+            _rename_pair(final, prev, src)
         except OSError as e:
+            _put_back(old, prev)
             if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 continue
             raise
-        try:
-            os.rename(src, final)
-            return
-        except OSError as e:
-            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                continue
-            if moved:
-                recover(final)
-            raise
+        if old:
+            _rmtree(old)
+        return
     raise OSError(errno.EBUSY, f"{final} kept changing while this run was moved in")
+
+
+def _rename_pair(final: Path, prev: Path, src: Path) -> None:
+    """``final`` -> ``prev`` (when there), then ``src`` -> ``final``; the first is undone if the second fails."""
+    try:
+        os.rename(final, prev)
+        moved = True
+    except FileNotFoundError:
+        moved = False
+    try:
+        os.rename(src, final)
+    except OSError:
+        if moved:
+            recover(final)
+        raise
 
 
 def _write_csv(p: Path, rows: list[dict]) -> None:
@@ -226,7 +292,10 @@ class Run:
         script = Path(script_file).resolve()
         self.stem = script.stem
         self.system = script.parent.parent.name
-        self.final_dir = Path(out).resolve() if out else results_dir(script)
+        self.script = f"{self.system}/scripts/{script.name}"
+        # a results entry that is a link (to another disk) is followed: the run lands where it points
+        entry = Path(out or results_dir(script)).absolute()
+        self.final_dir = entry.resolve()
         self.previous_dir = previous_dir(self.final_dir)
         self.failed_root = failed_dir(self.final_dir)
         self.kept_dir: Path | None = None      # where the run ended up (final_dir or a .failed folder)
@@ -235,16 +304,22 @@ class Run:
         self._done = False
         base = self.final_dir.parent
         try:
+            for p in (self.final_dir, self.previous_dir):
+                why = foreign(p, self.script)
+                if why:
+                    raise SetupError(f"{p} {why}: a run replaces only a folder an earlier run of {self.script} "
+                                     "wrote; " + ("give --out a new folder" if out else "move it away"))
             base.mkdir(parents=True, exist_ok=True)
             recover(self.final_dir)
-            _prune_stale(base)
+            for d in dict.fromkeys((base, entry.parent)):
+                _prune_stale(d)
             self.dir = self._new_partial(base)
         except OSError as e:
             raise SetupError(f"results folder {base} is not writable: {_oserr(e)} "
                              f"(fix its permissions or pass --out DIR)") from None
         args_d = vars(args) if hasattr(args, "__dict__") else dict(args or {})
         self.summary: dict = {
-            "schema": SCHEMA, "script": f"{self.system}/scripts/{script.name}", "stem": self.stem,
+            "schema": SCHEMA, "script": self.script, "stem": self.stem,
             "system": self.system, "status": "running", "args": args_d,
             "provenance": gpu.snapshot(None if command is None else [command]),
             "headline": {}, "tables": [], "figures": [], "files": [], "story": "",
@@ -397,7 +472,7 @@ class Run:
         try:
             self._log.close()
             write_json_atomic(self.dir / SUMMARY, self.summary)
-            _swap_in(self.dir, self.final_dir)
+            _swap_in(self.dir, self.final_dir, self.script)
         except OSError as e:
             _rmtree(self.dir)
             kept = self._keep_failed("failed", error=f"results not saved: {_oserr(e)}")
@@ -463,7 +538,7 @@ class Run:
 
     def _prune_failed(self) -> None:
         try:
-            kept = sorted(p for p in self.failed_root.iterdir() if not p.name.startswith("."))
+            kept = sorted(p for p in self.failed_root.iterdir() if _FAILED.match(p.name))
         except OSError:
             return
         for p in kept[:-KEEP_FAILED]:

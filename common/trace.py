@@ -24,6 +24,7 @@ import gzip
 import json
 import math
 import re
+import zlib
 from pathlib import Path
 
 from .ncu import short_name
@@ -51,6 +52,8 @@ def _load(path):
         raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
     except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
+    except (EOFError, zlib.error, UnicodeDecodeError) as e:     # a .gz cut while it was written or copied
+        raise TraceError(f"trace {path} is cut short or damaged ({e.__class__.__name__}: {e})") from None
     if not raw.strip():
         raise TraceError(f"trace {path} is empty")
     try:
@@ -445,6 +448,40 @@ _NSYS_COLS = {"Time (%)": "time_pct", "Total Time (ns)": "total_ns", "Instances"
               "BlkZ": "block_z", "CorrId": "correlation", "Count": "count", "Operation": "name"}
 
 
+def _unreadable(e: Exception, lines: list[tuple[int, str]], start: int) -> str:
+    """Where pandas stopped reading an nsys CSV ('EOF inside string starting at row 15'): the file's line and,
+    for a quote never closed, the column it opened in."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+    m = re.search(r"row (\d+)", msg)
+    if not m or start + int(m.group(1)) >= len(lines):
+        return f"not a readable CSV, cut short? ({msg})"
+    n, text = lines[start + int(m.group(1))]
+    header = lines[start][1].split(",")
+    col = text[:text.index('"')].count(",") if '"' in text else None
+    where = f"column {header[col]}, " if col is not None and col < len(header) else ""
+    return f"{where}line {n}: a quote never closed (the file cut mid-quote?) ({msg})"
+
+
+def _check_nsys(df, path, line_of: list[int]) -> None:
+    """TraceError naming the file, column and line of what a trace or summary table cannot do without: its
+    name column, and in each row a name and numeric times (a file cut mid-row leaves them empty)."""
+    import pandas as pd
+    times = [c for c in ("Start (ns)", "Duration (ns)", "Total Time (ns)") if c in df.columns]
+    if not times:
+        return
+    name = next((c for c in ("Name", "Range", "Operation") if c in df.columns), None)
+    if name is None:
+        raise TraceError(f"{path}: no Name column (columns: {', '.join(map(str, df.columns))}): not an nsys stats "
+                         "table this reads")
+    for c in [name, *times]:
+        bad = df[c].isna() | (pd.to_numeric(df[c], errors="coerce").isna() if c != name else False)
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            v = df[c].iloc[i]
+            raise TraceError(f"{path}: column {c}, line {line_of[i]}: "
+                             + ("empty (the file cut mid-row?)" if pd.isna(v) else f"{v!r} is not a number"))
+
+
 def read_nsys_csv(path):
     """Read an `nsys stats --format csv` table; a trace report (Start/Duration) becomes an event table.
 
@@ -454,17 +491,21 @@ def read_nsys_csv(path):
     import pandas as pd
     path = Path(path)
     text = path.read_text(errors="replace") if path.exists() else ""
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip()]     # (line in the file, text)
     # nsys may print a banner ("Processing ...", "NOTICE: ...") before the CSV header
-    start = next((i for i, l in enumerate(lines) if l.startswith(("Time (%)", "Start (ns)", '"Time (%)"',
-                                                                   "Range", "Name", "Operation"))), None)
+    start = next((i for i, (_, l) in enumerate(lines) if l.startswith(("Time (%)", "Start (ns)", '"Time (%)"',
+                                                                        "Range", "Name", "Operation"))), None)
     if start is None:
         raise TraceError(f"{path}: not an nsys stats CSV (no 'Time (%)' or 'Start (ns)' header); "
                          "was the report empty (nothing traced)?")
     import io
-    df = pd.read_csv(io.StringIO("\n".join(lines[start:])))
+    try:
+        df = pd.read_csv(io.StringIO("\n".join(l for _, l in lines[start:])))
+    except (pd.errors.ParserError, ValueError) as e:
+        raise TraceError(f"{path}: {_unreadable(e, lines, start)}") from None
     if df.empty:
         raise TraceError(f"{path}: nsys stats table has a header but no rows")
+    _check_nsys(df, path, [n for n, _ in lines[start + 1:]])
     df = df.rename(columns={c: _NSYS_COLS.get(c, c) for c in df.columns})
     if "style" in df.columns and "name" in df.columns:
         df["name"] = df["name"].astype(str).str.lstrip(":")

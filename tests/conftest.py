@@ -1,5 +1,12 @@
-"""Shared test setup: repo root on sys.path, the `gpu` marker, the fixtures folder."""
+"""Shared test setup: repo root on sys.path, a temporary cache, the `gpu` marker, the fixtures folder.
+
+Every test, and every process a test starts, uses a cache of this session's own (HANDS_ON_CACHE: a
+temporary folder, removed at the end): error files, pidfiles, model folders and measured ceilings never go
+to the user's ~/.cache/hands-on (nor to a HANDS_ON_CACHE the user set)."""
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -7,6 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(ROOT))
+CACHE = Path(tempfile.mkdtemp(prefix="hands-on-test-cache-"))
+os.environ["HANDS_ON_CACHE"] = str(CACHE)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -44,6 +44,7 @@ FIXTURES = TESTS / "fixtures"
 EXPERIMENT = FAKES / "experiment.py"
 PY = sys.executable
 TB = "Traceback"
+SEEDED_AT = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())     # the date of every seeded run
 
 # ------------------------------------------------------------------ the matrix
 
@@ -66,6 +67,10 @@ FAULTS = {
                                               "the runner itself needs neither; exit 1"),
     # (b) reports
     "report-mixed-machines": ("reports", "one line per page naming both machines; only that run's blocks change"),
+    "report-older-or-other-gpu-run": ("reports", "'skipped <summary>: its run (<date>) is older than the blocks it "
+                                                 "would replace in <page> (<date>) ...' / '... its run on <GPU> would "
+                                                 "sit beside runs on <GPU> in <page>; copy it to results/other-gpu/...'; "
+                                                 "exit 0; byte-identical; ACCEPT_MIXED=1 takes it (the case above)"),
     "report-old-schema": ("reports", "'skipped <summary>: no \"schema\" key ...'; exit 0; reports byte-identical"),
     "report-no-provenance": ("reports", "'skipped <summary>: no provenance ...'; exit 0; byte-identical"),
     "report-malformed-json": ("reports", "'skipped <summary>: not valid JSON (...)'; exit 0; byte-identical"),
@@ -78,6 +83,12 @@ FAULTS = {
                                                  "no file written although earlier pages rendered"),
     "report-clean-clone": ("reports", "make reports / python -m common.report: 0 files changed, byte-identical, "
                                       "exit 0"),
+    "report-unbalanced-markers": ("reports", "'[failed] reports not refreshed, no file written: <page> line N: "
+                                             "<!-- auto:KEY --> has no closing <!-- /auto --> ...' (or a stray "
+                                             "closing marker); exit 1; every report byte-identical"),
+    "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common.report` still imports: '[interrupted] "
+                                                "stopped by Ctrl-C; earlier results were left as they were.'; exit 130; "
+                                                "no traceback; byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
                                     "exit 1; no temp file left"),
     # (c) results folders
@@ -91,17 +102,37 @@ FAULTS = {
     "results-disk-full-writing": ("results", "'[setup] results of ... not saved ([Errno 28] ...)'; exit 2; "
                                              "no .partial"),
     "results-disk-full-finishing": ("results", "'... ([Errno 28] ... while finishing) ...'; exit 2; no .partial"),
+    "results-out-not-ours": ("results", "'[setup] <path> is not a results folder (no summary.json of a run) | is not a "
+                                        "folder: a run replaces only a folder an earlier run of <script> wrote; give "
+                                        "--out a new folder'; exit 2, twice; the reports, a clone, a special file "
+                                        "byte-identical, nothing moved"),
+    "results-previous-kept": ("results", "the old run cannot be moved (immutable) or the new one cannot move in: "
+                                         "one [setup] line; exit 2; <stem> and .previous/<stem> byte-identical"),
+    "results-symlinked-entry": ("results", "results/<stem> a link to another disk: the run lands there, the link stays, "
+                                           "the run it replaced in that disk's .previous/, no .trash-* left; exit 0"),
+    "results-tests-own-cache": ("results", "the test suite's own cache (conftest): a failure's traceback file from any "
+                                          "test process goes to a temporary HANDS_ON_CACHE, never ~/.cache/hands-on"),
     "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
                                                 "the old server and its child stopped"),
+    "proc-sigkill-other-script": ("processes", "a server a SIGKILLed run of one script left: the next run of another "
+                                               "script (or a pipeline) says 'found a process group left behind ...' "
+                                               "and stops it and its child before anything starts; exit 0"),
     "proc-ncu-timeout": ("processes", "'[failed] NcuError: ncu did not finish within 2 s ...'; exit 1; ncu and the "
                                       "application (own session) gone"),
     "proc-three-runs-three-ports": ("processes", "three runs at once serve on three different OS-chosen ports"),
     "proc-sigterm-stops-server": ("processes", "'[interrupted] stopped by SIGTERM ...'; exit 143; server tree gone"),
     "proc-no-fixed-port": ("processes", "no test or script binds a fixed port (30000 or any literal)"),
     "proc-server-dies-at-startup": ("processes", "'[failed] ServerError: server exited with code 3 during start-up "
-                                                 "...' naming the kept log; exit 1; no pidfile, no process"),
+                                                 "... Last log lines (<kept log>): <line> | <line>'; exit 1; no pidfile, "
+                                                 "no process"),
+    "proc-server-ignores-sigterm": ("processes", "the run's log: 'server: still running 3 s after SIGTERM; sending "
+                                                 "SIGKILL' then 'server: stopped (..., killed with SIGKILL after 3 s "
+                                                 "of SIGTERM)'; exit 0; no process"),
+    "proc-second-ctrl-c-at-start": ("processes", "Ctrl-C twice while the server starts (the second at once or while it "
+                                                 "is stopped): the one '[interrupted] stopped by Ctrl-C; ...' line, no "
+                                                 "'Exception ignored in atexit callback'; exit 130; no process"),
     "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
                                          "directly (it was 'not healthy after 900 s'); exit 0"),
     "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
@@ -112,8 +143,25 @@ FAULTS = {
     "value-batches-abc": ("values", "'... --batches: expected positive integers ...'; exit 2"),
     "value-unknown-preset": ("values", "'... unknown model preset 'gpt-9'; choose from ...'; exit 2"),
     "value-tp-over-visible-gpus": ("values", "'[setup] --configs llama-3.1-8b:2 needs 2 GPUs; 1 visible ...'; exit 2"),
+    "value-gpu-without-torch": ("values", "sglang 01/03 where nvidia-smi sees an H200 but torch is missing: '[setup] "
+                                          "Python package 'torch' is not importable ... (while measuring this GPU's "
+                                          "ceilings; log <log>)'; exit 2; earlier results intact"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
+    "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
+                                     "writable ([Errno 20|13] ...); set HANDS_ON_CACHE to a writable folder'; exit 2; "
+                                     "nothing started"),
+    "value-ncu-text-in-a-number-column": ("values", "'[failed] NcuParseError: <dir>/ncu.csv: column "
+                                                    "gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a "
+                                                    "number'; exit 1 (was ValueError: could not convert string ...)"),
+    "value-nsys-csv-without-name": ("values", "'[failed] TraceError: <csv>: no Name column (columns: ...)'; exit 1 (was "
+                                              "KeyError: 'name'); the earlier run intact"),
+    "value-nsys-csv-cut-mid-row": ("values", "'[failed] TraceError: <csv>: column Name, line N: empty (the file cut "
+                                             "mid-row?)'; exit 1 (was AttributeError: 'float' ... 'replace')"),
+    "value-nsys-csv-cut-mid-quote": ("values", "'[failed] TraceError: <csv>: column Name, line N: a quote never closed "
+                                               "...'; exit 1 (was pandas' ParserError)"),
+    "value-trace-gz-cut": ("values", "'[failed] TraceError: trace <file> is cut short or damaged (EOFError: ...)'; "
+                                     "exit 1 (was EOFError, the file not named)"),
     "package-pandas-script": ("values", "'[setup] Python package(s) not importable: 'pandas' (pip install "
                                         "pandas)'; exit 2"),
     "package-matplotlib-script": ("values", "'[setup] ... 'matplotlib' (pip install matplotlib)'; exit 2"),
@@ -226,12 +274,17 @@ class World:
                 for p in sorted(self.root.glob("*/reports/**/*")) if p.is_file()}
 
     def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
-             commit="6ca9eea", files=("table.csv",), keep=True) -> Path:
-        """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``."""
-        script = self.root / system / "scripts" / f"{stem}.py"
+             commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None,
+             date: str | None = None) -> Path:
+        """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
+        ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script.
+        Dated when this module was loaded (``date``: an ISO time), so newer than the committed blocks it may
+        replace, and the same in every World of one session (two Worlds' pages compare byte for byte)."""
+        script = script or self.root / system / "scripts" / f"{stem}.py"
         with results.Run(script, {"seeded": True}, out=out, quiet=True) as r:
             r.summary["provenance"].update(gpu=gpu, gpu_count=1, packages={"torch": torch},
-                                           git={"commit": commit, "dirty": False}, date_utc="2026-11-21T16:08:31Z")
+                                           git={"commit": commit, "dirty": False},
+                                           date_utc=date or SEEDED_AT)
             for f in files:
                 if f.endswith(".csv"):
                     r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
@@ -315,7 +368,8 @@ def test_the_real_pipeline_on_a_machine_without_a_gpu(tmp_path, pids, fault):
     """The FlashInfer pipeline as a new user runs it after `make test`: its real 06_full_pipeline.sh and
     step scripts (copied into the World with the real report pages), no torch / a CPU-only torch."""
     w = World(tmp_path, systems=("flashinfer",), scripts=True)
-    w.seed("flashinfer", "06_full_pipeline", files=("steps.csv",))
+    w.seed("flashinfer", "06_full_pipeline", files=("steps.csv",),
+           script=w.root / "flashinfer" / "scripts" / "06_full_pipeline.sh")
     w.seed("flashinfer", "03_profile_decode")
     if fault == "pipeline-no-gpu":
         env = env_for(tmp_path, smi="fail", PYTHONPATH=blocked(tmp_path, "torch"))
@@ -470,10 +524,10 @@ def report_cmd(w: World, env, *args, timeout=120) -> subprocess.CompletedProcess
     return run([PY, "-m", "common.report", *args], env, cwd=w.root, timeout=timeout)
 
 
-def make_reports(w: World, env) -> subprocess.CompletedProcess:
+def make_reports(w: World, env, *args) -> subprocess.CompletedProcess:
     if not shutil.which("make"):
         pytest.skip("make is not installed")
-    return run(["make", "--no-print-directory", "-C", w.root, "reports", f"PYTHON={PY}"], env)
+    return run(["make", "--no-print-directory", "-C", w.root, "reports", f"PYTHON={PY}", *args], env)
 
 
 def totals(stdout: str) -> str:
@@ -494,7 +548,7 @@ def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
     pages0 = {p.name: p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md")}
     w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234", keep=False)
-    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    out = make_reports(w, env_for(tmp_path), "ACCEPT_MIXED=1")      # asked for (else skipped: the case below)
     assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
     # the pages where this run's blocks sit beside blocks of other runs that the committed pages place on an H200
     # (a block's hidden run line, or a provenance block of another script)
@@ -516,6 +570,30 @@ def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
     header = text[text.index("<!-- auto:runs -->"):].split("<!-- /auto -->")[0]
     assert "This page mixes runs from 2 machines" in header                 # and the page's header says so
     w.check(reports=False)
+
+
+@covers("report-older-or-other-gpu-run")
+@pytest.mark.parametrize("case", ["other-gpu", "older"])
+def test_an_older_or_other_gpu_run_is_skipped_unless_asked_for(tmp_path, pids, case):
+    """`make reports` over a run from another GPU model (another commit, an older torch), or over one dated
+    before the blocks it would replace: before, it silently replaced the newer blocks (only the mixed-machine
+    banner said anything); now one line, every report byte-identical (ACCEPT_MIXED=1: the case above)."""
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    if case == "other-gpu":
+        w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234")
+        why = (r"its run on NVIDIA H100 80GB HBM3 would sit beside runs on NVIDIA H200 in flashinfer/reports/\S+\.md; "
+               r"copy it to results/other-gpu/03_profile_decode/ to compare, or `make reports ACCEPT_MIXED=1` uses it")
+    else:
+        w.seed("flashinfer", "03_profile_decode", date="2026-11-01T10:00:00Z")
+        why = (r"its run \(2026-11-01\) is older than the blocks it would replace in flashinfer/reports/\S+\.md "
+               r"\(2026-11-\d\d\); `make reports ACCEPT_MIXED=1` uses it")
+    out = make_reports(w, env_for(tmp_path))
+    assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    (line,) = [ln for ln in lines(out.stdout) if ln.startswith("skipped ")]
+    assert re.fullmatch(rf"skipped flashinfer/results/03_profile_decode/summary\.json: {why}", line), line
+    assert not [ln for ln in lines(out.stdout) if "mixes runs" in ln or ln.startswith("updated ")]
+    assert totals(out.stdout).endswith("1 results file(s) skipped, 0 file(s) changed")
+    w.check()
 
 
 BAD_SUMMARIES = {
@@ -627,6 +705,34 @@ def test_a_clone_without_results_keeps_every_report_byte_for_byte(tmp_path, pids
         w.check()
 
 
+@covers("report-ctrl-c-during-imports")
+def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
+    """The first 0.2 s of `make reports` are imports; the World's copy of common/story.py (imported by the report
+    module) sleeps at import so that the Ctrl-C lands there. Before: a KeyboardInterrupt traceback."""
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    w.seed("flashinfer", "03_profile_decode")                   # a refresh would change the pages
+    story = w.root / "common" / "story.py"
+    story.write_text(story.read_text() + "\nimport pathlib as _p, time as _t\n"
+                     "_p.Path(__file__).with_name('importing').touch()\n_t.sleep(30)\n")
+    p = subprocess.Popen([PY, "-m", "common.report"], cwd=w.root, env=env_for(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pids.append(p.pid)
+    t0 = time.time()
+    while not (w.root / "common" / "importing").exists() and time.time() - t0 < 30:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and out == "" and TB not in err, err
+    assert lines(err) == ["[interrupted] stopped by Ctrl-C; earlier results were left as they were."]
+    w.check()
+    story.write_text(story.read_text().split("\nimport pathlib as _p")[0])     # once main runs: Ctrl-C raises again
+    rep = w.root / "common" / "report.py"                                       # (run_main's cleanup and line)
+    rep.write_text(rep.read_text().replace("    a = p.parse_args(argv)\n", "    a = p.parse_args(argv)\n    sig = "
+                   "__import__('signal')\n    print('SIGINT raises:', sig.getsignal(2) is sig.default_int_handler)\n"))
+    out = report_cmd(w, env_for(tmp_path), "--quiet")
+    assert out.returncode == 0 and lines(out.stdout)[0] == "SIGINT raises: True", out.stdout + out.stderr
+
+
 REPORT_DISK_FULL = """
 import errno, sys
 from pathlib import Path
@@ -657,6 +763,39 @@ def test_a_full_disk_while_writing_the_reports_writes_no_file(tmp_path, pids):
     w.check()
 
 
+def _damage(text: str, how: str) -> tuple[str, str]:
+    """A real report page with its markers unbalanced ``how``; (the page, what the one line says after its name)."""
+    ls = text.split("\n")
+    opens = [i for i, ln in enumerate(ls) if ln.startswith("<!-- auto:")]
+    closes = [i for i, ln in enumerate(ls) if ln == "<!-- /auto -->"]
+    if how == "missing-close":           # the second block loses its closing marker: the third opens inside it
+        del ls[closes[1]]
+        return "\n".join(ls), (f"line {opens[1] + 1}: {ls[opens[1]]} has no closing <!-- /auto --> before the next "
+                                f"block opens (line {opens[2]})")
+    if how == "stray-close":             # a closing marker in the prose after the first block
+        ls.insert(closes[0] + 1, "<!-- /auto -->")
+        return "\n".join(ls), f"line {closes[0] + 2}: <!-- /auto --> closes no block"
+    del ls[closes[-1]]                   # the last block is never closed
+    return "\n".join(ls), f"line {opens[-1] + 1}: {ls[opens[-1]]} has no closing <!-- /auto -->"
+
+
+@covers("report-unbalanced-markers")
+@pytest.mark.parametrize("how", ["missing-close", "stray-close", "never-closed"])
+def test_a_page_with_unbalanced_markers_is_refused_whole(tmp_path, pids, how):
+    """`python -m common.report` over a real page whose markers do not pair up: before, the block swallowed the prose and the
+    next block's opening marker; now nothing is written and the line names the file and the line."""
+    w = World(tmp_path, systems=("sglang",), code=True)
+    page = w.root / "sglang" / "reports" / "analysis.md"
+    text, said = _damage(page.read_text(), how)
+    page.write_text(text)                                     # an uncommitted edit: kept byte for byte too
+    w.reports0 = w.reports()
+    w.seed("sglang", "08_execution_story", files=("table.csv", "timeline.png"))   # would refresh that page
+    out = report_cmd(w, env_for(tmp_path))
+    assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
+    assert lines(out.stdout) == [f"[failed] reports not refreshed, no file written: sglang/reports/analysis.md {said}"]
+    w.check()
+
+
 # ------------------------------------------------------------------ (c) results folders
 
 DEMO_PAGE = "# Demo\n\n<!-- auto:01_demo/story -->\ncommitted story\n<!-- /auto -->\n"
@@ -666,7 +805,7 @@ def demo_world(tmp_path) -> tuple[World, Path]:
     """A World with a stand-in page and an earlier good run at demo/results/01_demo (the --out of the cases)."""
     w = World(tmp_path, systems=(), page=DEMO_PAGE)
     out = w.root / "demo" / "results" / "01_demo"
-    w.seed("demo", "01_demo", out=out, files=("table.csv", "old_only.txt"))
+    w.seed("demo", "01_demo", out=out, files=("table.csv", "old_only.txt"), script=EXPERIMENT)
     return w, out
 
 
@@ -760,6 +899,21 @@ def test_two_failing_runs_at_once_keep_their_own_error_files(tmp_path, pids):
     w.check()
 
 
+@covers("results-tests-own-cache")
+def test_the_suite_writes_nothing_into_the_users_cache(tmp_path, pids):
+    """A process a test starts with the inherited environment (not env_for) fails through run_main: its
+    traceback file lands in the session's temporary cache. Before, such files went to ~/.cache/hands-on/errors."""
+    from common.checks import cache_dir
+    real = Path.home() / ".cache" / "hands-on"
+    assert os.environ.get("HANDS_ON_CACHE") and not cache_dir().resolve().is_relative_to(real.resolve())
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom common.checks import run_main\n"
+            "def main(argv=None):\n    raise RuntimeError('boom')\nrun_main(main)\n" % str(REPO))
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    m = re.fullmatch(r"\[failed\] RuntimeError: boom \(traceback: (\S+)\)", r.stderr.strip())
+    assert r.returncode == 1 and m, r.stderr
+    assert Path(m.group(1)).parent == cache_dir() / "errors" and Path(m.group(1)).is_file()
+
+
 @covers("results-read-only")
 @pytest.mark.parametrize("how", ["file", "chmod"])
 def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
@@ -790,6 +944,95 @@ def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
     assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
     assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: {why} "
                                "(fix its permissions or pass --out DIR)"]
+    w.check()
+
+
+def reanalysis_source(tmp_path: Path) -> Path:
+    """A recording 04_nsys_profile.py --reanalyse reads (no GPU needed): two nsys tables of a real H200 run."""
+    src = tmp_path / "recorded"
+    if not src.exists():
+        src.mkdir()
+        shutil.copy(FIXTURES / "sglang_nsys_cuda_gpu_trace_cut_h200.csv", src / "timeline_overlap_on_cuda_gpu_trace.csv")
+        shutil.copy(FIXTURES / "sglang_nsys_nvtx_pushpop_cut_h200.csv", src / "timeline_overlap_on_nvtx_pushpop_trace.csv")
+    return src
+
+
+@covers("results-out-not-ours")
+@pytest.mark.parametrize("target", ["reports", "clone", "special-file"])
+def test_out_at_a_folder_no_run_made_is_refused(tmp_path, pids, target):
+    """`04_nsys_profile.py --reanalyse DIR --out X`, twice: X the committed reports (with an uncommitted edit), a
+    clone's root (.git inside), a special file (a FIFO stands for /dev/full: nothing here may move a device node).
+    Before, X became .previous/ and the second run deleted it."""
+    w = World(tmp_path)
+    (w.root / "sglang" / "reports" / "analysis.md").write_text("# an edit not yet committed\n")
+    w.reports0 = w.reports()
+    if target == "reports":
+        out, why = w.root / "sglang" / "reports", "is not a results folder (no summary.json of a run)"
+    elif target == "clone":
+        (w.root / ".git").mkdir()
+        (w.root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+        out, why = w.root, "is not a results folder (no summary.json of a run)"
+    else:
+        out, why = tmp_path / "full", "is not a folder"
+        os.mkfifo(out)
+    src, env = reanalysis_source(tmp_path), env_for(tmp_path)
+    before = snapshot(tmp_path)
+    for _ in range(2):
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", out], env)
+        assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+        assert lines(r.stderr) == [f"[setup] {out} {why}: a run replaces only a folder an earlier run of "
+                                   "sglang/scripts/04_nsys_profile.py wrote; give --out a new folder"]
+    assert snapshot(tmp_path) == before and not list(tmp_path.rglob(".previous"))
+    assert target != "special-file" or out.is_fifo()
+    w.check()
+
+
+@covers("results-previous-kept")
+@pytest.mark.parametrize("inject, what", [("eperm-previous", "[Errno 1] Operation not permitted"),
+                                          ("eio-replace", "[Errno 5] Input/output error")])
+def test_a_finish_that_fails_keeps_the_previous_run(tmp_path, pids, inject, what):
+    """Two earlier runs (one in <stem>, one in .previous/<stem>); the old run cannot be moved aside (an immutable
+    folder), or the new one cannot move in. Before, .previous/<stem> was deleted although nothing replaced it."""
+    w, out = demo_world(tmp_path)
+    older = w.kept.pop(out)
+    w.seed("demo", "01_demo", out=out, script=EXPERIMENT, files=("table.csv", "second.txt"))
+    w.kept[out.parent / ".previous" / "01_demo"] = older
+    r = experiment(out, "--tag", "new", "--inject", inject, env=env_for(tmp_path))
+    (rec,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] results of experiment not saved ({what} while finishing); {out} left as it "
+                               f"was; record in {rec}"]
+    w.check()
+
+
+@covers("results-symlinked-entry")
+def test_a_results_entry_that_links_to_another_disk_is_followed(tmp_path, pids):
+    """sglang/results/04_nsys_profile -> another disk. Before, the link was moved to .previous/, a local folder took
+    its place and the next run left the link as a .trash-* entry that nothing removed."""
+    w = World(tmp_path, scripts=True, code=True)
+    script = w.root / "sglang" / "scripts" / "04_nsys_profile.py"
+    disk = tmp_path / "disk2"
+    target = w.seed("sglang", "04_nsys_profile", out=disk / "04_nsys_profile", script=script, keep=False)
+    seeded = snapshot(target)
+    link = w.root / "sglang" / "results" / "04_nsys_profile"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target, target_is_directory=True)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (disk / "keep").mkdir()
+    (disk / "keep" / "data.txt").write_text("the user's data\n")
+    stale = link.parent / f".trash-04_nsys_profile-20260101-000000-000000-{dead.pid}"   # left by an older version
+    stale.symlink_to(disk / "keep", target_is_directory=True)
+    for _ in range(2):
+        r = run([PY, script, "--reanalyse", reanalysis_source(tmp_path)], env_for(tmp_path))
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert json.loads((target / "summary.json").read_text())["args"]["reanalyse"]
+    prev = disk / ".previous" / "04_nsys_profile"
+    assert json.loads((prev / "summary.json").read_text())["args"]["reanalyse"] and snapshot(prev) != seeded
+    assert sorted(p.name for p in link.parent.iterdir()) == ["04_nsys_profile"]     # no .trash-*, no local copy
+    assert (disk / "keep" / "data.txt").read_text() == "the user's data\n"
+    no_partials(disk)
     w.check()
 
 
@@ -840,6 +1083,43 @@ def test_a_server_left_by_a_sigkilled_run_is_stopped_by_the_next_run(tmp_path, p
     assert re.search(rf"found a process group left behind by a killed run \({pidfiles[0].name}: pid {server}, ", log)
     assert not list((tmp_path / "cache" / "servers" / "experiment").glob("*.pid"))
     no_partials(w.root)
+
+
+@covers("proc-sigkill-other-script")
+@pytest.mark.parametrize("next_run", ["other-script", "pipeline"])
+def test_a_server_left_by_one_script_is_stopped_by_any_other(tmp_path, pids, next_run):
+    """The registry of servers is one for the workbook: a run of another script (02_other.py, its own pidfile
+    folder) or a pipeline finds the server a SIGKILLed run of experiment.py left. Before, only the next run of
+    the same script looked, so on a GPU two servers' worth of memory stayed taken."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    a, server, _ = start(out, "--server-arg=--spawn-child", "--hold", "60", env=env)
+    pids.append(a.pid)
+    time.sleep(0.3)
+    family = [server, *procs.descendants(server)]
+    pids.extend(family)
+    a.kill()
+    a.communicate(timeout=10)
+    assert len(family) == 2 and all(procs.alive(p) for p in family)
+    (pidfile,) = (tmp_path / "cache" / "servers" / "experiment").glob("*.pid")
+    found = f"found a process group left behind by a killed run ({pidfile.name}: pid {server}, "
+    if next_run == "other-script":
+        other = tmp_path / "02_other.py"
+        other.symlink_to(EXPERIMENT)
+        b = run([PY, other, "--out", w.root / "demo" / "results" / "02_other", "--server", "--tag", "next"], env)
+        assert (b.returncode, b.stdout, b.stderr) == (0, "", "")
+        said = (w.root / "demo" / "results" / "02_other" / "log.txt").read_text()
+        assert (tmp_path / "cache" / "servers" / "02_other").is_dir()          # its own pidfile folder
+    else:
+        fs = fake_system(tmp_path / "p", ['Step("a", "ok.py")'])
+        b = pipeline(fs, env=env)
+        assert b.returncode == 0 and b.stderr == "" and TB not in b.stdout, b.stdout + b.stderr
+        said = b.stdout
+        assert said.splitlines()[1].startswith(found)                         # before the first step
+    assert found in said
+    assert procs.wait_gone(family, 5), [p for p in family if procs.alive(p)]
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check(partials=False)
 
 
 @covers("proc-three-runs-three-ports", "proc-sigterm-stops-server")
@@ -899,10 +1179,56 @@ def test_a_server_that_dies_during_start_up(tmp_path, pids):
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert r.returncode == 1 and r.stdout == "" and TB not in r.stderr
     assert re.fullmatch(re.escape("[failed] ServerError: server exited with code 3 during start-up after ") + r"\d+" +
-                        re.escape(f" s. Last log lines ({kept / 'server.log'}): (traceback: {kept / 'error.txt'})"),
+                        re.escape(f" s. Last log lines ({kept / 'server.log'}): fake server: model dummy-model on ")
+                        + r"127\.0\.0\.1:\d+" + re.escape(" | fake server: dying on purpose (CUDA out of memory) "
+                                                          f"(traceback: {kept / 'error.txt'})"),
                         lines(r.stderr)[0]) and len(lines(r.stderr)) == 1, r.stderr
     assert "dying on purpose" in (kept / "server.log").read_text()     # the line names a file that exists
     assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("proc-server-ignores-sigterm")
+def test_a_server_that_ignores_sigterm_is_said_to_be_killed(tmp_path, pids):
+    """Before: the stop waited the whole stop timeout in silence, then said 'stopped' as if SIGTERM had worked."""
+    w, out = demo_world(tmp_path)
+    w.kept.pop(out)                                       # this run succeeds and replaces the earlier one
+    r = experiment(out, "--server", "--server-arg=--ignore-term", "--tag", "stubborn", env=env_for(tmp_path))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r.stderr
+    log = [ln.split("] ", 1)[1] for ln in (out / "log.txt").read_text().splitlines()]
+    i = log.index("server: still running 3 s after SIGTERM; sending SIGKILL")
+    assert re.fullmatch(r"server: stopped \(1 processes, 3\.\d s; killed with SIGKILL after 3 s of SIGTERM\)", log[i + 1])
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("proc-second-ctrl-c-at-start")
+@pytest.mark.parametrize("gap", [0.0, 0.01, 0.3])
+def test_a_second_ctrl_c_while_the_server_starts(tmp_path, pids, gap):
+    """Ctrl-C while waiting for /health, then again ``gap`` s later, while the server (which ignores SIGTERM) is
+    being stopped. Before: the stop cut short left its atexit callback to write to the run's closed log
+    ('Exception ignored in atexit callback ... ValueError: I/O operation on closed file.') and, when cut before
+    the SIGKILL, the server running."""
+    w, out = demo_world(tmp_path)
+    p = subprocess.Popen([PY, str(EXPERIMENT), "--out", str(out), "--server", "--server-arg=--no-health",
+                          "--server-arg=--ignore-term", "--start-timeout", "60"], env=env_for(tmp_path), cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids.append(p.pid)
+    folder, t0 = tmp_path / "cache" / "servers" / "experiment", time.time()
+    while not list(folder.glob("*.pid")) and time.time() - t0 < 30:
+        time.sleep(0.02)
+    (pidfile,) = folder.glob("*.pid")
+    pids.append(json.loads(pidfile.read_text())["pgid"])
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert p.returncode == 130 and TB not in err, err
+    assert lines(err) == [f"[interrupted] stopped by Ctrl-C; earlier results were left as they were (this run kept in "
+                          f"{kept})."]
+    assert procs.wait_gone(pids[1:], 10), [q for q in pids if procs.alive(q)]
     w.check()
 
 
@@ -1015,6 +1341,26 @@ def test_more_tensor_parallel_ranks_than_gpus(tmp_path, pids):
     w.check()
 
 
+@covers("value-gpu-without-torch")
+@pytest.mark.parametrize("script", ["01_baseline_perf", "03_backend_comparison"])
+def test_a_gpu_machine_without_torch(tmp_path, pids, script):
+    """The ceilings are measured in a child process, which stops with a [setup] line (exit 2): before, the script
+    wrapped it as '[failed] RuntimeError: measuring the ceilings failed (exit 2) ...' (exit 1)."""
+    w = World(tmp_path)
+    out = w.root / "results" / script
+    w.seed("sglang", script, out=out)
+    env = env_for(tmp_path, smi="h200", PYTHONPATH=os.pathsep.join(map(str, (sglang_stub(tmp_path),
+                                                                              blocked(tmp_path, "torch")))))
+    r = run([PY, REPO / "sglang" / "scripts" / f"{script}.py", "--quick", "--out", out], env)
+    log = tmp_path / "cache" / "ceilings" / "measure-GPU-00000000-fake-fake-fake-000000000000.log"
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
+    assert lines(r.stderr) == ["[setup] Python package 'torch' is not importable (ModuleNotFoundError: No module named "
+                               "'torch'). Install it: pip install -r requirements.txt (while measuring this GPU's "
+                               f"ceilings; log {log})"]
+    assert not (tmp_path / "cache" / "servers").exists() or not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
 @covers("value-ncu-csv-without-time")
 def test_an_ncu_csv_without_the_time_metric_is_named(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",))
@@ -1027,6 +1373,96 @@ def test_an_ncu_csv_without_the_time_metric_is_named(tmp_path, pids):
                                "time: collect it (--metrics gpu__time_duration.sum, or a section set such as "
                                f"SpeedOfLight/full) (traceback: {tb})"]
     assert not (out / "kernels.csv").exists()                          # no table of NaN times
+    w.check()
+
+
+@covers("cache-not-writable")
+@pytest.mark.parametrize("how", ["cache-is-a-file", "home-cache-is-a-file", "chmod"])
+def test_a_cache_folder_that_cannot_be_written(tmp_path, pids, how):
+    """The server's pidfile goes to the cache ($HANDS_ON_CACHE, else ~/.cache/hands-on): before, a cache or HOME
+    that could not be written was '[failed] PermissionError' / 'NotADirectoryError' with a traceback file."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    cache, why = tmp_path / "cache", "[Errno 20] Not a directory"
+    if how == "cache-is-a-file":
+        cache.write_text("a file where the cache folder should be\n")
+    elif how == "home-cache-is-a-file":
+        del env["HANDS_ON_CACHE"]
+        env["HOME"] = str(tmp_path / "home")
+        (tmp_path / "home").mkdir()
+        (tmp_path / "home" / ".cache").write_text("a file\n")
+        cache = tmp_path / "home" / ".cache" / "hands-on"
+    else:
+        cache.mkdir()
+        cache.chmod(0o500)
+        if os.access(cache, os.W_OK):
+            cache.chmod(0o700)
+            pytest.skip("running as root: chmod does not make a folder read-only")
+        why = "[Errno 13] Permission denied"
+    try:
+        r = experiment(out, "--server", env=env)
+    finally:
+        if cache.is_dir():
+            cache.chmod(0o700)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] cache folder {cache / 'servers' / 'experiment'} is not writable ({why}); set "
+                               "HANDS_ON_CACHE to a writable folder"]
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()       # nothing started
+    w.check()
+
+
+def _damaged_nsys(src: Path, how: str) -> tuple[Path, str]:
+    """The recording's cuda_gpu_trace CSV damaged ``how``; (its path, what the one line says after it)."""
+    csv_ = src / "timeline_overlap_on_cuda_gpu_trace.csv"
+    text = csv_.read_text()
+    ls = text.splitlines(keepends=True)
+    if how == "value-nsys-csv-without-name":
+        csv_.write_text(text.replace(",Name\n", ",Label\n", 1))
+        return csv_, "no Name column (columns: Start (ns), Duration (ns), CorrId, Strm, Label): not an nsys stats " \
+                     "table this reads"
+    if how == "value-nsys-csv-cut-mid-row":           # the last row cut after its third field
+        csv_.write_text("".join(ls[:40]) + ",".join(ls[40].split(",")[:3]))
+        return csv_, "column Name, line 41: empty (the file cut mid-row?)"
+    cut = text.index('"void', len("".join(ls[:15])))  # cut inside the quoted name of line 16
+    csv_.write_text(text[:cut + 20])
+    return csv_, ("column Name, line 16: a quote never closed (the file cut mid-quote?) (Error tokenizing data. C "
+                  "error: EOF inside string starting at row 15)")
+
+
+DAMAGED = ["value-ncu-text-in-a-number-column", "value-nsys-csv-without-name", "value-nsys-csv-cut-mid-row",
+           "value-nsys-csv-cut-mid-quote", "value-trace-gz-cut"]
+GZ_READER = "import sys\nsys.path.insert(0, {repo!r})\nfrom common import trace\nfrom common.checks import run_main\n" \
+            "run_main(lambda argv=None: trace.read_chrome_trace(sys.argv[1]))\n"
+
+
+@covers(*DAMAGED)
+@pytest.mark.parametrize("fault", DAMAGED)
+def test_a_damaged_profile_file_is_named_with_its_column_and_row(tmp_path, pids, fault):
+    """ncu_profile.sh over a value that is not a number, 04_nsys_profile.py --reanalyse over a damaged nsys CSV, a
+    script reading a cut .json.gz trace: one [failed] line naming the file (column, row), no pandas/gzip error."""
+    w = World(tmp_path)
+    env = env_for(tmp_path, FAKE_NCU="text", PYTHON=PY)
+    if fault == "value-ncu-text-in-a-number-column":
+        out = tmp_path / "ncu"
+        r = run(["bash", REPO / "flashinfer" / "scripts" / "ncu_profile.sh", "--out", out, "--", PY, "-c", "pass"], env)
+        said = f"NcuParseError: {out / 'ncu.csv'}: column gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a number"
+    elif fault == "value-trace-gz-cut":
+        gz = tmp_path / "trace.json.gz"
+        whole = (FIXTURES / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz").read_bytes()
+        gz.write_bytes(whole[:len(whole) // 2])
+        r = run([PY, "-c", GZ_READER.format(repo=str(REPO)), gz], env)
+        said = (f"TraceError: trace {gz} is cut short or damaged (EOFError: Compressed file ended before the "
+                "end-of-stream marker was reached)")
+    else:
+        out = w.root / "results" / "04_nsys_profile"
+        w.seed("sglang", "04_nsys_profile", out=out)
+        csv_, what = _damaged_nsys(reanalysis_source(tmp_path), fault)
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", csv_.parent, "--out", out], env)
+        said = f"TraceError: {csv_}: {what}"
+    assert r.returncode == 1 and TB not in r.stdout + r.stderr, r.stderr
+    (line,) = lines(r.stderr)
+    assert re.fullmatch(re.escape(f"[failed] {said} (traceback: ") + r"\S+(error\.txt|\d+\.txt)\)", line), line
     w.check()
 
 

@@ -430,9 +430,10 @@ def test_measuring_child_runs_without_a_profilers_injection():
 
 def test_peaks_measures_in_a_child_process_that_reports_failure(fake_gpus, monkeypatch):
     """No cache and no GPU for the child (CUDA_VISIBLE_DEVICES=""; on a CPU box torch is missing too): the
-    child stops with a one-line setup error (exit 2), raised here with the end of its log."""
+    child stops with a one-line setup error (exit 2), raised here as a SetupError with that line."""
+    from common.checks import SetupError
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(RuntimeError, match=r"measuring the ceilings failed \(exit 2\).*\[setup\]"):
+    with pytest.raises(SetupError, match=r"\(while measuring this GPU's ceilings; log .*measure-.*\.log\)$"):
         ceilings.peaks(0)
     assert list((fake_gpus / "ceilings").glob("measure-*.log"))
 

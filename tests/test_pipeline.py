@@ -55,6 +55,7 @@ def test_progress_lines_with_an_eta_from_the_previous_steps_csv(tmp_path):
     root = make_system(tmp_path, ['Step("a", "ok.py")', 'Step("b", "ok.py")', 'Step("c", "ok.py")'])
     prev = root / SYS / "results" / "06_full_pipeline"
     prev.mkdir(parents=True)
+    (prev / "summary.json").write_text(json.dumps({"script": f"{SYS}/scripts/06_full_pipeline.sh"}))  # a run's folder
     with open(prev / "steps.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "status", "seconds", "kind", "command", "started_utc"])

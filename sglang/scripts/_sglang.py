@@ -16,8 +16,9 @@ the whole tree stopped on exit, error, Ctrl-C, SIGTERM) with what SGLang needs a
   * a port from the OS (procs.free_port) unless one is given; a given port already in use is a
     SetupError (one line);
   * a pidfile (default ``$HANDS_ON_CACHE/servers/<script>/<run pid>-<name>.pid``, ``pidfile=False``: none):
-    before it starts, every server that a run of the same script killed with SIGKILL left behind
-    (its pidfile's owner is dead) is stopped (procs.reap_stale); servers of runs still going are left alone;
+    before it starts, every server that a run of any script killed with SIGKILL left behind (its
+    pidfile's owner is dead; procs.reap_left over the whole registry) is stopped; servers of runs still
+    going are left alone;
   * the environment: NVLink multicast off (procs.nccl_env, the workbook's one policy; --enable-nccl-nvls
     and --enable-symm-mem refused), the /health generation probe off (no 1-token prefills in the
     logs), HF offline for local model dirs;
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -61,7 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import cli, procs, stats, trace  # noqa: E402
-from common.checks import SetupError, cache_dir  # noqa: E402
+from common.checks import SetupError  # noqa: E402
 
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}   # for local model dirs: never reach the Hub
@@ -256,24 +258,31 @@ def random_text(n_chars: int, seed: int) -> str:
 # ================================================================== the server
 
 def servers_dir(script: str | None = None) -> Path:
-    """Where the servers of ``script`` (default: the running script's stem) keep their pidfiles."""
-    stem = script or Path(sys.argv[0] or "python").stem or "python"
-    return cache_dir() / "servers" / re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+    """Where the servers of ``script`` (default: the running script's stem) keep their pidfiles: its folder
+    in the workbook's one registry (procs.registry)."""
+    return procs.registry(script or Path(sys.argv[0] or "python").stem or "python")
 
 
-def reap_servers(folder, echo=print) -> list[int]:
-    """Stop every server that a killed run left behind in ``folder`` (its pidfile's owner is dead and
-    the process group still runs the recorded command; procs.reap_stale). Pidfiles of runs that are
-    still going, this one included, are left alone. Returns the pids stopped."""
-    stopped: list[int] = []
-    for p in sorted(Path(folder).glob("*.pid")):
-        try:
-            owner = json.loads(p.read_text()).get("owner")
-        except (OSError, ValueError):
-            owner = None
-        if owner != os.getpid():
-            stopped += procs.reap_stale(p, echo)
-    return stopped
+def reap_servers(folder=None, echo=print) -> list[int]:
+    """Stop every server that a killed run left behind in ``folder`` (default: the whole registry, whichever
+    script started it; procs.reap_left). Pidfiles of runs that are still going, this one included, are left
+    alone. Returns the pids stopped."""
+    return procs.reap_left(folder, echo)
+
+
+def _last_stop(owner) -> None:
+    """atexit's stop of a Server or BenchWorker whose own stop was cut short (a second Ctrl-C): without a
+    word, since the run's log is closed by then (a message there raised, the stop ended before its
+    SIGKILL and the server stayed), and without waiting for a third Ctrl-C."""
+    quiet = lambda *_: None  # noqa: E731
+    bench = getattr(owner, "_bench", None)
+    for o in (owner, owner.group, bench, bench and bench.group):
+        if o is not None:
+            o.echo = quiet
+    try:
+        owner.stop()
+    except KeyboardInterrupt:
+        pass
 
 
 class Server:
@@ -309,6 +318,7 @@ class Server:
         self.pidfile = (servers_dir() / f"{os.getpid()}-{safe}.pid" if pidfile is None
                         else Path(pidfile) if pidfile else None)
         self.group: procs.Group | None = None
+        self._at_exit = None
         self.startup_s: float | None = None
         self.stop_report: dict = {}
         self._bench: BenchWorker | None = None
@@ -336,8 +346,9 @@ class Server:
         return self.group.proc if self.group else None
 
     def start(self) -> "Server":
+        reap_servers(echo=self.echo)          # servers a SIGKILLed run of any script left behind
         if self.pidfile:
-            reap_servers(self.pidfile.parent, self.echo)       # servers a SIGKILLed run left behind
+            reap_servers(self.pidfile.parent, self.echo)       # and beside a pidfile given outside the registry
         if not procs.port_free(self.host, self.port):
             hint = "choose another with --port" if self.port_fixed else "the OS gave it a moment ago"
             raise SetupError(f"port {self.port} on {self.host} is already in use (another server running? "
@@ -346,7 +357,8 @@ class Server:
             self.echo(f"{self.name}: note: {n}")
         self.group = procs.Group(self.cmd, self.log_path, env=self.env, name=self.name, pidfile=self.pidfile,
                                  echo=self.echo, stop_timeout=self.stop_timeout)
-        atexit.register(self.stop)
+        self._at_exit = functools.partial(_last_stop, self)
+        atexit.register(self._at_exit)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
         t0 = time.time()
         try:
@@ -364,7 +376,7 @@ class Server:
             rc = self.group.poll()
             if rc is not None:
                 raise ServerError(f"{self.name} exited with code {rc} during start-up after {time.time() - t0:.0f} s. "
-                                  f"Last log lines ({self.log_path}):\n{self.log_tail(15)}")
+                                  f"Last log lines ({self.log_path}): {self.last_lines()}")
             try:
                 with _LOCAL.open(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -374,7 +386,7 @@ class Server:
             now = time.time()
             if now - t0 > self.start_timeout:
                 raise ServerError(f"{self.name} not healthy after {self.start_timeout:.0f} s (start_timeout). "
-                                  f"Last log lines:\n{self.log_tail(10)}")
+                                  f"Last log lines ({self.log_path}): {self.last_lines()}")
             if now - last_note > 30:
                 last_note = now
                 self.echo(f"{self.name}: still starting ({now - t0:.0f} s): {self.log_tail(1)[:160]}")
@@ -407,14 +419,16 @@ class Server:
             rep = g.stop()
             strays = [p for p in members if procs.alive(p)]    # left the tree when their parent (the app) exited
             if strays:
-                rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout)
+                rep["left_over"] = procs.stop_tree(pgid, members=strays, term_timeout=self.stop_timeout,
+                                                   on_kill=lambda: rep.update(killed=True))
             try:
-                atexit.unregister(self.stop)
+                atexit.unregister(self._at_exit)
             except Exception:  # noqa: BLE001 - interpreter shutting down
                 pass
         self.stop_report = {**rep, "processes": len(members), "gpu_left_over": _gpu_pids_left(members)}
         gl = self.stop_report["gpu_left_over"]
-        self.echo(f"{self.name}: stopped ({len(members)} processes, {rep['stop_s']} s)"
+        killed = f"; killed with SIGKILL after {self.stop_timeout:.0f} s of SIGTERM" if rep.get("killed") else ""
+        self.echo(f"{self.name}: stopped ({len(members)} processes, {rep['stop_s']} s{killed})"
                   + (f" WARNING: processes still alive: {rep['left_over']}" if rep["left_over"] else "")
                   + (f" WARNING: still holding GPU memory: {gl}" if gl else ""))
         return self.stop_report
@@ -478,6 +492,12 @@ class Server:
             return "(no log)"
         return "\n".join(lines[-n:])
 
+    def last_lines(self, n: int = 3) -> str:
+        """The last ``n`` lines the server wrote, on one line ('a | b | c'; the launch command left out): what an
+        error's one line shows of the log."""
+        lines = [ln.strip()[:240] for ln in self.log_tail(n + 40).splitlines() if ln.strip() and not ln.startswith("$ ")]
+        return " | ".join(lines[-n:]) or "(the log is empty)"
+
     def wait_log(self, pattern: str, mark: int = 0, timeout: float = 60, while_alive=None) -> re.Match:
         """Block until a log line after ``mark`` matches ``pattern``. ServerError on timeout, when the
         server dies, or when the thread ``while_alive`` (the client sending the load) has finished."""
@@ -487,7 +507,7 @@ class Server:
             if m:
                 return m
             if not self.alive():
-                raise ServerError(f"{self.name} died; last log lines:\n{self.log_tail(12)}")
+                raise ServerError(f"{self.name} died; last log lines ({self.log_path}): {self.last_lines()}")
             if while_alive is not None and not while_alive.is_alive():
                 raise ServerError(f"the requests finished before a log line matched {pattern!r}")
             time.sleep(0.05)
@@ -504,7 +524,7 @@ class Server:
         except urllib.error.HTTPError as e:
             raise ServerError(f"{path}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError) as e:
-            dead = "" if self.alive() else f" The server is no longer running; last log lines:\n{self.log_tail(12)}"
+            dead = "" if self.alive() else f" The server is no longer running; last log lines ({self.log_path}): {self.last_lines()}"
             raise ServerError(f"{path}: {e.__class__.__name__}: {e}.{dead}") from None
 
     def get_json(self, path: str, timeout: float = 60):
@@ -961,6 +981,7 @@ class BenchWorker:
         self.cmd = [python, str(Path(__file__).resolve()), "--bench-worker", module]
         self.group: procs.Group | None = None
         self.runs = 0
+        self._at_exit = None
 
     @property
     def pid(self) -> int | None:
@@ -969,7 +990,8 @@ class BenchWorker:
     def _start(self) -> None:
         self.group = procs.Group(self.cmd, self.log_path, env={**os.environ, **self.env}, name="bench_serving worker",
                                  echo=self.echo, stdin_pipe=True).start()
-        atexit.register(self.stop)
+        self._at_exit = functools.partial(_last_stop, self)
+        atexit.register(self._at_exit)
 
     def run(self, argv, log, timeout: float | None = 900) -> int:
         """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``."""
@@ -1010,7 +1032,7 @@ class BenchWorker:
             self.group.stop()
             self.group = None
         try:
-            atexit.unregister(self.stop)
+            atexit.unregister(self._at_exit)
         except Exception:  # noqa: BLE001 - interpreter shutting down
             pass
 

@@ -13,7 +13,8 @@ a (fake) SGLang server from sglang/scripts/_sglang.py -- with the fault chosen o
 --ready      print ``READY <server pid> <port>`` (or ``READY 0 0``) once running, then --hold seconds
 --inject F   enospc-table (ENOSPC writing a table), enospc-finish (ENOSPC writing summary.json),
              eio-replace (EIO on the final rename), die-between-renames (os._exit(137) between the
-             two renames of finish, as a SIGKILL there would), fixed-stamp (every time stamp the same)
+             two renames of finish, as a SIGKILL there would), eperm-previous (EPERM moving the old run
+             to .previous/, as for an immutable folder), fixed-stamp (every time stamp the same)
 Every wait is bounded; the fake server exits on its own after 120 s.
 """
 import argparse
@@ -51,6 +52,12 @@ def inject(fault: str) -> None:
                 if fault == "die-between-renames":
                     os._exit(137)
                 raise OSError(errno.EIO, "Input/output error")
+            return real_rename(src, dst)
+        results.os.rename = rename
+    elif fault == "eperm-previous":          # the old run cannot be moved (chattr +i)
+        def rename(src, dst):
+            if Path(dst).parent.name == ".previous" and not Path(src).name.startswith("."):
+                raise OSError(errno.EPERM, "Operation not permitted")
             return real_rename(src, dst)
         results.os.rename = rename
     elif fault == "fixed-stamp":              # every time stamp the same: runs at once collide on names
