@@ -425,7 +425,7 @@ def ncu_points(run, script, argv, kernels: str, points: list, peaks: dict, timeo
     labelled with the fields of the point it belongs to (``points``: what the target ran, in order)."""
     from common import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), echo=run.log, timeout=timeout)
+                      kernel=ncu.with_marker(kernels), echo=run.log, timeout=timeout, cache_control="all")
     kern = ncu.summarize(ncu.split_points(res.df), peaks=peaks)
     for c in dict.fromkeys(k for p in points for k in p):
         kern[c] = [points[i].get(c) if 0 <= i < len(points) else None for i in kern["point"]]

@@ -14,9 +14,10 @@ ALL_FI = ("fi:decode", "fi:prefill_fa2", "fi:prefill_fa3", "fi:norm", "fi:rope")
 def ncu_pass(kind: str, kernels: str, script: str, jit: tuple, *target: str) -> Step:
     """ncu_profile.sh over a script's --ncu-target mode (each sweep point once, a marker kernel between)."""
     app = ("--", "{python}", f"{{scripts}}/{script}", "--ncu-target", "--quick", *target)
+    cc = ("--cache-control", "all")      # the sweep points are timed with a cold L2: ncu flushes it too
     return Step(f"ncu_{kind}", "ncu_profile.sh", ncu=ONLY, jit=jit,
-                quick=("--name", kind, "--kernel", kernels, "--count", "2", *app),
-                full=("--name", kind, "--kernel", kernels, "--set", "full", "--count", "4", *app))
+                quick=("--name", kind, "--kernel", kernels, "--count", "2", *cc, *app),
+                full=("--name", kind, "--kernel", kernels, "--set", "full", "--count", "4", *cc, *app))
 
 
 STEPS = [

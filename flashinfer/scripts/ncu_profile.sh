@@ -3,11 +3,14 @@
 #
 # Usage:
 #   ./flashinfer/scripts/ncu_profile.sh [--name NAME | --out DIR] [--kernel REGEX] [--skip N] [--count N]
-#       [--set NAME] [--nvtx-include RANGE] [--clock-control none|base] [--timeout S] -- COMMAND...
+#       [--set NAME] [--nvtx-include RANGE] [--clock-control none|base] [--cache-control none|all]
+#       [--timeout S] -- COMMAND...
 #   --name NAME   results in flashinfer/results/ncu_profile/NAME/ (default ncu-<time>); --out DIR: in DIR
 #   the other options are those of `python -m common.ncu profile` (its --help): a kernel-name regex, launches
 #   to skip / profile, an ncu section set (default: the summary metrics of common.ncu.SUMMARY_METRICS), an
-#   NVTX range ('decode cuda b=32 kv=4096'), clocks as in un-profiled runs (none, the default) or ncu's base
+#   NVTX range ('decode cuda b=32 kv=4096'), clocks as in un-profiled runs (none, the default) or ncu's base,
+#   caches as the application left them (none, the default) or flushed before each pass (all: what the
+#   scripts' cold-L2 timing measures; the pipeline's passes use it)
 # Examples (the numbered scripts' hidden --ncu-target mode runs each sweep point once, a marker kernel between):
 #   ./flashinfer/scripts/ncu_profile.sh --name decode --kernel 'BatchDecode|MergeStates' --set full --count 2 -- \
 #       python flashinfer/scripts/03_profile_decode.py --ncu-target --quick --variants cuda

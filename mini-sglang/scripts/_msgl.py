@@ -286,7 +286,8 @@ def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics
     the order the target ran them), and the raw metric rows (for metrics summarize() does not read)."""
     from common import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), metrics=metrics, echo=run.log, timeout=timeout)
+                      kernel=ncu.with_marker(kernels), metrics=metrics, echo=run.log, timeout=timeout,
+                      cache_control="all")      # the points are timed with a cold L2 (common.timing.bench)
     raw = ncu.split_points(res.df)
     raw = raw[raw["point"] >= 0].reset_index(drop=True)
     rows = ncu.summarize(raw, peaks=peaks)
