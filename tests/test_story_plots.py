@@ -1,5 +1,5 @@
 """common.story renders what the reports show; common.plots draws without a display."""
-from common import ncu, plots, story
+from common import kernels, ncu, plots, story
 
 
 def test_tree_shape():
@@ -16,10 +16,18 @@ def test_timeline_places_events_in_time():
 
 
 def test_kernel_line_from_real_ncu_row(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")))
-    line = story.kernel_line(s.iloc[0].to_dict())
+    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks={"dram_tb_s": 4.71})
+    line = kernels.line({**s.iloc[0].to_dict(), "dur_us": 199.0})
     assert line.startswith("BatchDecodeWithPagedKVCacheKernel 199 us")
-    assert "DRAM 56.6%" in line and "registers" in line and "stalls:" in line
+    assert "DRAM 2.72 TB/s = 57.8% of the read ceiling" in line and "registers" in line and "stalls " in line
+
+
+def test_tree_wraps_long_labels_under_themselves():
+    label = "layer gate_up_proj: " + "x" * 60 + " " + " ".join(["word"] * 40)
+    t = story.tree("T", [(label, [("child", [])]), ("last", [])])
+    lines = t.splitlines()
+    assert all(len(x) <= story.WIDTH for x in lines) and lines[1].startswith("├── layer gate_up_proj")
+    assert lines[2].startswith("│   │ word") and t.count("child") == 1 and lines[-1] == "└── last"
 
 
 def test_fmt_and_table():

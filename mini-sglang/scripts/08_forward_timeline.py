@@ -28,7 +28,7 @@ What it measures
        decode steps, wall time per step; and 3 prompts sharing a 1024-token prefix with an earlier one (the radix
        cache in the engine: cached_len, prefill time).
     2. traced: each variant once under torch.profiler (common.trace.capture_calls) -> the kernel table of every step
-       (common.timeline.step_kernels: kernels joined to their step by correlation id, CUDA-graph replays included;
+       (common.trace.step_kernels: kernels joined to their step by correlation id, CUDA-graph replays included;
        layers from the repeating unit of the kernel names, common.trace.assign_layers, checked against
        mini-SGLang's Layer_i ranges in eager steps) -> roles (QKV / O / gate-up / down GEMMs, norms, RoPE, KV store,
        attention, activation; embedding, final norm, logits, sampling) -> FLOPs and bytes of each role
@@ -80,7 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, models, ncu, nsys, plots, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, kernels, models, ncu, nsys, plots, story, timeline, trace  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -326,7 +326,8 @@ def counters(run, args, pk):
     run.log("counters: a 2-layer model (shapes unchanged) under Nsight Compute, its prefill step and one decode step")
     res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target",
                        *_msgl.argv_of(args, ("quick", "model", "prompt_len", "batch", "backend"))], run.dir / "ncu",
-                      metrics="summary", extra=["--profile-from-start", "off"], echo=run.log, timeout=1500)
+                      metrics="summary", extra=["--profile-from-start", "off"], echo=run.log, timeout=1500,
+                      cache_control="none")       # the forward's kernels as they run: caches as the one before left them
     return ncu.summarize(res.df, peaks=pk)
 
 
@@ -351,7 +352,7 @@ def nsys_tables(run, args) -> None:
 def kernel_table(ev, work, cfg, pk, step=r"^step\[", outer=None, parse=parse_step):
     """The joined kernel table of one traced generate: steps -> layers -> roles -> FLOPs/bytes -> rates. mini-SGLang's
     embedding is its own index kernel (_msgl.EMBEDDING_KERNEL), which common.timeline labels 'prepare'."""
-    kt = timeline.step_kernels(ev, step, outer=outer, parse=parse, layers=cfg["num_hidden_layers"])
+    kt = timeline.layered(trace.step_kernels(ev, step, outer=outer, parse=parse), layers=cfg["num_hidden_layers"])
     emb = (kt["segment"] == "pre") & kt["kernel"].str.contains(_msgl.EMBEDDING_KERNEL)
     kt.loc[emb, "role"] = "embedding"
     if work is not None and len(work) == kt["step"].nunique():
@@ -380,9 +381,9 @@ def range_check(ev, kt, layers: int) -> list[dict]:
         by_ts = dict(zip(j["ts_us"], j["range"].str.slice(6).astype(int)))
     except TraceError:
         by_ts = {}
-    ranges = dict(enumerate(n for _name, n in _msgl.calls_in_ranges(ev, r"^step\[", r"^Layer_\d+$", inner=("user_annotation",))))
-    syncs = dict(enumerate(n for _name, n in _msgl.calls_in_ranges(ev, r"^step\[", r"^cudaEventSynchronize$")))
-    graphs = dict(enumerate(n for _name, n in _msgl.calls_in_ranges(ev, r"^step\[", r"^cudaGraphLaunch$")))
+    ranges = dict(enumerate(n for _name, n in trace.calls_in_ranges(ev, r"^step\[", r"^Layer_\d+$", inner=("user_annotation",))))
+    syncs = dict(enumerate(n for _name, n in trace.calls_in_ranges(ev, r"^step\[", r"^cudaEventSynchronize$")))
+    graphs = dict(enumerate(n for _name, n in trace.calls_in_ranges(ev, r"^step\[", r"^cudaGraphLaunch$")))
     out = []
     for s, g in kt.groupby("step", sort=True):
         rl = g["ts_us"].map(by_ts)
@@ -408,7 +409,7 @@ def analyse(run, data, cfg, pk, rows=None) -> dict:
             steps["decode"] = int(dec[min(NCU_DECODE - 1, len(dec) - 1)])
         if rows is not None:
             wins = [{"name": m, "step": st, "match": {"mode": m}} for m, st in steps.items()]   # in profiling order
-            kt, info = timeline.attach_counters(kt, rows, wins)
+            kt, info = timeline.attach_counters(kt, rows, wins, pk)
             out["ncu"] += [{"variant": v, **i} for i in info]
         out["kt"][v] = kt
         out["order"] += [{"variant": v, **r} for r in layer_order(kt)]
@@ -534,28 +535,45 @@ def tell(a, s, pk, init_s, backend) -> str:
         (f"{v}: decode step {f(statistics.median(per_generate(st, v, 'gpu_ms')))} ms GPU, gap before "
          f"{f(1e3 * statistics.median(per_generate(st, v, 'gap_before_ms')))} us, prefill "
          f"{f(statistics.median(per_generate(st, v, 'gpu_ms', 'prefill')))} ms", []) for v in s.variants]))
-    for v in s.variants:
-        tr = [r for r in a["tree"] if r["variant"] == v]
-        kt = a["kt"][v]
-        kids = []
-        for mode in ("prefill", "decode"):
-            rows = [r for r in tr if r["mode"] == mode]
-            if not rows:
-                continue
-            g = kt[kt["step"] == rows[0]["step"]]
-            kids.append((f"{mode} step (bs {rows[0]['bs']}): {len(g)} kernels, {f(g['dur_us'].sum() / 1e3)} ms of kernel time",
-                         [(f"{r['segment']:5s} {r['role']:13s} {r['kernel'][:36]:36s} {f(r['time_us'])} us "
-                           f"({f(r['share_all_layers_pct'])}% of step)"
-                           + (f" · {f(r['tflop_s'])} TFLOP/s" if (r.get("tflop_s") or 0) > 20 else
-                              f" · {f(r['tb_s'])} TB/s = {f(r.get('pct_dram_ceiling'))}% DRAM"
-                              if (r.get("tb_s") or 0) > 0.3 else "")
-                           + (f" · ncu DRAM {f(r['dram_pct'])}% SM {f(r['sm_pct'])}% TC {f(r['tensor_pct'])}% occ "
-                              f"{f(r['occupancy_pct'])}% ({r.get('limiter')}); {r.get('top_stalls')}"
-                              if r.get("dram_pct") is not None and r.get("dram_pct") == r.get("dram_pct") else ""), [])
-                          for r in rows if r["segment"] != "pre" or r["role"] == "embedding"]))
-        items.append((f"{v}: one layer and the once-per-step kernels", kids))
-    return story.tree(f"ONE FORWARD OF mini-SGLang — {pk['gpu']} (DRAM ceiling {f(pk['dram_tb_s'])} TB/s, bf16 "
-                      f"{f(pk['bf16_tflops'])} TFLOP/s)", items)
+    shown = "graph" if "graph" in s.variants else s.variants[0]    # the configuration mini-SGLang serves with
+    tr = [r for r in a["tree"] if r["variant"] == shown]
+    kt = a["kt"][shown]
+    kids = []
+    for mode in ("prefill", "decode"):
+        rows = [r for r in tr if r["mode"] == mode]
+        if not rows:
+            continue
+        g = kt[kt["step"] == rows[0]["step"]]
+        n_layers = int(g["layer"].max() or 0) + 1
+        kids.append((f"{mode} step (bs {rows[0]['bs']}): {len(g)} kernels, {f(g['dur_us'].sum() / 1e3)} ms of kernel time",
+                     [kernels.node(r, head=f"{r['segment']} {r['role']}: {r['kernel']} {f(r['dur_us'])} us kernel time, "
+                                           f"{f(r['share_all_layers_pct'])}% of the step's kernel time"
+                                           + (f" (x{n_layers} layers)" if r["segment"] == "layer" else ""))
+                      for r in rows if r["segment"] != "pre" or r["role"] == "embedding"]))
+    items.append((f"{shown}: one layer and the once-per-step kernels", kids))
+    others = [v for v in s.variants if v != shown]
+    if others:
+        items.append((f"the other variants, the same kernels: their per-role kernel time beside {shown}'s "
+                      "(layer_tree.csv lists every kernel of each)", [(line, []) for line in variant_lines(a, shown, others)]))
+    return story.tree(f"ONE FORWARD OF mini-SGLang — {pk['gpu']} ({ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
+                      f"bf16 {f(pk['bf16_tflops'])} TFLOP/s)", items)
+
+
+def variant_lines(a, shown: str, others: list[str]) -> list[str]:
+    """One line per step kind and role: the kernel time of each variant (median per layer), ``shown`` first."""
+    f = story.fmt
+    out = []
+    for mode in ("prefill", "decode"):
+        per = {}
+        for v in [shown] + others:
+            tr = [r for r in a["tree"] if r["variant"] == v and r["mode"] == mode and r["segment"] == "layer"]
+            for r in tr:
+                per.setdefault(r["role"], {}).setdefault(v, []).append(r["dur_us"])
+        for role, by in per.items():
+            if shown in by:
+                out.append(f"{mode} {role}: " + ", ".join(f"{v} {f(statistics.median(by[v]))} us" for v in [shown] + others
+                                                        if v in by))
+    return out
 
 
 def installed(name: str, hint: str) -> None:
@@ -586,8 +604,9 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         pk = ceilings.peaks()
         run.log(f"LLM ready in {fwd.init_s:.1f} s; KV pool {fwd.llm.engine.num_pages:,} tokens; decode graphs for batch "
-                f"sizes {fwd.llm.engine.graph_runner.graph_bs_list}; ceilings: DRAM {pk['dram_tb_s']:.2f} TB/s, bf16 "
-                f"{pk['bf16_tflops']:.0f} TFLOP/s ({pk.get('source')})")
+                f"sizes {fwd.llm.engine.graph_runner.graph_bs_list}; ceilings: "
+                f"{ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
+                f"({pk.get('source')})")
         # ---- measure: timed (3 repetitions, variants interleaved), the shared prefix, one traced generate per variant
         data = measure(run, fwd, args, s)
         init_s = fwd.init_s

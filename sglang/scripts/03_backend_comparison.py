@@ -51,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, procs, story, trace  # noqa: E402
+from common import ceilings, cli, flops, procs, story, timing, trace  # noqa: E402
 from common.checks import require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -151,7 +151,7 @@ def prefill(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
     return {"prefill_len": L, "prefill_ttft_ms": statistics.median(ttfts),
             "prefill_step_gpu_ms": statistics.median(s["dur_us"] for s in ext) / 1e3 if ext else None,
             "prefill_attention_ms": med, "prefill_attention_tflop_s": tf,
-            "prefill_attention_pct_peak": 100 * tf / pk["bf16_tflops"] if tf else None, "_att_ms": att_ms}
+            "prefill_attention_pct_bf16": 100 * tf / pk["bf16_tflops"] if tf else None, "_att_ms": att_ms}
 
 
 def kernel_rows(kt) -> list[dict]:
@@ -178,12 +178,13 @@ def decode(srv, name, P, prof_dir, sh, pk, kernels) -> dict:
     att_us = [s.get("attention_us", 0) for s in dec]
     kv = flops.decode_bytes([Ld + P["decode_new"] // 2] * B, sh["hq"], sh["hkv"], sh["d"]) * sh["layers"]
     med = statistics.median(att_us) if att_us else float("nan")
-    tb = kv / (med * 1e-6) / 1e12 if att_us and med else None
+    r = timing.rates(med * 1e-3, bytes=kv, peaks=ceilings.complete(pk), mix="read") if att_us and med else {}
+    tb = r.get("eff_tb_s")        # the KV cache read (many times the L2: it streams from DRAM) over attention's time
     return {"decode_bs": B, "decode_kv": Ld, "decode_itl_p50_ms": statistics.median(itl) if itl else None,
             "decode_step_gpu_ms": statistics.median(s["dur_us"] for s in dec) / 1e3 if dec else None,
             "decode_step_cpu_ms": statistics.median(s["cpu_us"] for s in dec) / 1e3 if dec else None,
             "decode_attention_us": med, "decode_attention_tb_s": tb,
-            "decode_attention_pct_peak": 100 * tb / pk["dram_tb_s"] if tb else None,
+            "decode_attention_eff_pct": r.get("eff_pct"),
             "decode_attention_launches_per_layer": statistics.median(per_step) if per_step else None,
             "decode_attention_kernels": ";".join(sorted({k["kernel"] for k in att})),
             "_att_us": att_us, "_cpu_ms": [s["cpu_us"] / 1e3 for s in dec], "_launches": per_step}
@@ -345,8 +346,8 @@ def verdicts(run, rows, greedy, bar, P) -> None:
                   f"{fi['prefill_attention_ms']:.2f} ms, Triton {tr['prefill_attention_ms']:.2f} ms (medians)")
         run.judge(H["gap"], [abs(math.log(p)) - abs(math.log(d)) for p, d in zip(rp, rd) if p > 0 and d > 0],
                   evidence="backends.csv", detail=f"decode Triton/FlashInfer {story.fmt(statistics.median(rd) if rd else None)}"
-                  f" ({story.fmt(tr['decode_attention_pct_peak'])}% vs {story.fmt(fi['decode_attention_pct_peak'])}% of the "
-                  "DRAM ceiling)")
+                  f" (KV read at {story.fmt(tr['decode_attention_eff_pct'])}% vs {story.fmt(fi['decode_attention_eff_pct'])}% "
+                  "of the DRAM read ceiling, effective bandwidth)")
         run.judge(H["two"], tr["_launches"], evidence="kernels.csv", detail=f"Triton: {tr['decode_attention_kernels']}; "
                   f"FlashInfer {story.fmt(fi['decode_attention_launches_per_layer'])}/layer")
         run.judge(H["cpu"], [t / f for t, f in zip(tr["_cpu_ms"], fi["_cpu_ms"]) if f], evidence="backends.csv",
@@ -370,12 +371,12 @@ def tell(rows, kernels, bar, model_dir, pk) -> str:
                                   and k["cls"] == "attention"})) or "-"
         items.append((f"{r['variant']} (server start {r['start_s']:.0f} s; {r['graphs']})", [
             (f"prefill {r['prefill_len']} tok: TTFT {r['prefill_ttft_ms']:.1f} ms; attention {r['prefill_attention_ms']:.2f} "
-             f"ms -> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_peak'])}% of "
+             f"ms -> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_bf16'])}% of "
              f"the bf16 ceiling) [{pre_k}]", []),
             (f"decode bs {r['decode_bs']} kv {r['decode_kv']}: ITL {story.fmt(r['decode_itl_p50_ms'])} ms, step GPU "
              f"{story.fmt(r['decode_step_gpu_ms'])} ms / CPU {story.fmt(r['decode_step_cpu_ms'])} ms; attention "
              f"{r['decode_attention_us']:.0f} us/step -> {story.fmt(r['decode_attention_tb_s'])} TB/s "
-             f"({story.fmt(r['decode_attention_pct_peak'])}% of the DRAM ceiling) [{r['decode_attention_kernels']}, "
+             f"(effective, the KV read: {story.fmt(r['decode_attention_eff_pct'])}% of the DRAM read ceiling) [{r['decode_attention_kernels']}, "
              f"{story.fmt(r['decode_attention_launches_per_layer'])}/layer]", []),
             (f"rate inf ({r['tput_tool']}): {r['output_throughput']:.0f} out tok/s, TTFT p50 {story.fmt(r['ttft_p50_ms'])} "
              f"ms, ITL p50 {story.fmt(r['itl_p50_ms'])} ms; greedy equal to {ref} for >= {r['greedy_matched_min']} tokens", [])]))
