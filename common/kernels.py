@@ -106,13 +106,13 @@ WORK = [
                                                        if _ok(r.get("pct_bf16_ceiling")) else "")
         if _ok(r.get("tflop_s")) and r["tflop_s"] >= 1 else None),
     Col("pct_bf16_ceiling", "work", "%", "tflop_s as % of this GPU's measured bf16 tensor ceiling"),
-    Col("eff_tb_s", "work", "TB/s", "effective bandwidth: formula bytes / kernel time (traced). Not a DRAM rate: "
-        "data a producer left in L2 is counted but never read from DRAM",
+    Col("eff_tb_s", "work", "TB/s", "formula bytes / kernel time (traced). Not a DRAM rate: data a producer left in "
+        "L2 is counted but never read from DRAM",
         show=lambda r: (f"effective {_f(r['eff_tb_s'])} TB/s (formula bytes / time)"
                         + (f" = {_f(r['stream_pct'])}% of the DRAM read ceiling, weights streamed"
                            if _ok(r.get("stream_pct")) else ""))
         if _ok(r.get("eff_tb_s")) and r["eff_tb_s"] >= 0.05 else None),
-    Col("stream_pct", "work", "%", "weight streaming: effective bandwidth of a GEMM as % of the DRAM read ceiling; "
+    Col("stream_pct", "work", "%", "effective bandwidth of a GEMM as % of the DRAM read ceiling; "
         "given only where the step's weights are many times the L2 (each layer's weights were evicted by the other "
         "layers' since the last step), so the formula bytes do come from DRAM"),
 ]
@@ -246,12 +246,12 @@ COUNTERS = [
         _dram_mb("read")),
     Col("dram_write_mb", "counters", "MB", "bytes written to DRAM (dram__bytes_write.sum)", ("dram__bytes_write.sum",),
         _dram_mb("write")),
-    Col("dram_tb_s", "counters", "TB/s", "DRAM bandwidth: DRAM bytes read + written, over ncu's kernel time", (),
+    Col("dram_tb_s", "counters", "TB/s", "DRAM bytes read + written (ncu), over ncu's kernel time", (),
         _dram_tb_s, _show_dram),
-    Col("dram_kind", "counters", "", "read, write or copy: the kind of the kernel's DRAM traffic (writes < 10% of "
-        "its bytes: read; > 90%: write), which picks its ceiling", (), _dram_kind),
-    Col("dram_pct", "counters", "%", "DRAM bandwidth as % of this GPU's measured DRAM ceiling of the same kind "
-        "(read, write or copy)", (), _dram_pct),
+    Col("dram_kind", "counters", "", "read, mixed, copy or write: the kind of the kernel's DRAM traffic, from the "
+        "share of its DRAM bytes that are writes (common.ceilings.dram_kind), which picks its ceiling", (), _dram_kind),
+    Col("dram_pct", "counters", "%", "DRAM bandwidth as % of this GPU's measured DRAM ceiling of the same kind of "
+        "traffic (read, mixed, copy or write)", (), _dram_pct),
     Col("l2_hit_pct", "counters", "%", "L2 hit rate of the kernel's memory requests (lts__t_sector_hit_rate.pct)",
         ("lts__t_sector_hit_rate.pct",), lambda m: m.col("lts__t_sector_hit_rate.pct"),
         lambda r: f"L2 hit {_f(r['l2_hit_pct'])}%" if _ok(r.get("l2_hit_pct")) else None),

@@ -10,7 +10,9 @@ A report is hand-written Markdown with blocks that this module owns:
 Block keys: ``<stem>/story``, ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
 ``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
 ``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
-``index`` (INDEX.md: every numbered script with its last run), ``versus/<folder>`` (the verdicts and
+``index`` (INDEX.md: every numbered script with its last run), ``glossary/<section>`` (GLOSSARY.md at the
+top of the repository: the words the reports use, written from the code that computes them, common.glossary),
+``versus/<folder>`` (the verdicts and
 machines of the runs in results/<folder>/<stem>/ -- the same experiments on another GPU -- beside
 those of results/<stem>/, see :meth:`Renderer.versus`) and ``runs`` (one per page, near its
 top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
@@ -56,7 +58,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, SYSTEMS
+from . import REPO_ROOT, SYSTEMS, glossary
 from .gpu import provenance_line
 from .results import SCHEMA, SUMMARY, failed_dir, recover
 from .story import fmt
@@ -65,6 +67,7 @@ BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto 
 MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
 RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 MAX_ROWS = 40
+GLOSSARY = "GLOSSARY.md"           # the one glossary page (repository root), its blocks from common.glossary
 ACCEPT_MIXED = "ACCEPT_MIXED"      # =1: use runs that are older than their blocks or from another GPU model
 STACK = ("torch", "flashinfer-python", "sglang")
 # what pandas.read_csv reads as missing by default: tables render the same with or without pandas
@@ -622,7 +625,12 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
             bodies.append(old)
             continue
         try:
-            body, why = r.render(key, old)
+            if key.startswith("glossary/"):
+                body, why = glossary.render(key.split("/", 1)[1]), ""
+            elif r is None:
+                body, why = None, "a page outside the systems holds glossary blocks only"
+            else:
+                body, why = r.render(key, old)
         except Exception as e:  # an unexpected error: the whole refresh stops, nothing written
             first = str(e).splitlines()[0][:200] if str(e) else ""
             raise RenderError(f"{label}: block {key}: {e.__class__.__name__}: {first}") from e
@@ -681,6 +689,12 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
             if new != text:
                 pages.append((md, new))
         out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]
+    gl = root / GLOSSARY                             # the one glossary page, at the top: rendered from the code
+    if gl.is_file():
+        text = gl.read_text()
+        new = render_page(text, None, GLOSSARY, out)
+        if new != text:
+            pages.append((gl, new))
     staged: list[tuple[Path, Path]] = []            # all rendered: every byte goes to temp files first,
     where = root                                     # so a full disk or a read-only file changes nothing
     try:
