@@ -243,8 +243,8 @@ def render(wf: dict, traced: dict | None = None, title: str = "", total_name: st
             lines.append(f"  └ split ({sp.get('source') or 'traced'}; {sp.get('label') or ''}): parts of "
                          f"{sp['total_ms']:.2f} ms"[:width])
             for q in sp["parts"]:
-                lines.append(f"     {q['name'][:31]:31s} {_ms(q.get('ms'))} {'':6s}  {q.get('what') or ''}"[:width])
-            lines.append(f"     {'unattributed in the split':31s} {_ms(sp['remainder_ms'])} "
+                lines.append(f"     {q['name'][:29]:29s} {_ms(q.get('ms'))}  {q.get('what') or ''}"[:width])
+            lines.append(f"     {'unattributed in the split':29s} {_ms(sp['remainder_ms'])}  "
                          f"{'✓' if sp['ok'] else '✗ does not add up'}"[:width])
     lines.append(f"{'sum of the parts':34s} {_ms(wf['sum_ms'])}"[:width])
     lines.append(f"{total_name[:34]:34s} {_ms(total)}"

@@ -1362,5 +1362,46 @@ def itl_waterfall(itl_ms: float, step_ms: float, label: str = "", source: str = 
          "source": source, "what": "mean period of the scheduler's Decode lines (log, ms stamps)", "split": None}]})
 
 
+# ================================================================== GPU memory by owner (the start-up log)
+
+_GB = r"([0-9.]+) GB"
+MEM_LINES = {
+    "weights": re.compile(r"Load weight end\..*?avail mem=" + _GB + r", mem usage=" + _GB),
+    "kv": re.compile(r"KV Cache is allocated\..*?K size: " + _GB + r", V size: " + _GB),
+    "pool_end": re.compile(r"Memory pool end\. avail mem=" + _GB),
+    "graph": re.compile(r"Capture (?:target )?(\w+) CUDA graph end\..*?mem usage=" + _GB),
+    "weights_begin": re.compile(r"Load weight begin\. avail mem=" + _GB),
+}
+
+
+def startup_memory(log_text: str) -> dict:
+    """GPU memory SGLang 0.5.17 says it took at start-up, by owner (GB, from its own log lines): weights ("Load weight
+    end ... mem usage"), the KV pool ("KV Cache is allocated ... K size, V size"), the rest of the memory-pool step
+    (req_to_token and other pools: avail mem before minus after, minus K and V), each CUDA-graph capture ("Capture ...
+    CUDA graph end ... mem usage", prefill and decode). {} when the log has none of them."""
+    out: dict = {}
+    m = MEM_LINES["weights"].search(log_text)
+    if m:
+        out["weights_gb"], avail_after_weights = float(m.group(2)), float(m.group(1))
+        p = MEM_LINES["pool_end"].search(log_text)
+        k = MEM_LINES["kv"].search(log_text)
+        if k:
+            out["kv_pool_gb"] = float(k.group(1)) + float(k.group(2))
+        if p and k:
+            out["other_pools_gb"] = max(avail_after_weights - float(p.group(1)) - out["kv_pool_gb"], 0.0)
+    b = MEM_LINES["weights_begin"].search(log_text)
+    if b:
+        out["avail_before_weights_gb"] = float(b.group(1))
+    for g in MEM_LINES["graph"].finditer(log_text):
+        out[f"cuda_graph_{g.group(1)}_gb"] = out.get(f"cuda_graph_{g.group(1)}_gb", 0.0) + float(g.group(2))
+    return out
+
+
+def memory_lines(log_text: str) -> str:
+    """The start-up log lines startup_memory reads (what a recording keeps of server.log for a re-analysis)."""
+    keep = [ln for ln in log_text.splitlines() if any(rx.search(ln) for rx in MEM_LINES.values())]
+    return "\n".join(keep)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--bench-worker"]:
     sys.exit(_bench_worker(sys.argv[2] if len(sys.argv) > 2 else BENCH_MODULE))
