@@ -311,6 +311,7 @@ def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float |
                                                                     if a is not None and math.isfinite(a)]
         first += [t for t, _n, _a in marks or []] + [a for rq in requests or [] for _p, a, _b in rq["phases"]
                                                      if a is not None] + [st["start_us"] for st in steps or []]
+        first += [t for pts in (counters or {}).values() for t, _v in pts]
         t0_us = min(first) if first else 0.0
     t0 = t0_us
     ev = [{"ph": "M", "name": "process_name", "pid": p, "args": {"name": n}}
@@ -328,9 +329,17 @@ def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float |
         if budget <= 0:
             break
     dropped = [int(s) for s in step_ids if s not in keep]
-    streams = {}
-    for r in kt[kt["step"].isin(keep)].to_dict("records"):
-        tid = streams.setdefault(r.get("stream"), len(streams) + 1)
+    streams, lane_end = {}, {}
+    for r in sorted(kt[kt["step"].isin(keep)].to_dict("records"), key=lambda r: r["ts_us"]):
+        # a kernel that starts before the previous one on its stream ends (programmatic dependent launch on Hopper)
+        # goes to a second lane: Perfetto places slices of one thread only when they nest
+        lane = 0
+        ts, dur = round(r["ts_us"] - t0, 3), round(r["dur_us"], 3)       # as written below
+        while lane_end.get((r.get("stream"), lane), -math.inf) > ts:
+            lane += 1
+        lane_end[(r.get("stream"), lane)] = ts + dur
+        key = r.get("stream") if lane == 0 else f"{r.get('stream')} (overlapping, lane {lane + 1})"
+        tid = streams.setdefault(key, len(streams) + 1)
         args = {k: r.get(k) for k in ("step", "layer", "role", "cls", "tflop_s", "tb_s", "pct_bf16_ceiling",
                                       "pct_dram_ceiling", "ncu_time_us", "dram_pct", "sm_pct", "tensor_pct",
                                       "occupancy_pct", "limiter", "top_stalls")}

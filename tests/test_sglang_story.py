@@ -198,3 +198,66 @@ def test_the_pressure_figure_keeps_every_marker_and_states_clips():
     assert len([ln for ln in a1.get_lines() if ln.get_linestyle() == ":"]) == 1
     assert any("15.5 s idle gap shown as 1 s" in t.get_text() for t in a1.texts)
     assert a2.get_title().startswith("2 step(s) clipped at 1000 ms (largest 15,512 ms")
+
+
+def _nesting_errors(events) -> list:
+    """X events of one (pid, tid) that overlap without nesting: Perfetto's JSON importer cannot place them."""
+    bad, by = [], {}
+    for e in events:
+        if e.get("ph") == "X":
+            by.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for key, xs in by.items():
+        stack = []
+        for a, b, n in sorted(xs, key=lambda x: (x[0], -x[1])):
+            while stack and a >= stack[-1][1]:
+                stack.pop()
+            if stack and b > stack[-1][1]:
+                bad.append((key, stack[-1][2], n))
+            stack.append((a, b, n))
+    return bad
+
+
+@pytest.mark.parametrize("name", ["story_one.json", "story_batch.json", "story_pressure.json"])
+def test_the_perfetto_traces_are_well_formed(redone_new, name):
+    d = json.loads((redone_new / name).read_text())
+    ev = d["traceEvents"]
+    assert ev and all(e["ph"] in ("X", "M", "C", "i") for e in ev)
+    for e in ev:
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0 and isinstance(e["pid"], int)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+        if e["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in e["args"].values())
+        if e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t")
+    assert _nesting_errors(ev) == []
+
+
+def _trace_processor():
+    """Perfetto's trace processor, where it can run: the perfetto package and its trace_processor_shell binary, which
+    the package downloads on first use (set PERFETTO_TRACE_PROCESSOR to a copy of the binary on a machine offline)."""
+    import os
+    tp = pytest.importorskip("perfetto.trace_processor", reason="pip install perfetto (not in tests/requirements.txt: "
+                             "its trace processor binary is downloaded on first use, which CI cannot do offline)")
+    binp = os.environ.get("PERFETTO_TRACE_PROCESSOR")
+    cached = sorted(Path.home().glob(".local/share/perfetto/prebuilts/trace_processor_shell*"))
+    cached = [p for p in cached if not p.name.endswith(".tmp") and os.access(p, os.X_OK)]
+    if not binp and not cached:
+        pytest.skip("no trace_processor_shell binary here (perfetto downloads it on first use; no network): set "
+                    "PERFETTO_TRACE_PROCESSOR to one")
+    return tp, binp or str(cached[-1])
+
+
+def test_the_perfetto_trace_processor_opens_the_story(redone_new):
+    tp, binp = _trace_processor()
+    with tp.TraceProcessor(trace=str(redone_new / "story_one.json"),
+                           config=tp.TraceProcessorConfig(bin_path=binp)) as t:
+        names = set(t.query("select name from slice").as_pandas_dataframe()["name"])
+        assert {"GPU forward", "HTTP receive", "prefill forward"} <= names
+        tracks = set(t.query("select name from counter_track").as_pandas_dataframe()["name"])
+        assert {"running", "queued", "token usage"} <= tracks
+    with tp.TraceProcessor(trace=str(redone_new / "story_pressure.json"),
+                           config=tp.TraceProcessorConfig(bin_path=binp)) as t:
+        tracks = set(t.query("select name from counter_track").as_pandas_dataframe()["name"])
+        assert {"KV pool (GB)", "rest (GB)", "running"} <= tracks
