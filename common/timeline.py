@@ -279,19 +279,32 @@ def _clean_args(d: dict) -> dict:
 
 
 def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float | None = None,
-                    max_kernels: int = 20000) -> tuple[list, dict]:
+                    max_kernels: int = 20000, spans=None, marks=None) -> tuple[list, dict]:
     """Chrome trace events for ui.perfetto.dev: one process per layer of the story (requests, scheduler
     steps, GPU kernels by stream), counter tracks ("ph": "C") and each kernel's counters in its args.
 
     ``steps``: dicts with start_us, dur_us, name and any fields (shown as args); ``requests``: dicts
-    with id and a list of (phase, start_us, end_us); ``counters``: {track: [(t_us, value), ...]}.
+    with id and a list of (phase, start_us, end_us); ``counters``: {track: [(t_us, value), ...]};
+    ``spans``: {track: [(name, start_us, end_us), ...]} (a request's waterfall: one thread per track, process
+    "waterfall"); ``marks``: [(t_us, name, args), ...] instant events across the whole trace (transitions).
+    ``kt`` may be None (a trace of counters and spans only).
     All times in the same clock (microseconds). Windowing: when the story has more than
     ``max_kernels`` kernels, whole steps are kept from the start and the end until the budget is met
     (the metadata says which were left out). Returns (events, meta).
     """
-    t0 = t0_us if t0_us is not None else float(kt["ts_us"].min()) if len(kt) else 0.0
+    if kt is None:
+        import pandas as pd
+        kt = pd.DataFrame(columns=["step", "ts_us", "dur_us", "kernel", "stream", "cls"])
+    if t0_us is None:                     # the earliest event of any kind: every ts >= 0
+        first = ([float(kt["ts_us"].min())] if len(kt) else []) + [a for v in (spans or {}).values() for _n, a, _b in v
+                                                                    if a is not None and math.isfinite(a)]
+        first += [t for t, _n, _a in marks or []] + [a for rq in requests or [] for _p, a, _b in rq["phases"]
+                                                     if a is not None] + [st["start_us"] for st in steps or []]
+        first += [t for pts in (counters or {}).values() for t, _v in pts]
+        t0_us = min(first) if first else 0.0
+    t0 = t0_us
     ev = [{"ph": "M", "name": "process_name", "pid": p, "args": {"name": n}}
-          for p, n in ((1, "requests"), (2, "scheduler steps"), (3, "GPU kernels"), (4, "counters"))]
+          for p, n in ((1, "requests"), (2, "scheduler steps"), (3, "GPU kernels"), (4, "counters"), (5, "waterfall"))]
     step_ids = sorted(kt["step"].unique()) if len(kt) else []
     keep, budget = set(), max_kernels
     sizes = kt.groupby("step").size().to_dict() if len(kt) else {}
@@ -305,9 +318,17 @@ def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float |
         if budget <= 0:
             break
     dropped = [int(s) for s in step_ids if s not in keep]
-    streams = {}
-    for r in kt[kt["step"].isin(keep)].to_dict("records"):
-        tid = streams.setdefault(r.get("stream"), len(streams) + 1)
+    streams, lane_end = {}, {}
+    for r in sorted(kt[kt["step"].isin(keep)].to_dict("records"), key=lambda r: r["ts_us"]):
+        # a kernel that starts before the previous one on its stream ends (programmatic dependent launch on Hopper)
+        # goes to a second lane: Perfetto places slices of one thread only when they nest
+        lane = 0
+        ts, dur = round(r["ts_us"] - t0, 3), round(r["dur_us"], 3)       # as written below
+        while lane_end.get((r.get("stream"), lane), -math.inf) > ts:
+            lane += 1
+        lane_end[(r.get("stream"), lane)] = ts + dur
+        key = r.get("stream") if lane == 0 else f"{r.get('stream')} (overlapping, lane {lane + 1})"
+        tid = streams.setdefault(key, len(streams) + 1)
         args = {k: r.get(k) for k in ("step", "layer", "role", "cls", *TREE_COLUMNS)}
         ev.append({"ph": "X", "pid": 3, "tid": tid, "name": r["kernel"], "cat": r.get("cls") or "kernel",
                    "ts": round(r["ts_us"] - t0, 3), "dur": round(r["dur_us"], 3), "args": _clean_args(args)})
@@ -328,6 +349,16 @@ def perfetto_events(kt, steps=None, requests=None, counters=None, t0_us: float |
         for t, v in pts:
             if v is not None and math.isfinite(float(v)):
                 ev.append({"ph": "C", "pid": 4, "name": track, "ts": round(t - t0, 3), "args": {track: float(v)}})
+    for i, (track, items) in enumerate((spans or {}).items()):
+        for name, a, b in items:
+            if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+                continue
+            ev.append({"ph": "X", "pid": 5, "tid": i + 1, "name": name, "cat": "waterfall", "ts": round(a - t0, 3),
+                       "dur": round(max(b - a, 0.0), 3)})
+        ev.append({"ph": "M", "name": "thread_name", "pid": 5, "tid": i + 1, "args": {"name": track}})
+    for t, name, args in marks or []:
+        ev.append({"ph": "i", "s": "g", "pid": 4, "tid": 0, "name": name, "ts": round(t - t0, 3),
+                   "args": _clean_args(args or {})})
     meta = {"kernels": int(kt["step"].isin(keep).sum()) if len(kt) else 0, "steps_kept": len(keep),
             "steps_left_out": dropped, "t0_us": t0}
     return ev, meta

@@ -72,3 +72,192 @@ def test_chunk_lines_and_the_backend_check():
     assert not m.is_chunk({"kind": "prefill", "new_seq": 16, "new_token": 8192})        # a full batch, not a chunk
     backend, why = m.backend_choice()                    # no sgl_kernel here: FlashInfer, and the reason
     assert backend == "flashinfer" and "FA3" in why
+
+
+# ------------------------------------------------------------------ the waterfall in a recording of the new format
+
+def _h100_result(r):
+    c = r["chunk_t"]
+    return {"meta_info": r["last_meta"], "client": {"t_send": r["t_send"], "t_first": c[0], "t_done": c[-1],
+                                                    "ttft_s": c[0] - r["t_send"], "itl_s": [b - a for a, b in zip(c, c[1:])]}}
+
+
+def _new_recording(root: Path, skew: float = 1.0) -> Path:
+    """A recording in the format 08 now writes, assembled from real recordings: the H200 one above (observer,
+    pressure, NVML memory, cache, the batch story) plus what the waterfall needs, from the H100 fixtures of
+    2026-11-25: the untraced text / input_ids requests with their /metrics (waterfall; the one JIT request left out),
+    the start-up memory lines (startup_log), and the traced text request with its trace as the one-request story.
+    Two GPUs in one recording: this tests the re-analysis, not the numbers. ``skew`` multiplies the clients' TTFT
+    (a client clock that disagrees with the stamps)."""
+    import gzip
+    sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
+    import _sglang as sg
+    src = root / "08_execution_story"
+    shutil.copytree(FIX / "sglang_08_recording_h200", src)
+    for f in ("sglang_story_trace_graphs_llama8b_h200_cut.json.gz", "sglang_trace_one_text_request_h100.json.gz"):
+        shutil.copy(FIX / f, root)
+    rec = json.load(gzip.open(FIX / "sglang_request_stamps_h100.json.gz"))
+    raw = json.loads((src / "raw.json").read_text())
+    wf = {"text": [], "ids": []}
+    for i, r in enumerate(rec["requests"]):
+        if i:
+            res = _h100_result(r)
+            res["client"]["ttft_s"] *= skew
+            wf[r["kind"]].append({"result": res, "metrics_before": r["metrics_before"], "metrics_after": r["metrics_after"]})
+    raw["waterfall"] = wf
+    raw["startup_log"] = sg.memory_lines((FIX / "sglang_server_start_warm_h100.log").read_text())
+    raw["traced_one"] = [{"trace": "../sglang_trace_one_text_request_h100.json.gz", "log": "logs/one_0.log",
+                          "results": [_h100_result(rec["traced"])]}]
+    (src / "raw.json").write_text(json.dumps(raw))
+    return src
+
+
+@pytest.fixture(scope="module")
+def redone_new(tmp_path_factory):
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    src = _new_recording(tmp_path_factory.mktemp("rec_new"))
+    out = tmp_path_factory.mktemp("out_new") / "08_execution_story"
+    assert _script().main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_waterfall_adds_up_and_says_where_each_part_comes_from(redone_new):
+    story = (redone_new / "story.txt").read_text()
+    block = story.split("ITL waterfall")[0]
+    assert "TTFT waterfall — one request, untraced text, median of 9 requests" in block
+    assert "✓ adds up within 5%" in block and "✗" not in block
+    for part in ("HTTP receive", "tokenize + dispatch", "to the scheduler + request process", "queue wait",
+                 "prefill forward", "detokenize + return", "HTTP stream", "GPU forward", "forward prep + attention plan",
+                 "overlap: next step first"):
+        assert part in block, part
+    assert "FlashInfer plan(): 0.25 ms in 2 call(s)" in block and "measured untraced: every top-level part" in block
+    assert "traced tree and split: repetition 0 of 1" in block
+    assert "tokenizer: text prompts spend +0.74 ms more" in block     # text vs input_ids, medians of 9 each
+    rows = (redone_new / "waterfall.csv").read_text().splitlines()
+    assert rows[0].startswith("waterfall,level,part,ms") and any(",1,GPU forward," in r for r in rows)
+    obs = [o for o in json.loads((redone_new / "summary.json").read_text())["observations"] if "add up" in o["expected"]
+           or "adds up" in o["expected"]]
+    assert len(obs) == 4 and all(o["verdict"] == "confirmed" for o in obs)        # TTFT, its split, ITL, its split
+    assert all(len(ln) <= 120 for ln in block.splitlines()[1:] if "│" in ln[:4])
+
+
+def test_transitions_memory_by_owner_and_the_perfetto_tracks(redone_new):
+    story = (redone_new / "story.txt").read_text()
+    assert "transitions as events" in story and "queue drains: every waiting request was admitted" in story
+    tr = (redone_new / "transitions.csv").read_text()
+    # the text prompt's BOS token is cached: its prefill runs ragged + paged + merge; decode runs paged + merge
+    assert "prefill -> decode: attention PrefillWithKVCacheKernel+BatchPrefillWithPagedKVCacheKernel+MergeStateKernel " \
+           "-> BatchPrefillWithPagedKVCacheKernel+PersistentVariableLengthMergeStatesKernel" in tr
+    kinds = [ln.split(",")[1] for ln in tr.splitlines()[1:]]
+    assert {"prefill -> decode", "cache miss", "cache evicted", "cache hit", "chunked prefill", "retraction",
+            "queue starts", "pool full", "queue drains"} <= set(kinds)
+    mem = (redone_new / "gpu_memory_owners.csv").read_text().splitlines()
+    head, first = mem[0].split(","), dict(zip(mem[0].split(","), mem[1].split(",")))
+    assert head[:3] == ["t", "t_s", "used_gb"] and float(first["weights_gb"]) == 15.02
+    assert abs(float(first["rest_gb"]) - (26.06 - 15.02 - 4.0 - 1.13 - 2.16)) < 0.01
+    one = json.loads((redone_new / "story_one.json").read_text())["traceEvents"]
+    wf = [e for e in one if e.get("cat") == "waterfall"]
+    assert {e["name"] for e in wf} >= {"GPU forward", "batch scheduling", "overlap: next step first"}
+    req = {e["name"] for e in one if e.get("cat") == "request"}
+    assert {"HTTP receive", "prefill forward", "HTTP stream"} <= req
+    assert any(e["ph"] == "i" and e["name"] == "prefill -> decode" for e in one)
+    assert all(e["ts"] >= 0 for e in one if "ts" in e)
+    pr = json.loads((redone_new / "story_pressure.json").read_text())["traceEvents"]
+    tracks = {e["name"] for e in pr if e["ph"] == "C"}
+    assert {"running", "queued", "token usage", "KV pool (GB)", "rest (GB)"} <= tracks
+    assert sum(e["ph"] == "i" and e["name"] == "chunked prefill" for e in pr) == 1
+
+
+def test_a_waterfall_that_does_not_add_up_is_refuted_not_printed_as_fine(tmp_path):
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    src = _new_recording(tmp_path / "rec", skew=1.10)        # the client saw 10% more than the stamps explain
+    out = tmp_path / "out" / "08_execution_story"
+    assert _script().main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    block = (out / "story.txt").read_text().split("ITL waterfall")[0]
+    assert "✗ DOES NOT ADD UP (limit 5%)" in block and "✓ adds up" not in block.split("split (traced")[0]
+    obs = [o for o in json.loads((out / "summary.json").read_text())["observations"] if "TTFT waterfall" in o["expected"]]
+    assert obs[0]["verdict"] == "refuted" and "(+10.3%)" in obs[0]["observed"]
+
+
+def test_the_traced_tree_is_the_median_repetition():
+    m = _script()
+    reps = [{"results": [{"client": {"ttft_s": x}}]} for x in (0.0401, 0.0774, 0.0437)]
+    assert m.median_traced(reps) == 2                              # 43.7 ms of 40.1 / 77.4 / 43.7, not the last
+
+
+def test_the_pressure_figure_keeps_every_marker_and_states_clips():
+    pytest.importorskip("matplotlib")
+    m = _script()
+    raw = json.loads((FIX / "sglang_08_recording_h200" / "raw.json").read_text())
+    fig = m.pressure_figure(raw["pressure"], raw["mem"])
+    a1, a2, _a3 = fig.axes[:3]
+    # the long prompt's chunk ran 15.5 s before the load (the benchmark client's start-up): kept, the gap cut out
+    assert a1.get_legend().get_title().get_text() == "red: 4 retraction(s), purple: 1 chunked-prefill line(s)"
+    assert len([ln for ln in a1.get_lines() if ln.get_linestyle() == ":"]) == 1
+    assert any("15.5 s idle gap shown as 1 s" in t.get_text() for t in a1.texts)
+    assert a2.get_title().startswith("2 step(s) clipped at 1000 ms (largest 15,512 ms")
+
+
+def _nesting_errors(events) -> list:
+    """X events of one (pid, tid) that overlap without nesting: Perfetto's JSON importer cannot place them."""
+    bad, by = [], {}
+    for e in events:
+        if e.get("ph") == "X":
+            by.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for key, xs in by.items():
+        stack = []
+        for a, b, n in sorted(xs, key=lambda x: (x[0], -x[1])):
+            while stack and a >= stack[-1][1]:
+                stack.pop()
+            if stack and b > stack[-1][1]:
+                bad.append((key, stack[-1][2], n))
+            stack.append((a, b, n))
+    return bad
+
+
+@pytest.mark.parametrize("name", ["story_one.json", "story_batch.json", "story_pressure.json"])
+def test_the_perfetto_traces_are_well_formed(redone_new, name):
+    d = json.loads((redone_new / name).read_text())
+    ev = d["traceEvents"]
+    assert ev and all(e["ph"] in ("X", "M", "C", "i") for e in ev)
+    for e in ev:
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0 and isinstance(e["pid"], int)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+        if e["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in e["args"].values())
+        if e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t")
+    assert _nesting_errors(ev) == []
+
+
+def _trace_processor():
+    """Perfetto's trace processor, where it can run: the perfetto package and its trace_processor_shell binary, which
+    the package downloads on first use (set PERFETTO_TRACE_PROCESSOR to a copy of the binary on a machine offline)."""
+    import os
+    tp = pytest.importorskip("perfetto.trace_processor", reason="pip install perfetto (not in tests/requirements.txt: "
+                             "its trace processor binary is downloaded on first use, which CI cannot do offline)")
+    binp = os.environ.get("PERFETTO_TRACE_PROCESSOR")
+    cached = sorted(Path.home().glob(".local/share/perfetto/prebuilts/trace_processor_shell*"))
+    cached = [p for p in cached if not p.name.endswith(".tmp") and os.access(p, os.X_OK)]
+    if not binp and not cached:
+        pytest.skip("no trace_processor_shell binary here (perfetto downloads it on first use; no network): set "
+                    "PERFETTO_TRACE_PROCESSOR to one")
+    return tp, binp or str(cached[-1])
+
+
+def test_the_perfetto_trace_processor_opens_the_story(redone_new):
+    tp, binp = _trace_processor()
+    with tp.TraceProcessor(trace=str(redone_new / "story_one.json"),
+                           config=tp.TraceProcessorConfig(bin_path=binp)) as t:
+        names = set(t.query("select name from slice").as_pandas_dataframe()["name"])
+        assert {"GPU forward", "HTTP receive", "prefill forward"} <= names
+        tracks = set(t.query("select name from counter_track").as_pandas_dataframe()["name"])
+        assert {"running", "queued", "token usage"} <= tracks
+    with tp.TraceProcessor(trace=str(redone_new / "story_pressure.json"),
+                           config=tp.TraceProcessorConfig(bin_path=binp)) as t:
+        tracks = set(t.query("select name from counter_track").as_pandas_dataframe()["name"])
+        assert {"KV pool (GB)", "rest (GB)", "running"} <= tracks

@@ -41,6 +41,12 @@ What it measures
        occupancy and its limiter, top warp stalls) go to every layer of every traced step of that kind
        (common.timeline.attach_counters): every kernel class of a layer on the counters.
     --nsys: the eager generate again under Nsight Systems (kernel and NVTX tables).
+    Every millisecond of one generate (5 generates of one 512-character text prompt, untraced, the graph variant):
+       mini-SGLang records no time stamps of its own, so the script wraps, for these generates only, receive_msg
+       (the tokenizer), _schedule_next_batch, attn_backend.prepare_metadata, _forward, FlashInfer's plan(),
+       _process_last_data and send_result (perf_counter before and after): the TTFT from generate() to the first
+       token handed over, and one decode step as the overlap loop spends it (common.waterfall: per-part medians,
+       the 5% add-up check, the unattributed remainder printed). No HTTP, detokenizer process or queue here.
 
 What the plan expected (hypotheses: H_* below, judged on 3 repetitions or on every traced step / layer)
     * Per layer ~10 kernels in a fixed order: norm, QKV GEMM, RoPE, store_kv_cache, attention (+ merge
@@ -60,7 +66,7 @@ Run (one LLM per process, created before any CUDA call; gloo binds 127.0.0.1:233
     ./mini-sglang/scripts/ncu_profile.sh --kernel 'nvjet|Norm|BatchPrefill' --count 40 -- \\
         python mini-sglang/scripts/08_forward_timeline.py --ncu-target --quick     # a 2-layer forward, any ncu set
 Writes mini-sglang/results/08_forward_timeline/: steps.csv, prefix.csv, kernels_<variant>.csv, layer_check.csv,
-layer_tree.csv, class_shares.csv, ncu_windows.csv and ncu/ (with counters), nsys_kernels.csv / nsys_nvtx.csv
+layer_tree.csv, class_shares.csv, waterfall.csv, ncu_windows.csv and ncu/ (with counters), nsys_kernels.csv / nsys_nvtx.csv
 (--nsys), story_<variant>.json (Perfetto: open in https://ui.perfetto.dev, <= 5 MB), trace_<variant>.json,
 timeline.png, layer_tree.png, variants.png, story.txt, summary.json.
 """
@@ -68,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
@@ -246,6 +253,45 @@ class Forward:
                 for i, st in enumerate(self.steps)]
         return out, rows, wall
 
+    def clocked(self, text: str, new_tokens: int) -> dict:
+        """One generate of one text prompt with the scheduler's own calls time-stamped: mini-SGLang records no
+        stamps of its own (its code has time calls only for the radix cache's LRU, kvcache/radix_cache.py), so the
+        script wraps, for this generate only, the calls WATERFALL_CALLS names (instance attributes that shadow the
+        methods; perf_counter before and after, ~1 us each). Returns {"call", "events": [(name, t0, t1, info)],
+        "steps": the engine steps (GPU ms from CUDA events)}."""
+        llm, ev = self.llm, []
+
+        def wrap(owner, attr, name, info=None):
+            orig = getattr(owner, attr)
+
+            def timed(*a, **k):
+                t0 = time.perf_counter()
+                out = orig(*a, **k)
+                ev.append((name, t0, time.perf_counter(), info(a, out) if info else None))
+                return out
+            setattr(owner, attr, timed)
+            return owner, attr
+        patched = [wrap(llm, "receive_msg", "receive", lambda a, out: len(out)),
+                   wrap(llm, "_tokenize_one", "tokenize"),
+                   wrap(llm, "_schedule_next_batch", "schedule", lambda a, out: out is not None),
+                   wrap(llm.engine.attn_backend, "prepare_metadata", "attention metadata"),
+                   wrap(llm, "_forward", "forward launch"),
+                   wrap(llm, "_process_last_data", "result", lambda a, out: a[0] is not None),
+                   wrap(llm, "send_result", "send", lambda a, out: len(a[0]))]
+        if hasattr(llm.engine.attn_backend, "_initialize_metadata_once"):
+            patched.append(wrap(llm.engine.attn_backend, "_initialize_metadata_once", "FlashInfer plan()"))
+        try:
+            t_call = time.perf_counter()
+            _out, rows, _wall = self.generate([text], new_tokens)
+        finally:
+            for owner, attr in patched:
+                try:
+                    delattr(owner, attr)            # the class's method again (send/receive: the bound originals)
+                except AttributeError:
+                    pass
+            llm.receive_msg, llm.send_result = llm.offline_receive_msg, llm.offline_send_result
+        return {"call": t_call, "events": ev, "steps": rows}
+
     def close(self) -> None:
         """Free the GPU for the profiler children (the global Context still holds the KV pool)."""
         import gc
@@ -285,6 +331,9 @@ def measure(run, fwd, args, s) -> dict:
         run.log(f"repetition {rep + 1}/{REPEATS}: " + ", ".join(
             f"{v} {statistics.median(x['gpu_ms'] for x in now if x['variant'] == v):.2f} ms" for v in s.variants)
             + " per decode step (GPU)")
+    fwd.use("graph" if "graph" in s.variants else s.variants[0])
+    wf = [fwd.clocked(random_text(args.prompt_len, 50 + rep), 9) for rep in range(WATERFALL_REPS)]
+    run.log("waterfall: " + ", ".join(f"TTFT {waterfall_of(w)['total_ms']:.1f} ms" for w in wf) + " (offline engine)")
     fwd.use(s.variants[0])
     prefix = []
     for rep in range(REPEATS):
@@ -302,7 +351,99 @@ def measure(run, fwd, args, s) -> dict:
             warm=False)
         traced[v] = {"path": path, "work": [step_work(st) for st in fwd.steps], "rows": got["r"][1]}
         run.log(f"traced {v}: {len(fwd.steps)} steps -> {path.name}")
-    return {"steps": rows, "prefix": prefix, "traced": traced}
+    return {"steps": rows, "prefix": prefix, "traced": traced, "waterfall": wf}
+
+
+# ------------------------------------------------------------------ every millisecond of one generate (offline engine)
+
+WATERFALL_REPS = 5
+
+
+def random_text(n_chars: int, seed: int) -> str:
+    """ASCII words of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer, + BOS)."""
+    rng = random.Random(seed)
+    words = []
+    while sum(len(w) + 1 for w in words) < n_chars:
+        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))))
+    return " ".join(words)[:n_chars]
+
+
+def _first(ev, name, after=-math.inf, info=None):
+    return next((e for e in ev if e[0] == name and e[1] >= after and (info is None or info(e[3]))), None)
+
+
+def waterfall_of(rec: dict) -> dict:
+    """The TTFT of one offline generate (Forward.clocked) as a common.waterfall: generate() called -> tokenized
+    (receive_msg) -> batch scheduled -> attention metadata -> the prefill launched (CPU; FlashInfer plan() inside)
+    -> the overlap loop's next step scheduled and launched first -> waiting for the GPU and the result -> the first
+    token handed over (send_result). Stamps: the script's wrappers (mini-SGLang records none)."""
+    from common import waterfall
+    ev = sorted(rec["events"], key=lambda e: e[1])
+    recv = _first(ev, "receive", info=lambda n: n)
+    sched = _first(ev, "schedule", recv[2] if recv else -math.inf, info=bool)
+    meta = _first(ev, "attention metadata", sched[1]) if sched else None
+    fwd = _first(ev, "forward launch", sched[2]) if sched else None
+    res = _first(ev, "result", fwd[2] if fwd else -math.inf, info=bool)
+    send = _first(ev, "send", res[1] if res else -math.inf, info=lambda n: n)
+    st = {"call": rec["call"], "received": recv and recv[2], "meta_start": meta and meta[1], "meta_end": meta and meta[2],
+          "scheduled": sched and sched[2], "fwd_start": fwd and fwd[1], "launched": fwd and fwd[2],
+          "result_start": res and res[1], "first_token": send and send[1]}
+    plan = sum(e[2] - e[1] for e in ev if e[0] == "FlashInfer plan()" and fwd and fwd[1] <= e[1] <= fwd[2]) * 1e3
+    tok = sum(e[2] - e[1] for e in ev if e[0] == "tokenize" and recv and e[2] <= recv[2]) * 1e3
+    gpu = next((r["gpu_ms"] for r in rec.get("steps") or [] if r["phase"] == "prefill"), math.nan)
+    what = {"tokenize": f"receive_msg: the tokenizer {tok:.2f} ms, the loop's entry",
+            "batch scheduling": "PrefillManager.schedule_next_batch, pad, allocate pages, positions",
+            "attention metadata": "attn_backend.prepare_metadata", "sampler prepare": "the rest of _prepare_batch",
+            "prefill launch (CPU)": f"_forward: model forward launched layer by layer, FlashInfer plan() {plan:.2f} ms",
+            "overlap: next step first": "the loop's next iteration schedules and launches decode step 1 first",
+            "wait for the GPU + result": f"copy_done.synchronize (the prefill's GPU time {gpu:.2f} ms, CUDA events), "
+                                         "tokens to the host"}
+    chain = [("call", None), ("received", "tokenize"), ("meta_start", "batch scheduling"),
+             ("meta_end", "attention metadata"), ("scheduled", "sampler prepare"), ("launched", "prefill launch (CPU)"),
+             ("result_start", "overlap: next step first"), ("first_token", "wait for the GPU + result")]
+    wf = waterfall.build({k: v for k, v in st.items() if v is not None}, chain, label="offline generate", what=what)
+    wf.update(plan_ms=plan, tokenize_ms=tok, prefill_gpu_ms=gpu)
+    return wf
+
+
+def decode_iteration(rec: dict) -> dict:
+    """One decode step of the offline engine as its overlap loop spends it: the median period between two handed-over
+    tokens (send_result), split into receive_msg, _schedule_next_batch, _forward (launch) and _process_last_data
+    (waits for the GPU; send_result inside), the rest unattributed (the loop itself)."""
+    from common import waterfall
+    ev = sorted(rec["events"], key=lambda e: e[1])
+    sends = [e for e in ev if e[0] == "send" and e[3]][1:]             # after the first token
+    if len(sends) < 3:
+        return {}
+    its = list(zip(sends, sends[1:]))
+    periods = [b[1] - a[1] for a, b in its]
+    a, b = its[waterfall.median_index(periods)]
+    parts = []
+    for name, label in (("receive", "receive_msg"), ("schedule", "schedule_next_batch"), ("forward launch", "_forward"),
+                        ("result", "process_last_data (waits for the GPU)")):
+        ms = sum(max(0.0, min(e[2], b[1]) - max(e[1], a[1])) for e in ev if e[0] == name) * 1e3   # clipped to it
+        parts.append({"name": label, "ms": ms, "start": None, "end": None, "from": None, "to": None,
+                      "source": "untraced", "what": "", "split": None})
+    wf = waterfall._finish({"label": f"one decode step (median of {len(its)})", "total_ms": (b[1] - a[1]) * 1e3,
+                            "parts": parts, "source": "untraced"})
+    gpu = [r["gpu_ms"] for r in rec.get("steps") or [] if r["phase"] == "decode"]
+    wf.update(decode_gpu_ms=statistics.median(gpu) if gpu else math.nan)
+    return wf
+
+
+def waterfall_summary(recs: list) -> dict:
+    """Medians over the clocked generates: the TTFT waterfall and one decode step."""
+    from common import waterfall
+    ttft = waterfall.median([waterfall_of(r) for r in recs], label=f"untraced, median of {len(recs)} generates")
+    decs = [d for d in (decode_iteration(r) for r in recs) if d]
+    dec = waterfall.median(decs, label=f"one decode step, median of {len(decs)} generates") if decs else None
+    return {"ttft": ttft, "decode": dec}
+
+
+WHAT_IT_CANNOT = ("mini-SGLang's offline engine records no time stamps (its only time calls date the radix cache's "
+                  "LRU): every stamp here is the script's wrapper around one of its calls; there is no HTTP, no "
+                  "detokenizer process and no queue to time (one prompt, offline), and the GPU forward is timed "
+                  "with CUDA events, not placed on the CPU clock.")
 
 
 # ------------------------------------------------------------------ phase 3: counters (a 2-layer model under ncu)
@@ -423,6 +564,11 @@ def analyse(run, data, cfg, pk, rows=None) -> dict:
         events, meta = timeline.perfetto_events(kt, steps=spans)
         timeline.write_perfetto(run.path(f"story_{v}.json"), events, {**meta, "gpu": pk.get("gpu"), "variant": v})
     out["steps"], out["prefix"] = pd.DataFrame(data["steps"]), pd.DataFrame(data["prefix"])
+    if data.get("waterfall"):
+        from common import waterfall
+        out["waterfall"] = w = waterfall_summary(data["waterfall"])
+        run.table("waterfall", waterfall.rows(w["ttft"], waterfall="ttft")
+                  + (waterfall.rows(w["decode"], waterfall="itl") if w["decode"] else []))
     for name in ("steps", "prefix"):
         run.table(name, out[name])
     checks = pd.DataFrame(out["ranges"])
@@ -530,6 +676,7 @@ def variants_figure(steps):
 def tell(a, s, pk, init_s, backend) -> str:
     f = story.fmt
     items = [(f"LLM on dummy weights, attention {backend}, init {init_s:.1f} s; variants {', '.join(s.variants)}", [])]
+    items += waterfall_items(a.get("waterfall"))
     st = a["steps"]
     items.append((f"timed generates ({REPEATS} per variant, medians)", [
         (f"{v}: decode step {f(statistics.median(per_generate(st, v, 'gpu_ms')))} ms GPU, gap before "
@@ -574,6 +721,30 @@ def variant_lines(a, shown: str, others: list[str]) -> list[str]:
                 out.append(f"{mode} {role}: " + ", ".join(f"{v} {f(statistics.median(by[v]))} us" for v in [shown] + others
                                                         if v in by))
     return out
+
+
+def waterfall_items(w) -> list:
+    """The story's waterfall block (lines <= 120 characters)."""
+    from common import waterfall
+    if not w:
+        return []
+    out = [("TTFT waterfall — one generate of the offline engine, " + w["ttft"]["label"],
+            [(ln, []) for ln in waterfall.render(w["ttft"], total_name="first token handed over (median)", width=110)]
+            + [(WHAT_IT_CANNOT[i:i + 110], []) for i in range(0, len(WHAT_IT_CANNOT), 110)])]
+    if w.get("decode"):
+        out.append(("ITL waterfall — " + w["decode"]["label"],
+                    [(ln, []) for ln in waterfall.render(w["decode"], total_name="period between tokens", width=110)]))
+    return out
+
+
+def judge_waterfall(run, w) -> None:
+    """The add-up checks as observations (refuted when a waterfall does not add up: never printed as fine)."""
+    for key in ("ttft", "decode"):
+        wf = w.get(key)
+        if wf:
+            run.observe(f"the {key} waterfall of the offline engine adds up within 5% ({wf['label']})",
+                        f"parts {wf['sum_ms']:.2f} ms of {wf['total_ms']:.2f} ms ({wf['remainder_pct']:+.1f}% unattributed)",
+                        "confirmed" if wf["ok"] else "refuted", "waterfall.csv")
 
 
 def installed(name: str, hint: str) -> None:
@@ -622,6 +793,8 @@ def main(argv=None) -> int:
         run.figure("variants", variants_figure(a["steps"]))
         # ---- verdicts
         judge(run, a, s.variants)
+        if a.get("waterfall"):
+            judge_waterfall(run, a["waterfall"])
         st = a["steps"]
         run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
                                        for v in s.variants}, **observer(data, st),

@@ -5,7 +5,18 @@ What it measures (one SGLang server, Llama-3.1-8B shapes with dummy weights, one
 default serving configuration: CUDA graphs for prefill and decode, the default scheduler, FA3 where
 sgl_kernel.flash_attn imports — else FlashInfer, and the story says which ran and why; the only
 change is a smaller KV pool, --max-total-tokens, so that phase 3 can fill it)
-    1. Two stories: one request (512 prompt tokens, 64 new) and a batch of 32 such requests sent
+    0. Every millisecond of one request, untraced, before any profiler runs: 5 text prompts (512 characters through
+       SGLang's tokenizer: 513 tokens with BOS) and 5 input_ids prompts, one at a time, each between two /metrics
+       scrapes. Its TTFT from SGLang's own stamps (meta_info: request_received_ts, api_server_dispatch_finish_ts,
+       forward_entry_time, queue_time, prefill_finished_time, response_sent_to_client_ts; /metrics stage
+       request_process) and the client's clock: HTTP receive, tokenize + dispatch, to the scheduler, request
+       processing, queue wait, prefill forward, detokenize + return, HTTP stream (common.waterfall: per-part
+       medians that must add up to the median TTFT within 5%, the remainder printed). The prefill forward split on
+       the traced median repetition (batch scheduling, prep + FlashInfer plan(), GPU forward, sampling, the overlap
+       scheduler's next step, result processing) and one decode step on the scheduler loop; traced vs untraced
+       per part. Token IDs stay where an experiment needs exact lengths: the counters windows, the pressure load,
+       the long prompt and the cache phase; the stories send text.
+    1. Two stories: one request (512 prompt characters = 513 tokens, 64 new) and a batch of 32 such requests sent
        together. Each is served untraced (3 times: client TTFT and ITL, the scheduler's step lines) and
        traced with the torch profiler (/start_profile, 3 times). From the trace: request -> each
        scheduler step it takes part in (scheduler.run_batch, with its step[...] name and the batch the
@@ -23,7 +34,9 @@ change is a smaller KV pool, --max-total-tokens, so that phase 3 can fill it)
        checked against meta_info.cached_tokens.
     5. Counters: the same configuration with the model cut to 2 layers (shapes unchanged) under Nsight
        Compute (--graph-profiling node: kernels inside CUDA graphs are profiled one by one), one-step
-       windows opened by /start_profile CUDA_PROFILER: prefill of one request, a decode step at batch 1,
+       windows opened by /start_profile CUDA_PROFILER: prefill of one request (input_ids: nothing cached, FlashInfer
+       ragged only), the same as text after another text prompt (its BOS cached: ragged + paged + merge), a decode
+       step at batch 1,
        the batch's prefill, a decode step at batch 32. Every kernel of the traced steps gets the
        counters of its position (common.timeline.attach_counters): time, DRAM / SM / tensor %, occupancy
        and its limiter, top warp stalls.
@@ -42,14 +55,16 @@ Run
     python sglang/scripts/08_execution_story.py --quick --ncu    # + phase 5: the counters (needs ncu), ~+3 min
     python sglang/scripts/08_execution_story.py --ncu            # plan scale: 500 prompts at 50 req/s
 Writes sglang/results/08_execution_story/: kernels_<story>.csv, steps_<story>.csv, layer_tree.csv,
-class_shares.csv, gemm_efficiency.csv, observer.csv, pressure_steps.csv, gpu_memory.csv,
-cache_requests.csv, ncu_windows.csv, story_<story>.json (open in https://ui.perfetto.dev),
-pressure.json, timeline.png, layer_tree.png, pressure.png, cache.png, server logs, story.txt, summary.json.
+class_shares.csv, gemm_efficiency.csv, observer.csv, pressure_steps.csv, gpu_memory.csv, gpu_memory_owners.csv,
+cache_requests.csv, ncu_windows.csv, waterfall.csv, transitions.csv, story_<story>.json and story_pressure.json (open
+in https://ui.perfetto.dev: kernels, steps, each request's waterfall, counters, transitions as instants),
+timeline.png, layer_tree.png, pressure.png, cache.png, server logs, raw.json (for --reanalyse), story.txt, summary.json.
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
 import threading
@@ -129,13 +144,13 @@ def backend_choice() -> tuple[str | None, str]:
 
 
 def one_request(srv, seed, P):
-    r = srv.generate(input_ids=sg.random_ids(P["prompt"], seed), stream=True,
+    r = srv.generate(text=sg.random_text(P["prompt"], seed), stream=True,      # through SGLang's tokenizer
                      sampling_params={**SP, "max_new_tokens": P["new"]})
     return [r]
 
 
 def batch_requests(srv, seed, P):
-    return srv.generate_many([{"input_ids": sg.random_ids(P["prompt"], seed * 1000 + i),
+    return srv.generate_many([{"text": sg.random_text(P["prompt"], seed * 1000 + i),
                                "sampling_params": {**SP, "max_new_tokens": P["new"]}} for i in range(P["batch"])],
                              stream=True)
 
@@ -304,6 +319,10 @@ def counters(args, run, model_dir, base, P, backend):
             srv.while_decoding(reqs, lambda: window(f"decode_b{n}", lambda: time.sleep(0.5)), running=n, timeout=900)
         window("prefill_b1", lambda: srv.generate(input_ids=sg.random_ids(P["prompt"], 2),
                                                   sampling_params={**SP, "max_new_tokens": 1}))
+        # cache warm: a text prompt after another one shares its BOS token, so FlashInfer runs ragged + paged + merge
+        srv.generate(text=sg.random_text(16, 3), sampling_params={**SP, "max_new_tokens": 1})
+        window("prefill-warm_b1", lambda: srv.generate(text=sg.random_text(P["prompt"], 4),
+                                                       sampling_params={**SP, "max_new_tokens": 1}))
         while_decoding(1)
         # one /generate with a list of prompts: they reach the scheduler together, so its first step is one
         # prefill batch of batch/2 requests (batch/2 x 512 = 8192 tokens = one prefill chunk)
@@ -404,6 +423,303 @@ def judge_all(run, data):
                 "cache_requests.csv (log_cached vs api_cached)")
 
 
+# ------------------------------------------------------------------ every millisecond of a request
+
+WATERFALL_REPS = 5       # untraced requests of each kind in the waterfall phase (text, input_ids), one at a time
+_STAGE_LINE = re.compile(r"^sglang:per_stage_req_latency_seconds_(?:sum|count)\{")
+
+
+def _stage_lines(metrics_text: str) -> str:
+    """The /metrics lines the waterfall needs (per-stage latency sums and counts): what the recording keeps."""
+    return "\n".join(ln for ln in metrics_text.splitlines() if _STAGE_LINE.match(ln))
+
+
+def waterfall_phase(srv, run, P) -> dict:
+    """One request at a time, untraced, before any profiler ran: WATERFALL_REPS text prompts (SGLang's tokenizer)
+    and as many input_ids prompts (no tokenizer, no cached BOS), each between two /metrics scrapes (its
+    request_process stage dates the scheduler's receipt). Returns {"text": [...], "ids": [...]} records."""
+    out = {"text": [], "ids": []}
+    srv.generate(text=sg.random_text(P["prompt"], 800), sampling_params={**SP, "max_new_tokens": 2})   # the text path once
+    for rep in range(max(WATERFALL_REPS, P["reps"])):
+        for kind in ("text", "ids"):
+            before = _stage_lines(srv.get_text("/metrics"))
+            kw = ({"text": sg.random_text(P["prompt"], 820 + rep)} if kind == "text" else
+                  {"input_ids": sg.random_ids(P["prompt"], 840 + rep)})
+            r = srv.generate(stream=True, sampling_params={**SP, "max_new_tokens": P["new"]}, **kw)
+            out[kind].append({"result": {"meta_info": r["meta_info"], "client": r["client"]},
+                              "metrics_before": before, "metrics_after": _stage_lines(srv.get_text("/metrics"))})
+    for kind, recs in out.items():
+        run.log(f"waterfall {kind}: TTFT " + ", ".join(f"{r['result']['client']['ttft_s'] * 1e3:.1f}" for r in recs)
+                + " ms (untraced)")
+    return out
+
+
+def median_traced(traced: list) -> int:
+    """Index of the traced repetition whose TTFT (the median of its requests) is the median of the repetitions."""
+    from common import waterfall
+    ttft = [statistics.median([r["client"]["ttft_s"] for r in t["results"] if "error" not in r and r["client"].get("ttft_s")]
+                              or [math.nan]) for t in traced]
+    i = waterfall.median_index(ttft)
+    return len(traced) - 1 if i is None else i
+
+
+def waterfalls(data, cfg) -> dict:
+    """The untraced TTFT and ITL waterfalls (medians of the repetitions), the traced ones beside them part by part,
+    the prefill stage split on the median traced repetition, one decode step split on the scheduler loop."""
+    from common import waterfall
+    out, notes = {}, []
+    per_kind = {}
+    for kind, recs in (data.get("waterfall") or {}).items():
+        ws = [sg.ttft_waterfall(r["result"], r["metrics_before"], r["metrics_after"], label=f"{kind} rep {i}")
+              for i, r in enumerate(recs)]
+        per_kind[kind] = waterfall.median(ws, label=f"untraced {kind}, median of {len(ws)} requests")
+    ones = data["traced_one"]
+    pick = data.get("pick_one", median_traced(ones))
+    tr = waterfall.median([sg.ttft_waterfall(t["results"][0], label=f"traced rep {i}", source="traced")
+                           for i, t in enumerate(ones)], label=f"traced, median of {len(ones)}")
+    split = dec = None
+    try:
+        ev = trace.read_chrome_trace(ones[pick]["trace"])
+        split = sg.prefill_split(ev, sg.request_stamps(ones[pick]["results"][0]), layers=cfg["num_hidden_layers"])
+        dec = sg.decode_split(ev)
+    except (trace.TraceError, KeyError, IndexError) as e:
+        notes.append(f"split not possible on traced repetition {pick}: {str(e).splitlines()[0][:160]}")
+    u = per_kind.get("text")
+    if u is None:
+        notes.append("no untraced waterfall in this recording (it predates the waterfall phase): traced parts only")
+        u, t = tr, None
+    else:
+        u, t = waterfall.align(u, tr)
+    if split:
+        u = waterfall.with_split(u, "prefill forward", split)
+    obs = data["observer"]
+    med = lambda key, traced: statistics.median(r[key] for r in obs if r["story"] == "one" and r["traced"] == traced)  # noqa: E731
+    itl_u = sg.itl_waterfall(med("itl_ms", False), med("log_step_ms", False), label="untraced, median of the repetitions")
+    itl_t = sg.itl_waterfall(med("itl_ms", True), med("log_step_ms", True), label="traced", source="traced")
+    if dec:
+        itl_u = waterfall.with_split(itl_u, "scheduler decode step", dec)
+    out.update(ttft=u, ttft_traced=t, ttft_by_kind=per_kind, itl=itl_u, itl_traced=itl_t, split=split, decode=dec,
+               pick=pick, picks=[statistics.median([r["client"]["ttft_s"] * 1e3 for r in x["results"] if "error" not in r])
+                                 for x in ones], notes=notes)
+    return out
+
+
+def waterfall_text(w: dict) -> list:
+    """The story's waterfall block: (label, children) items, every line <= 120 characters."""
+    from common import waterfall
+    u, t = w["ttft"], w["ttft_traced"]
+    src = ("measured untraced: every top-level part (SGLang's own stamps, /metrics, the client's clock); taken from "
+           "the traced median repetition: the split of the prefill forward (traced ms, not scaled)" if t is not None else
+           "measured traced only (this recording has no untraced waterfall); the split: the traced median repetition")
+    kids = [(ln, []) for ln in waterfall.render(u, traced=t, total_name="client TTFT (median)", width=110)]
+    kids.append(_wrapped(src))
+    pk = w["ttft_by_kind"]
+    if {"text", "ids"} <= set(pk):
+        g = {k: {p["name"]: p["ms"] for p in v["parts"]} for k, v in pk.items()}
+        tok = g["text"].get("tokenize + dispatch", math.nan) - g["ids"].get("tokenize + dispatch", math.nan)
+        kids.append(_wrapped(f"tokenizer: text prompts spend {tok:+.2f} ms more in tokenize + dispatch than input_ids "
+                             f"ones (medians, {pk['text']['n']} each)"))
+        pf = {k: next((ms for n, ms in v.items() if "prefill forward" in n), math.nan) for k, v in g.items()}
+        kids.append(_wrapped(f"prefill forward: text {pf['text']:.1f} ms (BOS cached: ragged + paged + merge) vs "
+                             f"input_ids {pf['ids']:.1f} ms (nothing cached: ragged only)"))
+    pick, picks = w["pick"], w["picks"]
+    kids.append((f"traced tree and split: repetition {pick} of {len(picks)} (median TTFT; the repetitions: "
+                 + ", ".join(f"{x:.1f}" for x in picks) + " ms)", []))
+    items = [("TTFT waterfall — one request, " + (u.get("label") or ""), kids)]
+    itl = [(ln, []) for ln in waterfall.render(w["itl"], traced=w["itl_traced"], total_name="client ITL (median)",
+                                               width=110)]
+    d = w.get("decode")
+    if d:
+        itl.append(_wrapped(f"split: one scheduler iteration of the traced median repetition ({d['iterations']} decode "
+                            f"steps); its GPU step {d['gpu_span_ms']:.2f} ms, busy {d['gpu_busy_pct']:.0f}%"))
+    items.append(("ITL waterfall — one decode step (client ITL = the scheduler's decode step + delivery)", itl))
+    for n in w["notes"]:
+        items.append(_wrapped(n))
+    return items
+
+
+def _wrapped(text: str, width: int = 100):
+    """(first line, [continuation lines]) of a long text for story.tree: nothing cut off."""
+    import textwrap
+    lines = textwrap.wrap(text, width) or [""]
+    return (lines[0], [(ln, []) for ln in lines[1:]])
+
+
+def judge_waterfalls(run, w) -> None:
+    """The add-up checks as observations: a waterfall that does not add up is refuted, never printed as fine."""
+    for key, what in (("ttft", "the client's TTFT"), ("itl", "the client's ITL")):
+        wf = w[key]
+        run.observe(f"the {key.upper()} waterfall's parts add up to {what} within 5% ({wf.get('label')})",
+                    f"parts {wf['sum_ms']:.2f} ms vs {wf['total_ms']:.2f} ms: {wf['remainder_ms']:+.2f} ms unattributed "
+                    f"({wf['remainder_pct']:+.1f}%)" + (f"; negative: {wf['negative']}" if wf["negative"] else ""),
+                    "confirmed" if wf["ok"] else "refuted", "waterfall.csv")
+        for p in wf["parts"]:
+            sp = p.get("split")
+            if sp:
+                run.observe(f"the split of '{p['name']}' adds up to its traced total within 5% ({sp.get('label')})",
+                            f"{sp['sum_ms']:.2f} of {sp['total_ms']:.2f} ms ({sp['remainder_pct']:+.1f}% unattributed)",
+                            "confirmed" if sp["ok"] else "refuted", "waterfall.csv")
+
+
+def finish_waterfall(run, data) -> None:
+    """The waterfall's tables and checks, the transitions, memory by owner, the pressure phase as a Perfetto trace."""
+    from common import waterfall
+    w = data["wf"]
+    rows = waterfall.rows(w["ttft"], traced=w["ttft_traced"], waterfall="ttft")
+    rows += waterfall.rows(w["itl"], traced=w["itl_traced"], waterfall="itl")
+    for kind, m in w["ttft_by_kind"].items():
+        rows += waterfall.rows(m, waterfall=f"ttft_{kind}")
+    run.table("waterfall", rows)
+    judge_waterfalls(run, w)
+    sg.table(run, "transitions", data["transitions"])
+    owners = memory_by_owner(data)
+    sg.table(run, "gpu_memory_owners", owners)
+    pr = [r for r in data["pressure"] if r["kind"] in ("prefill", "decode")]
+    if pr:
+        us = lambda t: t * 1e6  # noqa: E731
+        tracks = {k: [(us(r["ts"]), r.get(f)) for r in pr] for k, f in (("running", "running_req"), ("queued", "queue_req"),
+                                                                        ("token usage", "token_usage"))}
+        for k, name in (("used_gb", "GPU memory used (GB)"), ("weights_gb", "weights (GB)"), ("kv_pool_gb", "KV pool (GB)"),
+                        ("cuda_graphs_gb", "CUDA-graph pools (GB)"), ("rest_gb", "rest (GB)")):
+            if owners and owners[0].get(k) is not None:
+                tracks[name] = [(us(m["t"]), m[k]) for m in owners]
+        marks = [(us(x["t"]), x["kind"], {"what": x["text"]}) for x in data["transitions"]
+                 if x["kind"] in ("retraction", "chunked prefill", "queue starts", "queue drains", "pool full")]
+        ev, meta = timeline.perfetto_events(None, counters=tracks, marks=marks)
+        timeline.write_perfetto(run.path("story_pressure.json"), ev, meta)
+
+
+def perfetto_extras(data, name) -> tuple:
+    """For story_<name>.json: each request's waterfall (its stamps, on the trace clock) as phases, the prefill split
+    and the decode iteration of the median traced repetition as spans, the transitions inside the trace as instants."""
+    from common import waterfall
+    base = data[f"base_{name}"]
+    us = lambda t: t * 1e6 - base  # noqa: E731
+    reqs = []
+    for i, r in enumerate(data[f"results_{name}"]):
+        if "error" in r:
+            continue
+        wf = sg.ttft_waterfall(r, label=str(i), source="traced")
+        ph = [(n, us(a), us(b)) for n, a, b in waterfall.spans_of(wf)]
+        if r["client"].get("t_first"):
+            ph.append(("decode (to the last token)", us(r["client"]["t_first"]), us(r["client"]["t_done"])))
+        reqs.append({"id": i, "phases": ph})
+    spans, w = {}, data.get("wf") or {}
+    if name == "one" and w.get("split"):
+        spans["prefill forward, split (traced)"] = [(n, us(a), us(b)) for n, a, b in waterfall.spans_of(w["split"])]
+    lo = min((a for rq in reqs for _n, a, _b in rq["phases"]), default=-math.inf)
+    hi = max((b for rq in reqs for _n, _a, b in rq["phases"]), default=math.inf)
+    marks = [(us(x["t"]), x["kind"], {"what": x["text"]}) for x in data.get("transitions", [])
+             if lo <= us(x["t"]) <= hi]
+    return reqs, spans, marks
+
+
+# ------------------------------------------------------------------ transitions as events
+
+def _step_state(kt, step) -> dict:
+    """One traced step's kernel story: classes by time share, attention and GEMM kernels, GPU busy, counters."""
+    g = kt[kt["step"] == step]
+    span = float(g["end_us"].max() - g["ts_us"].min())
+    tot = float(g["dur_us"].sum())
+    sh = (g.groupby("cls")["dur_us"].sum() / tot * 100).sort_values(ascending=False)
+    out = {"step": int(step), "mode": g["mode"].iloc[0], "bs": int(g["bs"].iloc[0]), "t_us": float(g["ts_us"].min()),
+           "busy_pct": 100 * tot / span if span else math.nan, "shares": {k: float(v) for k, v in sh.head(4).items()},
+           "attention": list(dict.fromkeys(g[(g["cls"] == "attention") & (g["layer"] == 1)]["kernel"])),
+           "gemm": next(iter(g[(g["role"] == "gate_up_proj") & (g["layer"] == 1)]["kernel"]), None)}
+    for col in ("tensor_pct", "dram_pct"):
+        if col in g:
+            c = g[g[col].notna()]
+            w = c["dur_us"].astype(float)
+            out[col] = float((c[col].astype(float) * w).sum() / w.sum()) if w.sum() else math.nan
+    return out
+
+
+def transitions(data) -> list[dict]:
+    """The plan's transitions as events (t: epoch s, kind, text): prefill -> decode with what the hardware does,
+    cache cold -> warm per request, and under pressure each change of the scheduler's state."""
+    f = story.fmt
+    out = []
+    kt, base = data["kt_one"], data.get("base_one") or 0.0
+    modes = {}
+    for mode in ("EXTEND", "DECODE"):
+        steps = sorted(kt[kt["mode"] == mode]["step"].unique())
+        if steps:
+            modes[mode] = _step_state(kt, steps[0] if mode == "EXTEND" else steps[len(steps) // 2])
+    if len(modes) == 2:
+        a, b = modes["EXTEND"], modes["DECODE"]
+        hw = (f"; tensor pipe {f(a.get('tensor_pct'))}% -> {f(b.get('tensor_pct'))}%, DRAM {f(a.get('dram_pct'))}% -> "
+              f"{f(b.get('dram_pct'))}% (ncu, time-weighted)" if _ok(a.get("tensor_pct")) and _ok(b.get("tensor_pct"))
+              else "; counters: run with --ncu")
+        out.append({"t": (b["t_us"] + base) / 1e6, "kind": "prefill -> decode", "text":
+                    f"prefill -> decode: attention {'+'.join(a['attention'])} -> {'+'.join(b['attention'])}; GEMM "
+                    f"(gate/up) {a['gemm']} -> {b['gemm']}; shares " + ", ".join(f"{k} {f(v)}%" for k, v in a["shares"].items())
+                    + " -> " + ", ".join(f"{k} {f(v)}%" for k, v in b["shares"].items())
+                    + f"; GPU busy {f(a['busy_pct'])}% -> {f(b['busy_pct'])}%" + hw})
+    prev = None
+    for c in data["cache"]:
+        if c["outcome"] != prev:
+            path = "paged + merge (prefix in the cache)" if c["api_cached"] else "ragged only (nothing cached)"
+            out.append({"t": c["t"], "kind": f"cache {c['outcome']}", "text":
+                        f"cache request {c['request']} (prefix {c['group']}): {prev or 'start'} -> {c['outcome']}, "
+                        f"{c['api_cached']} of {c['prompt']} tokens cached; attention {path}"})
+        prev = c["outcome"]
+    out += pressure_events(data["pressure"], data["kt_one"])
+    return out
+
+
+def pressure_events(rows, kt=None) -> list[dict]:
+    """Per scheduler step under pressure, each change of state as an event: the queue starts / drains, token usage
+    crosses 0.9, a retraction, a chunk of a long prompt; with the kernel classes a step of that kind ran (from the
+    traced steps of the same kind: the pressure run itself is not traced)."""
+    cls = {}
+    if kt is not None and len(kt):
+        for mode, kind in (("EXTEND", "prefill"), ("DECODE", "decode")):
+            g = kt[kt["mode"] == mode]
+            if len(g):
+                sh = (g.groupby("cls")["dur_us"].sum() / g["dur_us"].sum() * 100).sort_values(ascending=False).head(3)
+                cls[kind] = ", ".join(f"{k} {v:.0f}%" for k, v in sh.items())
+    out, q, hot, state = [], 0, False, "before the first step"
+    for r in rows:
+        if r["kind"] in ("prefill", "decode"):
+            state = f"running {r.get('running_req')}, queued {r.get('queue_req')}, usage {r.get('token_usage')}"
+        kinds = []
+        if r["kind"] == "retract":
+            kinds.append(("retraction", f"{r.get('retracted')} request(s) retracted, {r.get('gained')} tokens freed"))
+        elif is_chunk(r):
+            kinds.append(("chunked prefill", f"one chunk of {r.get('new_token')} tokens of a long prompt"))
+        if r["kind"] in ("prefill", "decode"):
+            qq = r.get("queue_req") or 0
+            if qq and not q:
+                kinds.append(("queue starts", "requests wait for KV space or a batch slot"))
+            elif q and not qq:
+                kinds.append(("queue drains", "every waiting request was admitted"))
+            q = qq
+            u = r.get("token_usage") or 0
+            if u >= 0.9 and not hot:
+                kinds.append(("pool full", "token usage crossed 0.9"))
+            hot = u >= 0.9 if u >= 0.9 or u < 0.8 else hot
+        for kind, what in kinds:
+            out.append({"t": r["ts"], "kind": kind, "text": f"{kind}: {what} ({r['kind']} line; scheduler: {state}"
+                        + (f"; a {r['kind']} step runs {cls[r['kind']]}" if r["kind"] in cls else "") + ")"})
+    return out
+
+
+# ------------------------------------------------------------------ GPU memory by owner
+
+def memory_by_owner(data) -> list[dict]:
+    """NVML's used memory over time, split into the owners SGLang's start-up log names (weights, KV pool, other pools,
+    CUDA-graph pools) and the rest (CUDA context, the allocator's cache, activations: used - the owners)."""
+    own = sg.startup_memory(data.get("startup_log") or "")
+    mem = data.get("mem") or []
+    if not mem:
+        return []
+    graphs = sum(v for k, v in own.items() if k.startswith("cuda_graph_"))
+    fixed = {"weights_gb": own.get("weights_gb"), "kv_pool_gb": own.get("kv_pool_gb"),
+             "other_pools_gb": own.get("other_pools_gb"), "cuda_graphs_gb": graphs if own else None}
+    known = sum(v for v in fixed.values() if v)
+    return [{"t": t, "t_s": t - mem[0][0], "used_gb": v, **fixed, "rest_gb": v - known if own else None} for t, v in mem]
+
+
 # ------------------------------------------------------------------ outputs
 
 def write_story(run, data, pk, backend_why):
@@ -412,18 +728,12 @@ def write_story(run, data, pk, backend_why):
         kt, spans = data[f"kt_{name}"], data[f"spans_{name}"]
         run.table(f"kernels_{name}", kt)
         run.table(f"steps_{name}", spans)
-        reqs = [{"id": i, "phases": [("queued", r["client"]["t_send"] * 1e6 - data[f"base_{name}"],
-                                       (r["meta_info"].get("forward_entry_time") or r["client"]["t_send"]) * 1e6 - data[f"base_{name}"]),
-                                      ("prefill -> first token", (r["meta_info"].get("forward_entry_time") or 0) * 1e6 - data[f"base_{name}"],
-                                       (r["client"].get("t_first") or 0) * 1e6 - data[f"base_{name}"]),
-                                      ("decode", (r["client"].get("t_first") or 0) * 1e6 - data[f"base_{name}"],
-                                       r["client"]["t_done"] * 1e6 - data[f"base_{name}"])]}
-                for i, r in enumerate(data[f"results_{name}"]) if "error" not in r]
+        reqs, wf_spans, marks = perfetto_extras(data, name)
         counters_ = {"running": [(s["start_us"], s.get("running_req")) for s in spans],
                      "queued": [(s["start_us"], s.get("queue_req")) for s in spans],
                      "token usage": [(s["start_us"], s.get("token_usage")) for s in spans]}
         meta = timeline.write_perfetto_fit(run.path(f"story_{name}.json"), kt, steps=spans, requests=reqs,
-                                           counters=counters_)
+                                           counters=counters_, spans=wf_spans, marks=marks)
         run.log(f"story_{name}.json: {meta['kernels']} kernels of {meta['steps_kept']} steps"
                 + (f" (steps left out to stay under 5 MB: {len(meta['steps_left_out'])})" if meta["steps_left_out"] else ""))
     # the rest is written by the caller (tables of the pressure/cache phases, figures, tree)
@@ -455,12 +765,14 @@ def measure(args, run, P, model_dir, base, backend) -> dict:
         if check["meta_info"]["completion_tokens"] != 8:
             raise RuntimeError(f"sanity request came back wrong: {check['meta_info']}")
         run.log("sanity: 8 tokens back ✅  Starting the stories.")
+        data["waterfall"] = waterfall_phase(srv, run, P)
         obs_one, data["traced_one"] = serve_story(srv, run, "one", one_request, P, prof)
         obs_b, data["traced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
         data["observer"] = obs_one + obs_b
         data["pressure"], data["mem"], data["bench"] = pressure(srv, run, P)
         data["cache"] = cache_story(srv, run, P)
         data["server_args"] = next((l for l in srv.log_since(0).splitlines() if "server_args=" in l), "")
+        data["startup_log"] = sg.memory_lines(srv.log_since(0))
     return data
 
 
@@ -469,7 +781,8 @@ def analyse(run, data, cfg) -> None:
     scalars of every traced run."""
     pk = data["pk"] = ceilings.complete(data["pk"])
     for name in ("one", "batch"):
-        last = data[f"traced_{name}"][-1]
+        data[f"pick_{name}"] = pick = median_traced(data[f"traced_{name}"])
+        last = data[f"traced_{name}"][pick]
         kt, spans, base_us, info = analyse_story(last["trace"], last["log"], cfg, pk)
         data.update({f"kt_{name}": kt, f"spans_{name}": spans, f"base_{name}": base_us,
                      f"results_{name}": last["results"], f"join_{name}": info})
@@ -480,6 +793,8 @@ def analyse(run, data, cfg) -> None:
         pre = kt[kt["mode"] == "EXTEND"]
         shares.append(100 * pre[pre["cls"] == "attention"]["dur_us"].sum() / pre["dur_us"].sum())
     data["attention_shares"] = shares
+    data["wf"] = waterfalls(data, cfg)
+    data["transitions"] = transitions(data)
     if data.get("windows"):
         rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
@@ -517,7 +832,8 @@ def same_kernels(kt, window: str) -> dict:
 
 PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_tb_s", "dram_write_tb_s", "bf16_tflops",
            "bf16_sm_mhz", "l2_mb", "source")      # the ceilings a recording keeps (a re-analysis divides by them)
-RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk")
+RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk", "waterfall",
+       "startup_log")
 
 
 def save_raw(run, data) -> None:
@@ -606,6 +922,7 @@ def finish(run, data, pk, backend_why):
     mem = data["mem"]
     run.table("gpu_memory", [{"t_s": t - mem[0][0], "used_gb": v} for t, v in mem] if mem else [{"t_s": None}])
     run.table("cache_requests", data["cache"])
+    finish_waterfall(run, data)
     judge_all(run, data)
     run.headline(**{f"{r['mode'].lower()}_b{r['bs']}_{r['role']}_pct_of_ceiling": round(
         r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["stream_pct"], 1) for r in eff
@@ -620,45 +937,69 @@ def figures(data, trees, pk) -> dict:
     from common import plots
     out = {"timeline": plots.joined_timeline(data["kt_one"], data["spans_one"], title=f"One request — {pk['gpu']}"),
            "layer_tree": plots.layer_tree([t for t in trees if t["story"] == "one"], pk)}
-    out["pressure"] = pressure_figure(data["pressure"], data["mem"])
+    out["pressure"] = pressure_figure(data["pressure"], data["mem"], memory_by_owner(data))
     out["cache"] = cache_figure(data["cache"], data["P"])
     return out
 
 
-def pressure_figure(rows, mem):
-    """Batch dynamics per scheduler step (running, queued, token usage, prefill marks) over GPU time per step."""
+def pressure_figure(rows, mem, owners=None):
+    """Batch dynamics per scheduler step (running, queued, token usage; every retraction and chunked-prefill mark),
+    the wall time per step, and GPU memory by owner (weights, KV pool, other pools, CUDA graphs, the rest). An idle
+    gap > 2 s (the benchmark client's own start-up) is cut out of the time axis and said so; nothing is left out."""
     from common.plots import _plt
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     steps = [r for r in rows if r["kind"] in ("prefill", "decode")]
-    # start at the load: after the longest idle gap (the benchmark client's own start-up) when there is one
-    gaps = [(b["ts"] - a["ts"], i + 1) for i, (a, b) in enumerate(zip(steps, steps[1:]))]
-    cut = max(gaps)[1] if gaps and max(gaps)[0] > 2.0 else 0
-    steps = steps[cut:]
-    t0 = steps[0]["ts"] if steps else 0
-    rows = [r for r in rows if r["ts"] >= t0]
-    t = [r["ts"] - t0 for r in steps]
+    t0 = rows[0]["ts"] if rows else 0.0
+    gaps = [(b["ts"] - a["ts"], a["ts"], b["ts"]) for a, b in zip(rows, rows[1:])]
+    g = max(gaps) if gaps else (0.0, 0.0, 0.0)
+    cut = (g[1] + 0.5, g[2] - 0.5) if g[0] > 2.0 else None        # the idle stretch taken out of the axis
+
+    def x(ts):
+        return ts - t0 - (cut[1] - cut[0] if cut and ts >= cut[1] else 0.0)
+    t = [x(r["ts"]) for r in steps]
     a1.plot(t, [r.get("running_req") for r in steps], label="running", color="tab:blue")
     a1.plot(t, [r.get("queue_req") for r in steps], label="queued", color="tab:orange")
+    n_ret = n_chunk = 0
     for r in rows:
         if r["kind"] == "retract":
-            a1.axvline(r["ts"] - t0, color="tab:red", lw=0.8)
+            a1.axvline(x(r["ts"]), color="tab:red", lw=0.8)
+            n_ret += 1
         elif is_chunk(r):
-            a1.axvline(r["ts"] - t0, color="tab:purple", lw=0.8, ls=":")
+            a1.axvline(x(r["ts"]), color="tab:purple", lw=0.8, ls=":")
+            n_chunk += 1
     ax = a1.twinx()
     ax.plot(t, [r.get("token_usage") for r in steps], color="tab:green", lw=0.8)
     ax.set_ylabel("token usage", color="tab:green")
     a1.set_ylabel("requests")
-    a1.legend(fontsize=7, loc="upper left", title="red: retraction, purple: chunked prefill", title_fontsize=7)
-    a2.scatter(t, [min(r.get("step_wall_ms") or 0, 1000) for r in steps], s=3,
-               c=["tab:red" if r["kind"] == "prefill" else "tab:blue" for r in steps])
+    a1.legend(fontsize=7, loc="upper left", title=f"red: {n_ret} retraction(s), purple: {n_chunk} chunked-prefill "
+              "line(s)", title_fontsize=7)
+    CLIP = 1000.0
+    wall = [r.get("step_wall_ms") or 0 for r in steps]
+    a2.scatter(t, [min(w, CLIP) for w in wall], s=3, c=["tab:red" if r["kind"] == "prefill" else "tab:blue" for r in steps])
+    clipped = [w for w in wall if w > CLIP]
     a2.set_ylabel("step wall time (ms)\nred: prefill")
-    mem = [m for m in mem or [] if m[0] >= t0]
+    if clipped:
+        a2.set_title(f"{len(clipped)} step(s) clipped at {CLIP:.0f} ms (largest {max(clipped):,.0f} ms: an idle gap "
+                     "before the next step)", fontsize=7)
+    for ax_ in (a1, a2, a3):
+        if cut:
+            ax_.axvline(x(cut[1]), color="black", lw=0.6, ls="--")
+    if cut:
+        a1.text(x(cut[1]), a1.get_ylim()[1], f" {g[0]:.1f} s idle gap shown as 1 s", fontsize=7, va="top")
+    mem = owners or [{"t": m[0], "used_gb": m[1]} for m in mem or []]
     if mem:
-        ax2 = a2.twinx()
-        ax2.plot([m[0] - t0 for m in mem], [m[1] for m in mem], color="grey", lw=0.8)
-        ax2.set_ylabel("GPU memory used (GB)", color="grey")
-    a2.set_xlabel("time since the load's first scheduler step (s)")
+        tm = [x(m["t"]) for m in mem]
+        if mem[0].get("rest_gb") is not None:
+            keys = [("weights_gb", "weights"), ("kv_pool_gb", "KV pool"), ("other_pools_gb", "other pools"),
+                    ("cuda_graphs_gb", "CUDA-graph pools"), ("rest_gb", "rest (context, cache, activations)")]
+            a3.stackplot(tm, *[[m.get(k) or 0 for m in mem] for k, _ in keys], labels=[n for _, n in keys], alpha=0.8)
+            a3.legend(fontsize=6, loc="lower right")
+        else:
+            a3.plot(tm, [m["used_gb"] for m in mem], color="grey", lw=0.8, label="used (no start-up log recorded: no owners)")
+            a3.legend(fontsize=6, loc="lower right")
+    a3.set_ylabel("GPU memory (GB, NVML)")
+    a3.set_xlabel("time since the first scheduler line of the pressure phase (s)" + (", idle gap cut out" if cut else ""))
     return fig
 
 
@@ -698,7 +1039,8 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
     t0 = cl["t_send"]
     ms = lambda t: f"+{(t - t0) * 1e3:7.1f} ms" if t else "   ?"  # noqa: E731
     req = [(f"{ms(t0)}  client POST /generate ({mi['prompt_tokens']} prompt tokens, {mi['completion_tokens']} new)", []),
-           (f"{ms(mi.get('api_server_dispatch_finish_ts'))}  tokenized, sent to the scheduler", []),
+           (f"{ms(mi.get('request_received_ts'))}  received by SGLang's TokenizerManager (HTTP receive)", []),
+           (f"{ms(mi.get('api_server_dispatch_finish_ts'))}  tokenized and sent to the scheduler (ZMQ)", []),
            (f"{ms(mi.get('forward_entry_time'))}  enters a forward batch (queued {f((mi.get('queue_time') or 0) * 1e3)} ms)", [])]
     for mode in ("EXTEND", "DECODE"):
         tr = [x for x in trees if x["story"] == "one" and x["mode"] == mode]
@@ -720,7 +1062,8 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
                     f"-> one layer and the once-per-step kernels:", kids))
     req.append((f"{ms(cl.get('t_first'))}  first token at the client (TTFT {f((cl.get('ttft_s') or 0) * 1e3)} ms)", []))
     req.append((f"{ms(cl['t_done'])}  last token (ITL median {f(statistics.median(cl['itl_s']) * 1e3)} ms)", []))
-    items.append((f"one request — attention backend: {backend_why}", req))
+    items.append((f"one request (traced repetition {data.get('pick_one', 0)} of {len(data['traced_one'])}, the median "
+                   f"TTFT) — attention backend: {backend_why}", req))
     obs = data["observer"]
     items.append(("observer effect (torch profiler; medians of the repetitions)", [
         (f"{s}: TTFT {f(statistics.median(r['ttft_ms'] for r in obs if r['story'] == s and not r['traced']))} ms untraced vs "
@@ -740,6 +1083,11 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
          f"max token usage {f(max((r.get('token_usage') or 0) for r in pr))}, retractions "
          f"{sum(r.get('retracted') or 0 for r in pr if r['kind'] == 'retract')}, chunked prefill lines "
          f"{sum(1 for r in pr if is_chunk(r))}", [])]))
+    items[:0] = waterfall_text(data["wf"])
+    items.append(("transitions as events (transitions.csv; instants in the Perfetto traces)",
+                  [_wrapped(x["text"]) for x in data.get("transitions", [])[:40]]
+                  + ([(f"... {len(data['transitions']) - 40} more in transitions.csv", [])]
+                     if len(data.get("transitions", [])) > 40 else [])))
     items.append(("the cache over time (per request: hit / miss / evicted)", [
         (" ".join(f"{c['group']}{c['outcome'][0]}" for c in data["cache"]), [])]))
     return story.tree(f"EXECUTION STORY — {pk['gpu']} ({ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, bf16 "
