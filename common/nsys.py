@@ -102,3 +102,126 @@ def stats(rep: str | Path, reports=("cuda_gpu_kern_sum", "nvtx_sum", "cuda_gpu_t
         if hits:
             out[r] = hits[0]
     return out
+
+
+# ------------------------------------------------------------------ GPU metrics: the counters on the timeline
+
+GPU_METRIC_NAMES = {          # nsys's metric name (before " [unit]") -> the column it becomes
+    "SMs Active": "sm_active_pct", "SM Issue": "sm_issue_pct", "Tensor Active": "tensor_active_pct",
+    "DRAM Read Bandwidth": "dram_read_pct", "DRAM Write Bandwidth": "dram_write_pct", "GR Active": "gr_active_pct",
+    "GPC Clock Frequency": "gpc_mhz",
+}
+
+
+class GpuMetrics:
+    """Nsight Systems GPU-metrics sampling of one GPU while the ``with`` block runs: a separate nsys process that
+    samples the device's performance monitors (``--gpu-metrics-devices``, system scope) around a sleeping
+    stand-in application, so nothing is injected into the process being watched (its own profiler, CUPTI, is
+    left alone). After the block: ``rows`` (a DataFrame: t_s since sampling began, one column per metric of
+    GPU_METRIC_NAMES, % of peak or MHz), ``t0``/``t1`` (epoch seconds of the sampling window), ``why`` (set when
+    nothing could be sampled: nsys missing, sampling refused, the report unreadable; never raises)."""
+
+    def __init__(self, out_dir, name: str = "gpu_metrics", device: int = 0, hz: int = 10000, max_s: int = 120,
+                 echo=print):
+        self.out_dir, self.name, self.device, self.hz, self.max_s, self.echo = Path(out_dir), name, device, hz, max_s, echo
+        self.rows, self.why, self.t0, self.t1, self.group = None, "", None, None, None
+
+    def __enter__(self) -> "GpuMetrics":
+        import sys
+        import time
+
+        from .procs import Group, ProcError
+        exe = find()
+        if exe is None:
+            self.why = "nsys is not usable here (common.nsys.find found none)"
+            return self
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.rep = self.out_dir / f"{self.name}.nsys-rep"
+        self.log = self.out_dir / f"{self.name}_nsys.txt"
+        cmd = [exe, "profile", "-o", str(self.rep.with_suffix("")), "-f", "true", "--trace=none", "--sample=none",
+               "--cpuctxsw=none", f"--gpu-metrics-devices={self.device}", f"--gpu-metrics-frequency={self.hz}",
+               sys.executable, "-c", f"import time; time.sleep({int(self.max_s)})"]
+        try:
+            self.group = Group(cmd, self.log, name="nsys gpu metrics", echo=self.echo).start()
+        except ProcError as e:
+            self.why = str(e)
+            return self
+        t_end = time.time() + 60
+        while time.time() < t_end:
+            text = self.log.read_text(errors="replace") if self.log.is_file() else ""
+            if "Collecting data" in text:
+                self.t0 = time.time()
+                return self
+            if self.group.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.why = "nsys did not start sampling: " + " | ".join(
+            (self.log.read_text(errors="replace") if self.log.is_file() else "").strip().splitlines()[-3:])
+        self.group.stop()
+        self.group = None
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        import os
+        import signal
+        import time
+
+        from . import procs
+        if self.group is None:
+            return False
+        self.t1 = time.time()
+        try:
+            for pid in procs.descendants(self.group.pid):     # end the stand-in: nsys then writes its report
+                if "time.sleep" in " ".join(procs.cmdline(pid)):
+                    os.kill(pid, signal.SIGTERM)
+            t_end = time.time() + 120
+            while self.group.poll() is None and time.time() < t_end:
+                time.sleep(0.5)
+        finally:
+            self.group.stop()
+        try:
+            self.rows = read_gpu_metrics(export_sqlite(self.rep))
+        except Exception as e:  # noqa: BLE001 - no metrics: said, the caller goes on
+            self.why = f"the GPU-metrics report could not be read ({e.__class__.__name__}: {str(e)[:160]})"
+        return False
+
+
+def export_sqlite(rep: str | Path, timeout: float = 600) -> Path:
+    """`nsys export --type sqlite` of a report; returns the .sqlite path (RuntimeError when none was written)."""
+    exe = find()
+    if exe is None:
+        raise SetupError("nsys is not usable here; see common.nsys.find()")
+    out = Path(rep).with_suffix(".sqlite")
+    p = subprocess.run([exe, "export", "--type", "sqlite", "-f", "true", "-o", str(out), str(rep)],
+                       capture_output=True, text=True, timeout=timeout)
+    if not out.is_file():
+        raise RuntimeError(f"nsys export wrote no {out.name} (rc={p.returncode}): {p.stderr.strip()[-200:]}")
+    return out
+
+
+def read_gpu_metrics(sqlite_path):
+    """The GPU_METRICS table of an nsys sqlite export as one row per sample time: t_s (seconds since the first
+    sample) and one column per metric of GPU_METRIC_NAMES that the export has (others are left out)."""
+    import sqlite3
+
+    import pandas as pd
+    con = sqlite3.connect(str(sqlite_path))
+    try:
+        names = pd.read_sql_query("SELECT metricId, metricName FROM TARGET_INFO_GPU_METRICS", con)
+        raw = pd.read_sql_query("SELECT timestamp, metricId, value FROM GPU_METRICS", con)
+    finally:
+        con.close()
+    if raw.empty:
+        raise ValueError(f"{sqlite_path}: GPU_METRICS holds no sample")
+    col = {}
+    for mid, name in zip(names["metricId"], names["metricName"]):
+        base = str(name).split(" [")[0].strip()
+        if base in GPU_METRIC_NAMES:
+            col[int(mid)] = GPU_METRIC_NAMES[base]
+    raw = raw[raw["metricId"].isin(col)]
+    raw = raw.assign(metric=raw["metricId"].map(col))
+    wide = raw.pivot_table(index="timestamp", columns="metric", values="value", aggfunc="mean").reset_index()
+    wide.insert(0, "t_s", (wide["timestamp"] - wide["timestamp"].min()) / 1e9)
+    if "gpc_mhz" in wide:
+        wide["gpc_mhz"] = wide["gpc_mhz"] / 1e6 if wide["gpc_mhz"].max() > 1e5 else wide["gpc_mhz"]   # Hz in the export
+    return wide.drop(columns=["timestamp"]).sort_values("t_s").reset_index(drop=True)

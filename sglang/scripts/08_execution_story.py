@@ -185,6 +185,28 @@ def serve_story(srv, run, name, send, P, prof_dir):
     return rows, traced
 
 
+def metrics_phase(srv, run, P) -> dict:
+    """The counters on the whole served timeline: one more untraced batch repetition while Nsight Systems samples the
+    GPU's own counters (common.nsys.GpuMetrics: a separate nsys process, system scope, nothing injected into the
+    server): SM active, tensor active, DRAM read and write throughput, 10 kHz. Its TTFT / ITL beside the untraced
+    median is the overhead of the sampling. Returns the samples in 1 ms bins and the request window (epoch s)."""
+    from common import nsys
+    with nsys.GpuMetrics(run.dir / "nsys", echo=run.log, max_s=120) as gm:
+        mark = srv.log_mark()
+        res = batch_requests(srv, 77, P)
+        fig = client_figures(res, srv.log_since(mark))
+    ok = [r["client"] for r in res if "error" not in r]
+    out = {"why": gm.why, "t0": gm.t0, "client": fig, "t_send": min((c["t_send"] for c in ok), default=None),
+           "t_done": max((c["t_done"] for c in ok), default=None)}
+    if gm.rows is None:
+        run.note(f"GPU metrics over the served timeline: not sampled ({gm.why or 'no samples'})")
+        return out
+    b = gm.rows.assign(t_s=(gm.rows["t_s"] * 1e3).round() / 1e3).groupby("t_s").mean().reset_index()
+    run.log(f"GPU metrics: {len(gm.rows):,} samples over {b['t_s'].max():.1f} s; batch TTFT {fig['ttft_ms']:.1f} ms, "
+            f"ITL {fig['itl_ms']:.2f} ms while sampling")
+    return {**out, "rows": b.to_dict("records")}
+
+
 def parse_step(name: str) -> dict:
     m = sg.parse_step_name(name) or {}
     return {"mode": m.get("mode"), "bs": m.get("bs"), "toks": m.get("toks") or m.get("bs")}
@@ -769,6 +791,7 @@ def measure(args, run, P, model_dir, base, backend) -> dict:
         obs_one, data["traced_one"] = serve_story(srv, run, "one", one_request, P, prof)
         obs_b, data["traced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
         data["observer"] = obs_one + obs_b
+        data["gpu_metrics"] = metrics_phase(srv, run, P)
         data["pressure"], data["mem"], data["bench"] = pressure(srv, run, P)
         data["cache"] = cache_story(srv, run, P)
         data["server_args"] = next((l for l in srv.log_since(0).splitlines() if "server_args=" in l), "")
@@ -833,7 +856,7 @@ def same_kernels(kt, window: str) -> dict:
 PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_tb_s", "dram_write_tb_s", "bf16_tflops",
            "bf16_sm_mhz", "l2_mb", "source")      # the ceilings a recording keeps (a re-analysis divides by them)
 RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk", "waterfall",
-       "startup_log")
+       "startup_log", "gpu_metrics")
 
 
 def save_raw(run, data) -> None:
@@ -923,6 +946,9 @@ def finish(run, data, pk, backend_why):
     run.table("gpu_memory", [{"t_s": t - mem[0][0], "used_gb": v} for t, v in mem] if mem else [{"t_s": None}])
     run.table("cache_requests", data["cache"])
     finish_waterfall(run, data)
+    gm = data.get("gpu_metrics") or {}
+    if gm.get("rows"):
+        run.table("gpu_metrics", gm["rows"])
     judge_all(run, data)
     run.headline(**{f"{r['mode'].lower()}_b{r['bs']}_{r['role']}_pct_of_ceiling": round(
         r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["stream_pct"], 1) for r in eff
@@ -939,7 +965,31 @@ def figures(data, trees, pk) -> dict:
            "layer_tree": plots.layer_tree([t for t in trees if t["story"] == "one"], pk)}
     out["pressure"] = pressure_figure(data["pressure"], data["mem"], memory_by_owner(data))
     out["cache"] = cache_figure(data["cache"], data["P"])
+    gm = data.get("gpu_metrics") or {}
+    if gm.get("rows"):
+        out["gpu_metrics"] = metrics_figure(gm, pk)
     return out
+
+
+def metrics_figure(gm, pk):
+    """The GPU's own counters over the served batch (nsys GPU metrics, 1 ms bins): SM active, tensor active, DRAM
+    read and write, with the requests' window shaded (epoch clock; the sampling began at gm['t0'])."""
+    from common.plots import _plt
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    rows = gm["rows"]
+    t = [r["t_s"] for r in rows]
+    for col, label, color in (("sm_active_pct", "SMs active", "tab:blue"), ("tensor_active_pct", "tensor active", "tab:red"),
+                              ("dram_read_pct", "DRAM read", "tab:green"), ("dram_write_pct", "DRAM write", "tab:olive")):
+        if col in rows[0]:
+            ax.plot(t, [r.get(col) for r in rows], lw=0.8, label=label, color=color)
+    if gm.get("t_send") and gm.get("t0"):
+        ax.axvspan(gm["t_send"] - gm["t0"], gm["t_done"] - gm["t0"], color="grey", alpha=0.12, label="the batch's requests")
+    ax.set_xlabel("time since the sampling began (s)")
+    ax.set_ylabel("% of peak (nsys GPU metrics)")
+    ax.set_title(f"{pk.get('gpu')}: the GPU's counters over a served batch of {len(rows):,} 1 ms bins", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
 
 
 def pressure_figure(rows, mem, owners=None):
@@ -1029,6 +1079,26 @@ def cache_figure(cache, P):
     return fig
 
 
+def metrics_lines(data) -> list:
+    """The observer effect of nsys GPU-metrics sampling on the batch, and what the counters read while it was served."""
+    gm, f = data.get("gpu_metrics") or {}, story.fmt
+    if not gm:
+        return []
+    if not gm.get("rows"):
+        return [(f"GPU metrics over the served timeline: not sampled ({gm.get('why') or 'no samples'})", [])]
+    obs = [r for r in data["observer"] if r["story"] == "batch" and not r["traced"]]
+    base_t, base_i = statistics.median(r["ttft_ms"] for r in obs), statistics.median(r["itl_ms"] for r in obs)
+    c, rows = gm["client"], gm["rows"]
+    inside = [r for r in rows if gm.get("t_send") and gm["t_send"] - gm["t0"] <= r["t_s"] <= gm["t_done"] - gm["t0"]]
+    mean = lambda col: statistics.fmean(r[col] for r in inside if r.get(col) is not None) if inside and col in inside[0] \
+        else None  # noqa: E731
+    return [(f"batch with nsys GPU-metrics sampling (10 kHz, nothing injected into the server): TTFT {f(c['ttft_ms'])} ms "
+             f"vs {f(base_t)} untraced ({f(100 * (c['ttft_ms'] / base_t - 1))}%), ITL {f(c['itl_ms'])} vs {f(base_i)} ms "
+             f"({f(100 * (c['itl_ms'] / base_i - 1))}%); while the requests ran: SMs active {f(mean('sm_active_pct'))}%, "
+             f"tensor active {f(mean('tensor_active_pct'))}%, DRAM read {f(mean('dram_read_pct'))}% and write "
+             f"{f(mean('dram_write_pct'))}% of peak (gpu_metrics.csv, figure gpu_metrics)", [])]
+
+
 def story_text(data, trees, eff, pk, backend_why) -> str:
     """The text tree: request -> steps -> one layer -> kernels with counters, then the other phases."""
     f = story.fmt
@@ -1070,7 +1140,7 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
          f"{f(statistics.median(r['ttft_ms'] for r in obs if r['story'] == s and r['traced']))} ms traced; ITL "
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and not r['traced']))} vs "
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and r['traced']))} ms", [])
-        for s in ("one", "batch")]))
+        for s in ("one", "batch")] + metrics_lines(data)))
     items.append(("GEMM efficiency (kernel time, traced; the ceiling that binds each: bf16 above the ridge, the DRAM "
                   "read ceiling below it)", [
         (f"{r['mode']} bs {r['bs']} {r['role']}: {f(r['tflop_s'])} TFLOP/s = {f(r['pct_bf16_ceiling'])}% of the bf16 "
