@@ -74,7 +74,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, kernels, models, ncu, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, clocks, kernels, models, ncu, story, timeline, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -168,21 +168,32 @@ def client_figures(results, log_text) -> dict:
 
 
 def serve_story(srv, run, name, send, P, prof_dir):
-    """Untraced then traced repetitions of one story: the observer rows and every traced run (trace, log, results)."""
+    """Untraced then traced repetitions of one story: the observer rows (with the SM clock and power NVML read while
+    each ran: common.clocks) and every traced run (trace, log, results)."""
     send(srv, 900 + len(name), P)                                           # warm this shape once
     rows, traced = [], []
-    for rep in range(P["reps"]):
-        mark = srv.log_mark()
-        res = send(srv, 10 * rep + 1, P)
-        rows.append({"story": name, "traced": False, "rep": rep, **client_figures(res, srv.log_since(mark))})
-    for rep in range(P["reps"]):
-        mark = srv.log_mark()
-        (tr, *_), res = srv.traced(prof_dir, lambda rep=rep: send(srv, 10 * rep + 5, P))
-        log = srv.log_since(mark)
-        rows.append({"story": name, "traced": True, "rep": rep, **client_figures(res, log)})
-        traced.append({"trace": tr, "log": log, "results": res})
-        run.log(f"{name}: traced rep {rep}: TTFT {rows[-1]['ttft_ms']:.1f} ms, ITL {rows[-1]['itl_ms']:.2f} ms")
+    with clocks.Sampler(period_s=0.01) as sampler:
+        for rep in range(P["reps"]):
+            mark, t0 = srv.log_mark(), time.time()
+            res = send(srv, 10 * rep + 1, P)
+            rows.append({"story": name, "traced": False, "rep": rep, **client_figures(res, srv.log_since(mark)),
+                         **clock_cols(sampler, t0)})
+        for rep in range(P["reps"]):
+            mark, t0 = srv.log_mark(), time.time()
+            (tr, *_), res = srv.traced(prof_dir, lambda rep=rep: send(srv, 10 * rep + 5, P))
+            log = srv.log_since(mark)
+            rows.append({"story": name, "traced": True, "rep": rep, **client_figures(res, log), **clock_cols(sampler, t0)})
+            traced.append({"trace": tr, "log": log, "results": res})
+            run.log(f"{name}: traced rep {rep}: TTFT {rows[-1]['ttft_ms']:.1f} ms, ITL {rows[-1]['itl_ms']:.2f} ms"
+                    + (f", SM {rows[-1]['sm_mhz']:.0f} MHz" if rows[-1].get("sm_mhz") else ""))
     return rows, traced
+
+
+def clock_cols(sampler, t0: float) -> dict:
+    """The SM clock (median), the highest power and the slowdown reasons NVML saw from ``t0`` until now."""
+    w = clocks.window(sampler.rows, t0, time.time())
+    return {"sm_mhz": w.get("sm_mhz"), "power_w_max": w.get("power_w_max"),
+            "slowdown": ", ".join(w.get("slowdown") or [])}
 
 
 def metrics_phase(srv, run, P) -> dict:
@@ -1141,8 +1152,11 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and not r['traced']))} vs "
          f"{f(statistics.median(r['itl_ms'] for r in obs if r['story'] == s and r['traced']))} ms", [])
         for s in ("one", "batch")] + metrics_lines(data)))
+    served = [r["sm_mhz"] for r in obs if r.get("traced") and r.get("sm_mhz")]
+    clock = (f"; served at SM {f(statistics.median(served))} MHz (NVML), the bf16 ceiling was reached at "
+             f"{f(pk.get('bf16_sm_mhz'))} MHz" if served and pk.get("bf16_sm_mhz") else "")
     items.append(("GEMM efficiency (kernel time, traced; the ceiling that binds each: bf16 above the ridge, the DRAM "
-                  "read ceiling below it)", [
+                  f"read ceiling below it{clock})", [
         (f"{r['mode']} bs {r['bs']} {r['role']}: {f(r['tflop_s'])} TFLOP/s = {f(r['pct_bf16_ceiling'])}% of the bf16 "
          f"ceiling; weights effective {f(r['eff_tb_s'])} TB/s" + (f" = {f(r['stream_pct'])}% of the DRAM read ceiling"
                                                                  if _ok(r.get("stream_pct")) else "")
