@@ -494,6 +494,60 @@ def bound_why(row) -> str:
     return why
 
 
+# ------------------------------------------------------------------ a closer look at one kernel (--set full)
+
+PIPE = "sm__inst_executed_pipe_{}.avg.pct_of_peak_sustained_active"
+PIPES = ("alu", "fma", "fmaheavy", "lsu", "adu", "xu", "cbu", "uniform", "tex", "tma", "tensor_op_hmma", "tensor_op_gmma")
+LOOK_METRICS = ("launch__grid_size", "launch__sm_count", "launch__waves_per_multiprocessor", "sm__cycles_active.avg",
+                "gpc__cycles_elapsed.max", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                "smsp__inst_executed.sum", "sm__warps_active.avg.per_cycle_active",
+                "smsp__warps_eligible.avg.per_cycle_active") + tuple(PIPE.format(p) for p in PIPES)
+
+
+def look(raw: dict, summary: dict | None = None) -> list[str]:
+    """What a kernel spends its time on, from one row of a ``--set full`` raw table (read_raw(...).iloc[i]) and its
+    summarize() row: how the launch fills the GPU (CTAs, waves, the share of SMs active), how busy the issue slots
+    are and how many warps are ready to issue, which pipes its instructions go to, its instruction count per byte
+    moved, and the top stalls with what they mean. Lines of plain text; metrics a row lacks are left out."""
+    def v(name):
+        x = raw.get(name)
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) or isinstance(x, str) else float(x)
+    out, s = [], summary or {}
+    grid, sms, waves = v("launch__grid_size"), v("launch__sm_count"), v("launch__waves_per_multiprocessor")
+    active, elapsed = v("sm__cycles_active.avg"), v("gpc__cycles_elapsed.max")
+    if grid and sms:
+        line = f"launch: {grid:,.0f} CTAs for {sms:.0f} SMs" + (f", {waves:.2f} waves" if waves is not None else "")
+        if active and elapsed:
+            line += f"; the average SM was active {100 * active / elapsed:.0f}% of the kernel's cycles"
+        if waves is not None and waves < 1:
+            line += " (less than one wave: some SMs get no CTA at all)"
+        out.append(line)
+    issue, eligible, warps = (v("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+                              v("smsp__warps_eligible.avg.per_cycle_active"), v("sm__warps_active.avg.per_cycle_active"))
+    if issue is not None:
+        line = f"issue: an instruction issued in {issue:.0f}% of the active cycles of each scheduler"
+        if eligible is not None and warps is not None:
+            line += f"; {eligible:.2f} warps ready to issue per cycle, of {warps:.1f} active per SM"
+        if eligible is not None and eligible < 1:
+            line += " (fewer than one ready warp: the scheduler waits, latency-bound)"
+        elif issue >= 60:
+            line += " (the issue slots are busy: the kernel is bound by how many instructions it runs)"
+        out.append(line)
+    pipes = sorted(((p, v(PIPE.format(p))) for p in PIPES), key=lambda kv: -(kv[1] or 0))
+    pipes = [(p, x) for p, x in pipes if x]
+    if pipes:
+        out.append("pipes (% of peak while active): " + ", ".join(f"{p} {x:.0f}%" for p, x in pipes[:4]))
+    inst = v("smsp__inst_executed.sum")
+    mb = (s.get("dram_read_mb") or 0) + (s.get("dram_write_mb") or 0)
+    if inst:
+        out.append(f"instructions: {inst:,.0f} warp instructions" + (f", {inst / (mb * 1e6) * 32:.1f} thread instructions "
+                                                                     f"per DRAM byte" if mb else ""))
+    if s.get("top_stalls"):
+        top = top_stall(s)
+        out.append(f"stalls: {s['top_stalls']}" + (f"; {top}: {STALL_MEANING.get(top, '?')}" if top else ""))
+    return out
+
+
 # ------------------------------------------------------------------ command-line use
 
 def main(argv=None) -> int:

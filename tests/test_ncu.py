@@ -205,3 +205,17 @@ def test_bound_reads_the_stalls_not_only_sm_vs_dram(fixture_path):
     assert ncu.bound(rows["FusedAddRMSNormKernel"]) == "memory-bound"
     assert "FIXED-latency" not in ncu.STALL_MEANING["wait"] and "fixed-latency" in ncu.STALL_MEANING["wait"]
     assert set(ncu.STALL_MEANING) >= set(ncu.STALL_REASONS) - {"selected"}
+
+
+def test_a_closer_look_at_one_kernel_from_the_full_set(fixture_path):
+    """ncu.look on the full-set row of FlashInfer's decode kernel (H200): under one wave (1,024 CTAs, 0.97 waves),
+    issue slots 77% busy, the ALU the busiest pipe, long_scoreboard-free stalls named with their meaning."""
+    df = ncu.read_raw(fixture_path(FULL))
+    s = ncu.summarize(df).iloc[0].to_dict()
+    lines = ncu.look(df.iloc[0].to_dict(), s)
+    assert lines[0].startswith("launch: 1,024 CTAs for 132 SMs, 0.97 waves") and "less than one wave" in lines[0]
+    assert "77% of the active cycles" in lines[1] and "busy" in lines[1]
+    assert lines[2].startswith("pipes (% of peak while active): alu 59%, lsu 36%, fma 34%")
+    assert lines[3].startswith("instructions: 147,730,016 warp instructions") and "per DRAM byte" in lines[3]
+    assert lines[4].startswith("stalls: ") and ncu.top_stall(s) in lines[4]
+    assert ncu.look({"launch__grid_size": "n/a"}) == []                  # nothing to say: nothing said
