@@ -7,7 +7,6 @@
                                                      # TB/s and % of the matching ceiling, L2 hit, SM,
                                                      # tensor, occupancy and limiter, regs, smem, stalls
     df = read_raw("ncu.csv")                         # `--csv --page raw`: names row + units row
-    metrics, rules = read_details("details.csv")     # `--csv --page details` (long format)
 
 Parsing rules (why they matter):
   * columns are found by header NAME, never by position (one added metric moves every column);
@@ -68,13 +67,6 @@ _BYTE_ANY = {**_BYTE, **{f"{u}/block": f for u, f in _BYTE.items()}}      # laun
 def unit_factor(unit: str, to: str) -> float | None:
     """The factor from ncu's printed ``unit`` to ``to``: "time_us" (microseconds) or "byte"; None if unknown."""
     return {"time_us": _TIME_US, "byte": _BYTE_ANY}[to].get(unit)
-
-
-def to_base(value: float, unit: str) -> float:
-    """A value in ncu's printed unit converted to the base unit (ns, byte, Hz, byte/s...)."""
-    if unit not in BASE_UNITS:
-        raise NcuParseError(f"unknown unit {unit!r}")
-    return value * BASE_UNITS[unit]
 
 
 PERM_HINT = ("ncu cannot read the GPU performance counters (ERR_NVGPUCTRPERM). Run as root (sudo -E), "
@@ -305,44 +297,6 @@ def read_raw(src):
     df.attrs["units"] = dict(zip(header, units))
     df.attrs["source"] = str(src) if _is_file(src) else "the ncu CSV"     # named by a value that is not a number
     return df
-
-
-def read_details(src):
-    """Parse ``ncu --csv --page details`` into (metrics, rules) DataFrames (long format).
-
-    metrics: ID, Kernel Name, Section Name, Metric Name, Metric Unit, Metric Value, value (float)
-    rules:   ID, Kernel Name, Section Name, Rule Name, Rule Type, Rule Description, Estimated Speedup
-    Repeated header rows inside the file (ncu writes one before the rule rows) are skipped.
-    """
-    import pandas as pd
-    rows = _read_rows(src)
-    if not rows or "Metric Name" not in rows[0]:
-        raise NcuParseError("not an ncu details-page CSV: no 'Metric Name' column. Use --csv --page details.")
-    header = rows[0]
-    idx = {h: i for i, h in enumerate(header)}
-    metrics, rules = [], []
-    for n, r in enumerate(rows[1:], start=2):
-        if r == header:
-            continue
-        if len(r) < idx["Metric Value"] + 1:
-            raise NcuParseError(f"ncu details CSV line {n} has {len(r)} fields (truncated?)")
-        base = {k: r[idx[k]] for k in ("ID", "Kernel Name", "Section Name")}
-        if r[idx["Metric Name"]]:
-            v = to_number(r[idx["Metric Value"]])
-            metrics.append({**base, "Metric Name": r[idx["Metric Name"]], "Metric Unit": r[idx["Metric Unit"]],
-                            "Metric Value": r[idx["Metric Value"]], "value": v})
-        elif "Rule Name" in idx and len(r) > idx["Rule Name"] and r[idx["Rule Name"]]:
-            rules.append({**base, **{k: (r[idx[k]] if idx.get(k, 10**9) < len(r) else "")
-                                     for k in ("Rule Name", "Rule Type", "Rule Description",
-                                               "Estimated Speedup Type", "Estimated Speedup")}})
-    if not metrics:
-        raise NcuParseError("ncu details CSV holds no metric rows")
-    m = pd.DataFrame(metrics)
-    m["ID"] = m["ID"].astype(int)
-    r = pd.DataFrame(rules)
-    if len(r):
-        r["ID"] = r["ID"].astype(int)
-    return m, r
 
 
 # ------------------------------------------------------------------ per-kernel summary

@@ -3,9 +3,6 @@
     with nvtx_range(f"decode bs={bs} kv={kv} bf16"):
         wrapper.run(q, kv_cache)
 
-    @ranged("prefill qo={qo_len}")          # names may use the call's keyword arguments
-    def run_prefill(qo_len): ...
-
 One range shows up three ways: as an NVTX push/pop (Nsight Systems, ncu --nvtx-include),
 as a ``record_function`` user annotation (torch.profiler Chrome traces, CPU and GPU rows), and
 as nothing at all when neither the ``nvtx`` package nor torch is present — scripts need not
@@ -13,7 +10,6 @@ check. Names should describe themselves and carry the configuration.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from contextlib import ExitStack, contextmanager
 
@@ -45,23 +41,3 @@ def nvtx_range(name: str, color: str | None = None):
         if rf is not None:
             stack.enter_context(rf)
         yield
-
-
-def ranged(fmt: str, color: str | None = None):
-    """Decorator: run the function inside ``nvtx_range(fmt.format(**kwargs))``."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def inner(*args, **kwargs):
-            try:
-                name = fmt.format(*args, **kwargs)
-            except (IndexError, KeyError):
-                name = fmt
-            with nvtx_range(name, color):
-                return fn(*args, **kwargs)
-        return inner
-    return wrap
-
-
-def available() -> dict:
-    """Which range back-ends are live (for the environment report)."""
-    return {"nvtx_package": _nvtx is not None, "torch_record_function": "torch" in sys.modules}

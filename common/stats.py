@@ -100,12 +100,6 @@ def ratio_interval(num: Interval, den: Interval) -> Interval:
     return Interval(num.point / den.point, num.lo / den.hi, num.hi / den.lo, n, "ratio of " + num.method)
 
 
-def scale(iv: Interval, k: float) -> Interval:
-    """The same interval multiplied by a positive constant (e.g. a time turned into a rate)."""
-    lo, hi = sorted((iv.lo * k, iv.hi * k))
-    return Interval(iv.point * k, lo, hi, iv.n, iv.method)
-
-
 def over(values, what: str = "shapes") -> Interval:
     """The interval of a claim made for every item (every swept shape, every traced call): min..max of the
     per-item values with the median as its point — all inside a range confirms, all outside refutes,

@@ -59,15 +59,6 @@ def test_full_set_summary_has_hardware_story(fixture_path):
     assert ncu.bound(by["FusedAddRMSNormKernel"]) == "memory-bound"
 
 
-def test_details_page_metrics_and_rules(fixture_path):
-    m, rules = ncu.read_details(fixture_path("ncu_full_details_flashinfer_batch_decode_h200.csv"))
-    dur = m[m["Metric Name"] == "Duration"].iloc[0]
-    assert (dur["Metric Unit"], dur["value"]) == ("ns", 199_136)
-    assert m[m["Metric Name"] == "Block Limit Registers"]["value"].iloc[0] == 8
-    assert {"SOLBottleneck", "AchievedOccupancy", "CPIStall"} <= set(rules["Rule Name"])
-    assert not (m["Metric Name"] == "Metric Name").any()               # the repeated header row is skipped
-
-
 def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
     """The CSV that `ncu --import` printed and NVIDIA's ncu_report reading the same .ncu-rep agree."""
     import ncu_report  # tests/requirements.txt; runs without a GPU
@@ -83,7 +74,7 @@ def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
         v, unit = df[col].iloc[0], units[col]
         if col not in names or not isinstance(v, float) or math.isnan(v) or "/" in unit and unit not in ncu.BASE_UNITS:
             continue
-        got = ncu.to_base(v, unit) if unit in ncu.BASE_UNITS else v
+        got = v * ncu.BASE_UNITS[unit] if unit in ncu.BASE_UNITS else v
         ref = action.metric_by_name(col).as_double()
         tol = max(0.006, abs(ref) * 1e-4) * (ncu.BASE_UNITS.get(unit, 1))   # the CSV prints 2 decimals
         assert got == pytest.approx(ref, abs=tol), col
