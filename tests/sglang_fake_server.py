@@ -8,6 +8,7 @@ misbehave on purpose:
   --no-health       never answer /health with 200 (a server that never becomes ready)
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
+  --sglang-log      print SGLang's start-up milestone lines (time-stamped like SGLANG_LOG_MS=1) while it starts
 Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
 leaves nothing running for long).
 As a wrapper (`--wrapper REPORT -- cmd...`) it runs cmd as a child like ncu/nsys do, waits for it,
@@ -41,6 +42,27 @@ def wrapper_main(argv, setsid=False):
     print("fake wrapper: report written", flush=True)
 
 
+START_LINES = ("server_args=ServerArgs(model_path='m', load_format='dummy')", "Init torch distributed begin.",
+               "Init torch distributed ends. elapsed=0.01 s", "Load weight begin. avail mem=78.50 GB",
+               "Load weight end. elapsed=0.01 s, type=LlamaForCausalLM, avail mem=63.48 GB, mem usage=15.02 GB.",
+               "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 32768, K size: 2.00 GB, V size: 2.00 GB",
+               "Memory pool end. avail mem=58.35 GB",
+               "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8]",
+               "Capture target decode CUDA graph end. elapsed=0.01 s", "The server is fired up and ready to roll!")
+
+
+def log(msg):
+    """One line as SGLang writes it with SGLANG_LOG_MS=1."""
+    t = time.time()
+    print(time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}] {msg}", flush=True)
+
+
+def start_log(span):
+    for line in START_LINES:
+        time.sleep(span / (len(START_LINES) + 1))
+        log(line)
+
+
 def main(argv):
     if argv and argv[0] in ("--wrapper", "--wrapper-setsid"):
         return wrapper_main(argv[1:], setsid=argv[0] == "--wrapper-setsid")
@@ -49,6 +71,8 @@ def main(argv):
     t0 = time.time()
     ready_after = float(a.get("--ready-after", 0) or 0)
     print(f"fake server: model {a.get('--model-path')} on {host}:{port}", flush=True)
+    if "--sglang-log" in argv:
+        threading.Thread(target=start_log, args=(max(ready_after, 0.5),), daemon=True).start()
     if "--ignore-term" in argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:

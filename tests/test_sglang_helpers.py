@@ -250,6 +250,74 @@ def test_join_steps_with_real_log(fixture_path):
     assert not bad["ok"]
 
 
+# ------------------------------------------------------------------ where a server start goes
+
+# tests/fixtures/README.md: two starts of one launch_server command on a fresh H100 (2026-11-25), the epoch
+# at which _sglang.Server launched each; the machine's clock (and so the log's) ran in UTC
+START_LOGS = {"warm": ("sglang_server_start_warm_h100.log", 1795586053.253),
+              "cold": ("sglang_server_start_cold_h100.log", 1795585715.911)}
+UTC = __import__("datetime").timezone.utc
+
+
+def _breakdown(fixture_path, which):
+    name, t0 = START_LOGS[which]
+    return sg.startup_breakdown(fixture_path(name).read_text(), t0, tz=UTC)
+
+
+def test_startup_breakdown_of_a_warm_start(fixture_path):
+    ph = _breakdown(fixture_path, "warm")
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert got == pytest.approx({"imports": 27.747, "server_args": 5.535, "scheduler_start": 35.353, "dist_init": 0.064,
+                                 "model_setup": 3.339, "weights": 0.221, "kv_pool": 1.952, "backend_init": 0.146,
+                                 "prefill_graphs": 10.625, "decode_graphs": 4.095, "scheduler_ready": 0.399,
+                                 "warmup": 1.309}, abs=1e-6)
+    assert list(got) == [k for k, _rx, _w in sg.START_PHASES]                 # every phase, in order
+    assert all(b["start_s"] == pytest.approx(a["start_s"] + a["seconds"]) for a, b in zip(ph, ph[1:]))
+    assert sum(got.values()) == pytest.approx(90.785)                          # "healthy after 91 s"
+    note = {p["phase"]: p["note"] for p in ph}
+    assert note["prefill_graphs"] == "58 token sizes 4-8192, first size 1.08 s"
+    assert note["decode_graphs"] == "36 batch sizes 1-256, first size 0.11 s"
+    assert note["kv_pool"] == "32768 tokens, K 2.00 GB + V 2.00 GB"
+    assert note["weights"] == "load_format dummy, 15.02 GB in 0.22 s"
+    assert "tokenizer manager ready at +35.4 s" in note["scheduler_start"]
+    assert "tokenizer_e2e - scheduler_e2e = 32.4 s" in note["scheduler_start"]          # SGLang's own figures agree
+    assert note["scheduler_ready"].startswith("SGLang: load_weight=0.22, kv_cache_allocation=0.01, scheduler_e2e=23.78")
+    assert note["imports"] == "ends at a time stamp of 1 s resolution" and "JIT" not in " ".join(note.values())
+    # with the time /health answered, a last phase; the flat row for a CSV
+    ph = sg.startup_breakdown(fixture_path(START_LOGS["warm"][0]).read_text(), 1795586053.253, 1795586144.253, tz=UTC)
+    assert ph[-1]["phase"] == "health" and ph[-1]["seconds"] == pytest.approx(0.215)
+    row = sg.breakdown_row(ph)
+    assert row["prefill_graphs_s"] == 10.62 and row["health_s"] == 0.21 and "first size 1.08 s" in row["notes"]
+    lines = sg.breakdown_lines(ph, 91.0)
+    assert len(lines) == 13 and lines[8].startswith("  +  74.4 s    10.6 s   12%  prefill_graphs")
+
+
+def test_startup_breakdown_of_a_cold_start_names_the_jit_compiles(fixture_path):
+    ph = _breakdown(fixture_path, "cold")
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert got["prefill_graphs"] == pytest.approx(211.762) and got["warmup"] == pytest.approx(13.193)
+    assert got["imports"] == pytest.approx(29.089) and got["scheduler_start"] == pytest.approx(34.41)
+    assert sum(got.values()) == pytest.approx(303.265)                        # "healthy after 304 s"
+    note = {p["phase"]: p["note"] for p in ph}
+    assert note["prefill_graphs"] == "58 token sizes 4-8192, first size 201.35 s (JIT compiles on first use)"
+    assert note["warmup"] == "its forward took 12.00 s (JIT compiles on first use)"
+
+
+def test_startup_breakdown_known_bad_and_partial_logs(fixture_path):
+    text = fixture_path(START_LOGS["warm"][0]).read_text()
+    assert sg.startup_breakdown("fake server: no SGLang lines\n", 0.0) == []
+    # no prefill graphs (--disable-prefill-cuda-graph): its phase is absent, the time stays counted
+    cut = "\n".join(l for l in text.split("\n") if "prefill CUDA graph" not in l and "Capturing num tokens" not in l)
+    ph = sg.startup_breakdown(cut, START_LOGS["warm"][1], tz=UTC)
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert "prefill_graphs" not in got and got["decode_graphs"] == pytest.approx(4.095)
+    assert got["backend_init"] == pytest.approx(0.146 + 10.625)                  # up to the decode capture's begin
+    assert sum(got.values()) == pytest.approx(90.785)
+    # a line of 1 s resolution after a ms one never makes a negative phase
+    early = text.replace("[2026-11-25 05:55:44.038] The server", "[2026-11-25 05:55:42] The server")
+    assert min(p["seconds"] for p in sg.startup_breakdown(early, START_LOGS["warm"][1], tz=UTC)) >= 0
+
+
 # ------------------------------------------------------------------ flags, options, small helpers
 
 def test_flags_and_forbidden_flags(tmp_path):
@@ -312,6 +380,21 @@ def test_server_starts_serves_and_stops_its_whole_group(tmp_path):
         assert "fake server" in srv.log_since(0)
     assert srv.stop_report["left_over"] == [] and not any(procs.alive(p) for p in members)
     assert procs.port_free("127.0.0.1", srv.port) and not srv.pidfile.exists()
+
+
+def test_server_prints_where_its_start_went(tmp_path):
+    said = []
+    srv = fake(tmp_path, "--sglang-log", "--ready-after", "1.1")
+    srv.echo = said.append
+    with srv:
+        phases = [p["phase"] for p in srv.startup_phases]
+    assert phases == ["imports", "server_args", "scheduler_start", "dist_init", "model_setup", "weights", "kv_pool",
+                      "backend_init", "decode_graphs", "warmup", "health"]
+    total = srv.startup_phases[-1]["start_s"] + srv.startup_phases[-1]["seconds"]
+    assert total == pytest.approx(srv.startup_s, abs=0.05)                   # the phases add up to the start
+    text = next(m for m in said if "where the" in m)
+    assert text.startswith(f"server: where the {srv.startup_s:.1f} s of its start went (its log's time stamps):\n")
+    assert "decode_graphs" in text and "[4 batch sizes 1-8" in text and "kv_pool" in text
 
 
 def test_a_given_port_in_use_is_a_setup_error(tmp_path):

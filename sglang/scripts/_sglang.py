@@ -34,6 +34,9 @@ Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 out
                             usage, running-req, queue-req, ...); a line that starts like a batch line but
                             does not parse raises ParseError (format drift fails loudly)
   parse_metrics(text)       /metrics -> Metrics: .total(name, **labels), .get, .series, .histogram
+  startup_breakdown(log, t_launch)  where a server start went, phase by phase, from the log's own time stamps
+                            (imports of each process, weights, KV pool, each CUDA-graph capture, warm-up);
+                            Server prints it once it is healthy (``srv.startup_phases``)
   hit_rate(before, after)   prefix-cache hit rate from counter deltas (never the cache_hit_rate gauge)
   read_bench_jsonl(path)    `sglang.benchmark.serving --output-file` -> one dict per run
   parse_step_name(name)     'step[EXTEND bs=1 toks=11]' -> {"mode", "bs", "toks"}
@@ -310,6 +313,7 @@ class Server:
                         else Path(pidfile) if pidfile else None)
         self.group: procs.Group | None = None
         self.startup_s: float | None = None
+        self.startup_phases: list[dict] = []         # startup_breakdown() of the last start
         self.stop_report: dict = {}
         self._bench: BenchWorker | None = None
 
@@ -348,14 +352,19 @@ class Server:
                                  echo=self.echo, stop_timeout=self.stop_timeout)
         atexit.register(self.stop)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
-        t0 = time.time()
+        mark, t0 = self.log_mark(), time.time()
         try:
             self.group.start()
         except procs.ProcError as e:
             raise ServerError(str(e)) from None
         self._wait_ready(t0)
-        self.startup_s = time.time() - t0
+        t1 = time.time()
+        self.startup_s = t1 - t0
         self.echo(f"{self.name}: ready after {self.startup_s:.0f} s (log: {self.log_path})")
+        self.startup_phases = startup_breakdown(self.log_since(mark), t0, t1)
+        if self.startup_phases:
+            self.echo(f"{self.name}: where the {self.startup_s:.1f} s of its start went (its log's time stamps):\n"
+                      + "\n".join(breakdown_lines(self.startup_phases, self.startup_s)))
         return self
 
     def _wait_ready(self, t0: float) -> None:
@@ -669,6 +678,141 @@ def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
         if not held or time.time() - t0 > wait_s:
             return held
         time.sleep(1.0)
+
+
+# ================================================================== where a server start goes
+
+_STAMPED = re.compile(r"^\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<ms>\d{3}))?[^\]\n]*\]")
+# (phase, the log line that ends it, what ran between the previous line and this one). A phase whose line
+# is missing (a graph phase that is switched off) is merged into the next one found.
+START_PHASES = (
+    ("imports", None, "launch_server process: python starts, imports sglang.srt.server_args (torch, transformers); "
+                      "nothing is logged before"),
+    ("server_args", r"server_args=ServerArgs\(", "ServerArgs resolved; the HTTP server, Engine and tokenizer-manager "
+                                                 "modules imported"),
+    ("scheduler_start", r"Init torch distributed begin", "scheduler process spawned, importing "
+                        "sglang.srt.managers.scheduler (torch again, the model registry); the main process builds "
+                        "the tokenizer manager meanwhile"),
+    ("dist_init", r"Init torch distributed ends", "torch.distributed initialised"),
+    ("model_setup", r"Load weight begin", "model runner set up (model classes imported)"),
+    ("weights", r"Load weight end", "weights loaded"),
+    ("kv_pool", r"Memory pool end", "memory profiled, KV pool allocated"),
+    ("backend_init", r"Capture target (?:prefill|decode) CUDA graph begin", "attention backend set up"),
+    ("prefill_graphs", r"Capture target prefill CUDA graph end", "prefill CUDA graphs captured"),
+    ("decode_graphs", r"Capture target decode CUDA graph end", "decode CUDA graphs captured"),
+    ("scheduler_ready", r"Engine startup timings", "scheduler ready (radix cache, sampler)"),
+    ("warmup", r"The server is fired up and ready to roll", "HTTP server up; its warm-up request (/generate)"),
+)
+_JIT_FIRST_S = 20.0   # a first graph size slower than this compiled JIT modules (a warm first size takes ~1 s)
+
+
+def _stamp_ts(m: re.Match, tz) -> float:
+    t = _dt.datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S")
+    t = t.replace(tzinfo=tz) if tz is not None else t
+    return t.timestamp() + (int(m["ms"]) / 1000 if m["ms"] else 0.0)
+
+
+def _sizes(line: str, key: str) -> str:
+    m = re.search(rf"{key}=\[([\d, ]+)\]", line)
+    if not m:
+        return ""
+    v = [int(x) for x in m.group(1).split(",") if x.strip()]
+    what = "token sizes" if key == "num_tokens" else "batch sizes"
+    return f"{len(v)} {what} {min(v)}-{max(v)}" if v else ""
+
+
+def _first_size_s(text: str, label: str) -> float | None:
+    """tqdm's seconds for the first captured size (its rate after one item, exact for n = 1)."""
+    m = re.search(rf"{label}[^\r\n]*?\|\s*1/\d+ \[[^\]]*?(?:(?P<spi>[\d.]+)s/it|(?P<ips>[\d.]+)it/s)\]", text)
+    if not m:
+        return None
+    return float(m["spi"]) if m["spi"] else 1.0 / float(m["ips"])
+
+
+def startup_breakdown(log_text: str, t_launch: float, t_ready: float | None = None, tz=None) -> list[dict]:
+    """Where a server start went, from the server log's own time stamps (SGLANG_LOG_MS=1 gives ms; lines
+    without ms have 1 s resolution and are clamped so that no phase is negative).
+
+    ``t_launch``: epoch seconds when the command was started; ``t_ready``: when /health first answered
+    200 (adds a "health" phase). ``tz``: the zone of the log's clock (None: this machine's, as for a
+    server started here). Returns one dict per phase found, in order: phase, what, start_s (since
+    launch), seconds, note (figures read from the same lines: pool size, graph sizes, a JIT-slow first
+    graph size, SGLang's own "Engine startup timings"). [] when the log has no time-stamped line."""
+    lines = log_text.split("\n")
+    stamped = [(i, m) for i, l in enumerate(lines) for m in [_STAMPED.match(l)] if m]
+    if not stamped:
+        return []
+    found, pos = [], 0
+    for key, rx, what in START_PHASES:
+        hit = next(((i, m) for i, m in stamped if i >= pos and (rx is None or re.search(rx, lines[i]))), None)
+        if hit:
+            found.append((key, what, hit[0], hit[1]))
+            pos = hit[0]
+    text = {k: lines[i] for k, _w, i, _m in found}
+
+    def line_of(rx):
+        return next((l for l in lines if re.search(rx, l)), "")
+    notes = {}
+    if not found[0][3]["ms"]:
+        notes["imports"] = "ends at a time stamp of 1 s resolution"
+    tmpl = next((_stamp_ts(m, tz) for i, m in stamped if "chat template" in lines[i]), None)
+    eng = re.search(r"scheduler_e2e=([\d.]+).*tokenizer_e2e=([\d.]+)", text.get("scheduler_ready", ""))
+    sched = []
+    if tmpl is not None:
+        sched.append(f"tokenizer manager ready at +{tmpl - t_launch:.1f} s")
+    if eng:
+        sched.append(f"SGLang's own tokenizer_e2e - scheduler_e2e = {float(eng[2]) - float(eng[1]):.1f} s")
+    notes["scheduler_start"] = "; ".join(sched)
+    w = re.search(r"elapsed=([\d.]+) s.*?mem usage=([\d.]+) GB", text.get("weights", ""))
+    fmt_ = re.search(r"load_format='([^']+)'", text.get("server_args", ""))
+    notes["weights"] = ", ".join(x for x in ((f"load_format {fmt_[1]}" if fmt_ else ""),
+                                              (f"{w[2]} GB in {w[1]} s" if w else "")) if x)
+    kv = re.search(r"#tokens: (\d+), K size: ([\d.]+ GB), V size: ([\d.]+ GB)", line_of(r"KV Cache is allocated"))
+    notes["kv_pool"] = f"{int(kv[1])} tokens, K {kv[2]} + V {kv[3]}" if kv else ""
+    for key, phase, label, size_key in (("prefill_graphs", "prefill", "Capturing num tokens", "num_tokens"),
+                                        ("decode_graphs", "decode", "Capturing batches", "bs")):
+        begin = line_of(rf"Capture target {phase} CUDA graph begin")
+        parts = [x for x in (_sizes(begin, size_key),) if x]
+        first = _first_size_s(log_text, label) if begin else None
+        if first is not None:
+            parts.append(f"first size {first:.2f} s" + (" (JIT compiles on first use)" if first > _JIT_FIRST_S else ""))
+        notes[key] = ", ".join(parts)
+    if eng:
+        m = re.search(r"Engine startup timings \(s\): (.*)$", text["scheduler_ready"])
+        notes["scheduler_ready"] = "SGLang: " + re.sub(r", (?:target_verify|draft_\w+)=0\.00", "", m[1]) if m else ""
+    fwd = re.search(r"forward_duration=([\d.]+)ms", line_of(r"ReqTimeStats\("))
+    if fwd:
+        notes["warmup"] = f"its forward took {float(fwd[1]) / 1e3:.2f} s" + (
+            " (JIT compiles on first use)" if float(fwd[1]) / 1e3 > _JIT_FIRST_S / 4 else "")
+    out, prev = [], t_launch
+    for key, what, _i, m in found:
+        t = max(_stamp_ts(m, tz), prev)
+        out.append({"phase": key, "what": what, "start_s": round(prev - t_launch, 3), "seconds": round(t - prev, 3),
+                    "note": notes.get(key, "")})
+        prev = t
+    if t_ready is not None and t_ready >= prev:
+        out.append({"phase": "health", "what": "until /health answered 200 (polled every 0.5 s)",
+                    "start_s": round(prev - t_launch, 3), "seconds": round(t_ready - prev, 3), "note": ""})
+    return out
+
+
+def breakdown_lines(phases: list[dict], total_s: float | None = None) -> list[str]:
+    """The breakdown as aligned text lines (one per phase), for a log."""
+    if not phases:
+        return []
+    total = total_s if total_s is not None else phases[-1]["start_s"] + phases[-1]["seconds"]
+    w = max(len(p["phase"]) for p in phases)
+    return [f"  +{p['start_s']:6.1f} s {p['seconds']:7.1f} s {100 * p['seconds'] / total if total else 0:4.0f}%  "
+            f"{p['phase']:<{w}}  {p['what']}" + (f" [{p['note']}]" if p["note"] else "") for p in phases]
+
+
+def breakdown_row(phases: list[dict]) -> dict:
+    """One flat row: ``<phase>_s`` for every phase of START_PHASES (+ health; None when absent) and the notes."""
+    by = {p["phase"]: p for p in phases}
+    row = {f"{k}_s": (round(by[k]["seconds"], 2) if k in by else None) for k, _r, _w in START_PHASES}
+    row["health_s"] = round(by["health"]["seconds"], 2) if "health" in by else None
+    row["notes"] = "; ".join(f"{k}: {by[k]['note']}" for k in by if by[k]["note"])
+    return row
 
 
 # ================================================================== scheduler log lines
