@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -349,6 +350,41 @@ def test_default_server_config_keeps_cuda_graphs(tmp_path, monkeypatch):
         p.parse_args(["--server-arg=--enable-nccl-nvls"])
 
 
+def test_serving_flags_and_what_quick_changes(tmp_path, monkeypatch):
+    """One function builds the flags of every experiment that can share a server; --quick's changes from
+    SGLang's defaults come with their reasons and lead the story (issue #22, item 3)."""
+    import argparse
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    p = argparse.ArgumentParser()
+    sg.add_model_args(p)
+    args = p.parse_args([])
+    model, quick = sg.serving_flags(args, quick=True)
+    assert quick == ["--load-format", "dummy", "--mem-fraction-static", "0.8", "--attention-backend", "flashinfer",
+                     "--random-seed", "0", "--enable-metrics", "--log-level", "info", "--decode-log-interval", "1",
+                     "--max-total-tokens", "32768", "--cuda-graph-max-bs-decode", "64"]
+    _, full = sg.serving_flags(args, quick=False)
+    assert "--max-total-tokens" not in full and "--cuda-graph-max-bs-decode" not in full
+    assert sg.serving_flags(args, quick=True, pool=32768)[1] == quick                   # 02's and 08's default pool
+    assert sg.serving_flags(args, quick=True, schedule_policy="lpm")[1] == quick + ["--schedule-policy", "lpm"]
+    assert sg.serving_flags(args, quick=False, write=False)[0] == model
+    ch = {c["setting"]: c for c in sg.changes_from_defaults(quick, sg.SERVING_ENV, quick=True)}
+    assert [k for k, c in ch.items() if c["quick"]] == ["--max-total-tokens", "--cuda-graph-max-bs-decode"]
+    assert all(c["why"] for c in ch.values()) and ch["SGLANG_LOG_MS"]["value"] == "1"
+    line = sg.config_line(quick, sg.SERVING_ENV, quick=True)
+    assert line.startswith("NOT SGLang's default configuration: --quick sets KV pool 32768 tokens (SGLang: sized "
+                           "from free memory), decode CUDA graphs up to bs 64 (SGLang: 256 on 80-141 GB GPUs); also "
+                           "--load-format dummy, --mem-fraction-static 0.8, --attention-backend flashinfer")
+    assert "SGLANG_LOG_MS=1" in line
+    assert sg.config_line(full, {}, quick=False).startswith("SGLang's defaults except --load-format dummy")
+    assert sg.parse_flags(["--a", "1", "--b", "--c=x", "--d", "1", "2"]) == {"--a": "1", "--b": True, "--c": "x",
+                                                                               "--d": ["1", "2"]}
+    assert sg.flag_diff(quick, list(reversed(quick[-2:])) + quick[:-2]) != ""     # a value moved is not the same
+    assert sg.flag_diff(quick, quick[-2:] + quick[:-2]) == ""                      # same flags, another order
+    assert sg.flag_diff(quick, quick + ["--schedule-policy", "lpm"]) == "adds --schedule-policy lpm"
+    assert sg.flag_diff(quick, full) == "lacks --max-total-tokens 32768, lacks --cuda-graph-max-bs-decode 64"
+    assert sg.flag_diff(quick, quick[:-1] + ["128"]) == "--cuda-graph-max-bs-decode 128 (shared: 64)"
+
+
 # ------------------------------------------------------------------ the server manager (a stand-in server)
 
 def fake(tmp_path, *extra, **kw):
@@ -475,6 +511,107 @@ def test_sigterm_to_the_script_stops_the_server(tmp_path):
             time.sleep(5)
     assert not any(procs.alive(p) for p in members)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # the handler was put back
+
+
+# ------------------------------------------------------------------ one server for several experiments
+
+FL = ["--load-format", "dummy", "--enable-metrics", "--log-level", "info", "--max-total-tokens", "32768"]
+
+
+def _busy(srv, seconds):
+    """A request the stand-in keeps running for ``seconds`` (as one a killed experiment left behind)."""
+    t = threading.Thread(target=lambda: srv.generate(input_ids=[1], sampling_params={"max_new_tokens": 1,
+                                                                                   "fake_running_s": seconds}))
+    t.start()
+    time.sleep(0.3)
+    return t
+
+
+def test_fresh_flushes_and_refuses_a_busy_server(tmp_path):
+    with fake(tmp_path, "--log-level", "info") as srv:
+        assert srv.fresh() == {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 0}
+        assert "Cache flushed successfully" in srv.log_since(0)
+        t = _busy(srv, 2.0)
+        with pytest.raises(ServerError, match="could not be flushed"):
+            srv.fresh(timeout=0.3)                              # SGLang's 400 after its timeout
+        assert srv.fresh(timeout=10)["num_running_reqs"] == 0   # waits for the request, then flushes
+        t.join()
+
+
+def _shared(tmp_path, said, **kw):
+    kw = {"model_path": "dummy-model", "flags": FL, "launcher": [sys.executable, str(FAKE), "--spawn-child"],
+          "start_timeout": 30, "stop_timeout": 3, **kw}
+    return sg.SharedServer("default", "quick", said.append, **kw)
+
+
+def test_an_experiment_runs_on_the_shared_server_only_with_exactly_its_settings(tmp_path, monkeypatch):
+    from common.results import Run
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    said = []
+    h = _shared(tmp_path, said)
+    h.start(tmp_path / "logs")
+    pid = h.info()["pid"]
+    try:
+        assert json.loads(h.srv.pidfile.read_text())["owner"] == os.getpid()
+        assert h.srv.pidfile.parent == tmp_path / "cache" / "servers" / sg.PIPELINE_STEM
+        (var, value), = h.env().items()
+        monkeypatch.setenv(var, value)
+        own = {"launcher": [sys.executable, str(FAKE)], "start_timeout": 30, "stop_timeout": 3}
+        with Run(tmp_path / "demo" / "scripts" / "01_demo.py", {}, out=tmp_path / "out", quiet=True) as run:
+            with sg.server(run, "dummy-model", FL, quick=True, **own) as srv:
+                assert srv.shared["pid"] == pid and srv.port == h.srv.port and srv.alive()
+                assert srv.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["meta_info"]
+            assert procs.alive(pid) and h.check() is None                   # the experiment did not stop it
+            with sg.server(run, "dummy-model", FL + ["--schedule-policy", "lpm"], quick=True, own_why="LPM vs FCFS",
+                           log_name="server_lpm.log", **own) as srv:
+                assert srv.shared is None and srv.port != h.srv.port
+                other = srv.group.pid
+            with sg.server(run, "dummy-model", FL, quick=True, env={**sg.SERVING_ENV,
+                           "SGLANG_FLASHINFER_USE_TENSOR_CORE": "false"}, log_name="server_cc.log", **own) as srv:
+                assert srv.shared is None
+            with sg.server(run, "dummy-model", FL, quick=True, port=sg.procs.free_port(), log_name="server_p.log",
+                           **own) as srv:
+                assert srv.shared is None
+            log = (run.dir / "log.txt").read_text()
+            copy = (run.dir / "server.log").read_text()
+            servers = run.summary["servers"]
+        assert not procs.alive(other) and procs.alive(pid)
+        assert f"server: runs on the pipeline's shared server 'default' (pid {pid}, http://127.0.0.1:{h.srv.port}" in log
+        assert ("starts its own server, not the pipeline's shared 'default': its flags differ from the shared "
+                "server's: adds --schedule-policy lpm -- LPM vs FCFS") in log
+        assert "its SGLANG_* environment differs: SGLANG_FLASHINFER_USE_TENSOR_CORE=false" in log
+        assert "--port " in log and "was asked for" in log
+        assert copy.startswith("# the shared server's log") and "Cache flushed successfully" in copy
+        assert [x["how"] for x in servers] == ["shared", "own", "own", "own"]
+        assert servers[0]["changes"][-1]["setting"] == "SGLANG_PROFILE_RECORD_SHAPES"
+        rows = (tmp_path / "out" / "server_start.csv").read_text().splitlines()
+        assert len(rows) == 4 and rows[0].startswith("started_by,server,start_s")    # the three own starts
+    finally:
+        h.stop()
+    assert not procs.alive(pid) and not h.srv
+
+
+def test_the_shared_servers_check_finds_it_dead_or_busy_and_it_declines_a_small_gpu(tmp_path, monkeypatch):
+    from common.pipeline import ServiceSkipped
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    said = []
+    h = _shared(tmp_path, said, check_timeout=0.3)
+    assert "dummy-model --load-format dummy" in h.describe() and h.describe().startswith("SGLANG_LOG_MS=1 ")
+    h.start(tmp_path / "logs")
+    try:
+        assert h.check() is None
+        t = _busy(h.srv, 1.5)
+        assert "could not be flushed" in h.check()              # a request a step left running: not usable
+        t.join()
+        assert h.check() is None
+        os.kill(h.info()["pid"], signal.SIGKILL)
+        time.sleep(0.3)
+        assert h.check().startswith("its process is gone")
+    finally:
+        h.stop()
+    monkeypatch.setattr(sg, "gpu_total_gb", lambda index=0: 40.0)
+    with pytest.raises(ServiceSkipped, match="GPU 0 has 40 GB, under 70 GB"):
+        _shared(tmp_path, said).start(tmp_path / "logs")
 
 
 # ------------------------------------------------------------------ a server left behind by a SIGKILLed run
@@ -660,15 +797,21 @@ LITERAL_SERVER_FLAGS = (("_sglang.py", "--load-format"), ("_sglang.py", "--mem-f
                         ("_sglang.py", "--disable-cuda-graph"), ("04_nsys_profile.py", "--disable-overlap-schedule"))
 
 
+SERVING_FLAGS_OWN = {"quick", "backend", "pool", "write"}   # serving_flags()'s own keywords; the rest go to flags()
+
+
 def _server_flags_in_scripts() -> set[str]:
-    """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls, and the
-    literal ones above (each checked to be still in its file, so the list cannot go stale)."""
+    """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls and the
+    extra keywords of their serving_flags(...) calls, and the literal ones above (each checked to be still
+    in its file, so the list cannot go stale)."""
     import ast
     out = set()
     for f in SCRIPTS.glob("*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
-            if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "flags":
-                out |= {"--" + k.arg.replace("_", "-") for k in n.keywords if k.arg}
+            name = getattr(n.func, "attr", getattr(n.func, "id", None)) if isinstance(n, ast.Call) else None
+            if name in ("flags", "serving_flags"):
+                out |= {"--" + k.arg.replace("_", "-") for k in n.keywords
+                        if k.arg and not (name == "serving_flags" and k.arg in SERVING_FLAGS_OWN)}
     for name, flag in LITERAL_SERVER_FLAGS:
         assert f'"{flag}"' in (SCRIPTS / name).read_text(), f"{flag} is no longer in {name}: update the list"
         out.add(flag)
@@ -678,6 +821,7 @@ def _server_flags_in_scripts() -> set[str]:
 def test_server_flags_in_scripts_are_collected():
     got = _server_flags_in_scripts()
     assert {"--attention-backend", "--tp-size", "--enable-metrics", "--load-format"} <= got and len(got) >= 15
+    assert {"--schedule-policy", "--max-total-tokens", "--cuda-graph-max-bs-decode", "--random-seed"} <= got
 
 
 @pytest.mark.stack
