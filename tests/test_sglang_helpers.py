@@ -751,6 +751,14 @@ def test_run_bench_goes_through_the_servers_worker_which_stops_with_the_server(t
         assert rec["completed"] == 32 and rec["_wall_s"] > 0
         pid = srv._bench.pid
         assert procs.alive(pid)
+        # where its wall time went (issue #22 item 4): the first run paid the worker's start, the second did not
+        first = sg.bench_timing(rec, "rate_8_0")
+        again = sg.bench_timing(sg.run_bench(srv, tmp_path / "bench", "rate_8_1", num_prompts=32, input_len=512,
+                                             output_len=64, rate=8, echo=lambda *_: None), "rate_8_1")
+        assert (first["how"], first["worker_run"], again["worker_run"], again["start_s"]) == ("worker", 1, 2, 0.0)
+        assert 0 < first["start_s"] < first["wall_s"] and first["run_s"] >= 0 and again["wall_s"] < first["wall_s"]
+        assert first["duration_s"] == rec["duration"] and first["overhead_s"] == pytest.approx(
+            first["wall_s"] - rec["duration"], abs=1e-3)
         with pytest.raises(ServerError, match="bench_serving bad failed"):   # no output file: one error naming the log
             sg.run_bench(srv, tmp_path / "bench", "bad", num_prompts=1, input_len=1, output_len=1,
                          echo=lambda *_: None, extra=("--fail",))
