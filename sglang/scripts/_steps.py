@@ -5,9 +5,9 @@ when >= 2 GPUs are visible. The flags mean what they mean in every system: --nsy
 step (04_nsys_profile: Nsight Systems, or the torch profiler where nsys is not usable); --ncu adds the
 Nsight Compute passes (05_ncu_attention, and 08's counters phase: every kernel of a layer on the counters).
 
-One server for the --quick pipeline: a warm SGLang server start is ~90 s on an H100 (61 s of it two
-processes importing torch and sglang: tests/fixtures/sglang_server_start_warm_h100.log), and 01, 02, 03
-and 08 each started one or two. With --quick the runner starts one server ("default": the flags of
+One server for the --quick pipeline: a warm SGLang server start took 91 s on a fresh H100, 69 s of it
+before the scheduler process had imported torch and sglang (tests/fixtures/sglang_server_start_warm_h100.log,
+_sglang.startup_breakdown), and 01, 02, 03 and 08 each started one or two. With --quick the runner starts one server ("default": the flags of
 _sglang.serving_flags in --quick, which 01, 02's FCFS server, 03's FlashInfer variant and 08 compute
 with their default options) before 01 and stops it after 08. An experiment whose flags differ (02's LPM
 pass, 03's Triton variant, 08 where FA3 runs, or any --server-arg) starts its own and says why. With
