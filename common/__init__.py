@@ -26,7 +26,8 @@ Running
     procs     child processes in their own group (stopped whole), OS-chosen ports, pidfiles, NCCL policy
     results   run folders that replace the previous one whole; failed runs kept apart; summary.json last
     report    `make reports`: auto blocks of <system>/reports/*.md refreshed all-or-nothing from finished runs
-    pipeline  the one runner behind every 06_full_pipeline.sh (steps as data in <system>/scripts/_steps.py)
+    pipeline  the one runner behind every 06_full_pipeline.sh (steps as data in <system>/scripts/_steps.py;
+              a service several steps share -- SGLang's server -- started once, checked, restarted, stopped)
     jit       the JIT warm-up: FlashInfer and tvm-ffi modules built in parallel before anything is timed
     models    dummy-weight model presets (real architecture configs) as local model dirs
 

@@ -23,6 +23,29 @@ is reported apart from measurement time; its status does not count towards the p
 Before the first step, the servers that a killed run of any script left behind (their pidfiles in the
 workbook's one registry, $HANDS_ON_CACHE/servers/) are stopped: common.procs.reap_left.
 
+Shared services: ``_steps.py`` may declare ``SERVERS = {name: Service(provider, modes=("quick",), why=...)}``
+and steps name one with ``Step(..., server=name)``. In those modes the runner starts the service once, before
+the first step that names it -- its own row in steps.csv (kind "server", timed apart like the warm-up) --,
+passes its address to the steps that name it (the variables of ``handle.env()``), checks it before each of
+them (``handle.check()``; a service a step left dead or busy is restarted, a new row), and stops it after
+its last step, on a failure, Ctrl-C and SIGTERM. At the start of every run ``handle.reap()`` stops what a
+killed (SIGKILL) run of the pipeline left behind. A service that cannot start (or declines:
+ServiceSkipped) is not offered: its steps then start what they need themselves, as when run on their own.
+What the service is and how it starts lives in the system's own helper (the provider, e.g.
+``_sglang:SharedServer``); the runner knows only this protocol::
+
+    handle = provider(name=..., mode="quick"|"all", echo=print_fn, **options)   # starts nothing
+    handle.reap()            stop what a killed run of this pipeline left (called at every run's start)
+    handle.describe() -> str the command it runs, for the plan
+    handle.start(log_dir)    start, wait until usable; raise ServiceSkipped(why) to decline
+    handle.check() -> why    None when usable before a step, else why not (the runner restarts it)
+    handle.env() -> dict     variables for the steps that use it
+    handle.lines() -> list   lines for the pipeline's story (e.g. where its start went)
+    handle.stop()
+
+Every service start of a run -- the runner's and any a step makes itself -- may append one JSON object to
+the file ``$HANDS_ON_SERVER_STARTS`` names; the runner keeps them as server_starts.csv.
+
 Progress, one format everywhere (the ETA comes from the last run's step times)::
 
     [3/8] 02_profile_prefill  started  (elapsed 1m12s, ETA 4m30s)
@@ -37,8 +60,9 @@ cannot be written (one line, no step runs), else 1. Only an ok pipeline refreshe
 
 Writes ``<system>/results/06_full_pipeline/`` through common.results.Run (a run that is not ok is kept
 beside the last good one, not over it): steps.csv (step, status, seconds, kind, command, started_utc, rc),
-warmup.csv (per JIT module), logs/<step>.log and summary.json (status, headline steps_ok, steps, total_s,
-warmup_s, measure_s, a story table). Needs only the standard library and common/ (no pandas, no torch).
+warmup.csv (per JIT module), server_starts.csv (one row per service start), logs/<step>.log (a service's
+row: logs/server-<name>.log) and summary.json (status, headline steps_ok, steps, total_s, warmup_s,
+server_s, measure_s, a story table). Needs only the standard library and common/ (no pandas, no torch).
 """
 from __future__ import annotations
 
@@ -46,6 +70,7 @@ import argparse
 import csv
 import datetime as _dt
 import importlib.util
+import json
 import os
 import shlex
 import shutil
@@ -53,7 +78,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import REPO_ROOT, SYSTEMS
@@ -64,6 +89,7 @@ STEM = "06_full_pipeline"
 WARMUP = "jit_warmup"
 ROOT_ENV = "HANDS_ON_PIPELINE_ROOT"    # tests: a folder holding a fake <system>/scripts/_steps.py
 COLUMNS = ("step", "status", "seconds", "kind", "command", "started_utc", "rc")
+STARTS_ENV = "HANDS_ON_SERVER_STARTS"  # a .jsonl: one object per service start of this run (runner's and steps')
 
 
 @dataclass(frozen=True)
@@ -83,17 +109,34 @@ class Step:
     jit: tuple = ()                      # common.jit modules it loads (the warm-up builds them first)
     jit_all: tuple = ()                  # ... and those it loads only in its full run
     under: str = ""                      # "nsys": run it under Nsight Systems (see nsys_main below)
+    server: str = ""                     # a SERVERS name: the shared service it uses (in that service's modes)
+
+
+@dataclass(frozen=True)
+class Service:
+    """A long-lived process several steps share (an inference server), declared in ``_steps.py`` as
+    ``SERVERS = {name: Service(...)}`` (see the module docstring for the handle its provider returns)."""
+    provider: str                        # "module:callable", the module in <system>/scripts/ (or importable)
+    modes: tuple = ("quick",)            # the modes in which the runner shares it; otherwise each step starts its own
+    why: str = ""                        # one line: what sharing it saves
+    options: dict = field(default_factory=dict)   # keyword arguments for the provider
+
+
+class ServiceSkipped(Exception):
+    """A provider declines to start its service here (e.g. the GPU is too small for a second server
+    beside it): the steps start their own. The row says why, status "ok (skipped)"."""
 
 
 @dataclass
 class Planned:
     """A step with its command line for this run."""
     name: str
-    kind: str                            # warmup | measure
+    kind: str                            # warmup | server | measure
     argv: list
     shown: str                           # the command as a user would type it (python, relative paths)
     script: Path | None                  # the file that must exist
     eta: float | None = None             # seconds, from the last run; None: never timed
+    service: str = ""                    # measure: the shared service it uses; server: the service it starts
 
 
 class UsageError(Exception):
@@ -104,6 +147,13 @@ class UsageError(Exception):
 
 def load_steps(root: Path, system: str) -> tuple[list, dict]:
     """(STEPS, NOTES) of ``<root>/<system>/scripts/_steps.py``, checked against common.jit's catalogue."""
+    steps, notes, _servers = load_system(root, system)
+    return steps, notes
+
+
+def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
+    """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
+    modules of common.jit's catalogue, every ``Step.server`` a declared service."""
     from . import jit
     path = root / system / "scripts" / "_steps.py"
     if not path.exists():
@@ -114,6 +164,7 @@ def load_steps(root: Path, system: str) -> tuple[list, dict]:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         steps, notes = list(mod.STEPS), dict(getattr(mod, "NOTES", {}))
+        servers = dict(getattr(mod, "SERVERS", {}))
     except Exception as e:  # noqa: BLE001 - a broken declaration is one line, not a traceback
         raise UsageError(f"cannot read {path}: {e.__class__.__name__}: {e}") from None
     names = [s.name for s in steps]
@@ -122,7 +173,28 @@ def load_steps(root: Path, system: str) -> tuple[list, dict]:
     if dup or bad:
         raise UsageError(f"{path}: " + (f"duplicate step names {dup}" if dup else
                                         f"unknown JIT modules {bad} (python -m common.jit --list)"))
-    return steps, notes
+    unknown = sorted({s.server for s in steps if s.server and s.server not in servers})
+    if unknown:
+        raise UsageError(f"{path}: steps name undeclared servers {unknown} (SERVERS declares "
+                         f"{sorted(servers) or 'none'})")
+    return steps, notes, servers
+
+
+def load_provider(root: Path, system: str, spec: str):
+    """The callable ``module:name`` names: the module from ``<root>/<system>/scripts/<module>.py`` when that
+    file exists (imported under its own name, as the steps import it), else an importable module."""
+    mod_name, _, attr = spec.partition(":")
+    path = root / system / "scripts" / f"{mod_name}.py"
+    if mod_name in sys.modules and str(getattr(sys.modules[mod_name], "__file__", "")) == str(path):
+        mod = sys.modules[mod_name]
+    elif path.is_file():
+        spec_ = importlib.util.spec_from_file_location(mod_name, path)
+        mod = importlib.util.module_from_spec(spec_)
+        sys.modules[mod_name] = mod
+        spec_.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(mod_name)
+    return getattr(mod, attr)
 
 
 def visible_gpus() -> int:
@@ -173,7 +245,7 @@ def _shown(argv, root: Path) -> str:
     return shlex.join(one(str(a)) for a in argv)
 
 
-def step_command(root: Path, system: str, s: Step, args: list) -> Planned:
+def step_command(root: Path, system: str, s: Step, args: list, service: str = "") -> Planned:
     py, scripts = sys.executable, root / system / "scripts"
     path = scripts / s.script
     args = [a.replace("{python}", py).replace("{scripts}", str(scripts)) for a in args]
@@ -181,7 +253,23 @@ def step_command(root: Path, system: str, s: Step, args: list) -> Planned:
     if s.under == "nsys":
         out = root / system / "results" / "nsys_timeline" / s.name
         argv = [py, "-m", "common.pipeline", "nsys", "--out", str(out), "--"] + argv
-    return Planned(s.name, "measure", argv, _shown(argv, root), path)
+    return Planned(s.name, "measure", argv, _shown(argv, root), path, service=service)
+
+
+def server_row(name: str) -> str:
+    return f"server:{name}"
+
+
+def plan_services(plan: list[Planned], handles: dict) -> list[Planned]:
+    """The plan with a "server" row before the first step of each shared service it uses."""
+    out, seen = [], set()
+    for p in plan:
+        if p.service and p.service not in seen:
+            seen.add(p.service)
+            out.append(Planned(server_row(p.service), "server", [], handles[p.service].describe(), None,
+                               service=p.service))
+        out.append(p)
+    return out
 
 
 def warmup_command(system: str, modules: list[str]) -> Planned:
@@ -363,7 +451,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     root = Path(a.root or os.environ.get(ROOT_ENV) or REPO_ROOT).resolve()
     try:
-        steps, notes = load_steps(root, a.system)
+        steps, notes, servers = load_system(root, a.system)
         only = None
         if a.only is not None:
             only = [x.strip() for x in a.only.split(",") if x.strip()]
@@ -378,7 +466,20 @@ def main(argv=None) -> int:
     for flag, on in (("ncu", a.ncu), ("nsys", a.nsys)):
         if on and only is None and not any(getattr(s, flag) for s, _ in chosen):
             left_out.append(notes.get(flag, f"--{flag} adds no step in {a.system}"))
-    plan = [step_command(root, a.system, s, args) for s, args in chosen]
+    sinks = {n: _Sink() for n in servers}
+    try:
+        handles = {}
+        for n, svc in servers.items():
+            try:
+                handles[n] = load_provider(root, a.system, svc.provider)(name=n, mode=a.mode, echo=sinks[n], **svc.options)
+            except Exception as e:  # noqa: BLE001 - a broken provider is one line
+                raise UsageError(f"server {n!r}: cannot load its provider {svc.provider}: "
+                                 f"{e.__class__.__name__}: {e}") from None
+    except UsageError as e:
+        print(f"{_prog()}: {e}", file=sys.stderr)
+        return 2
+    shared = {s.name: s.server for s, _ in chosen if s.server and a.mode in servers[s.server].modes}
+    plan = plan_services([step_command(root, a.system, s, args, shared.get(s.name, "")) for s, args in chosen], handles)
     mods = [] if a.no_warmup else warmup_modules(chosen, a.mode)
     if mods:
         plan.insert(0, warmup_command(a.system, mods))
@@ -390,6 +491,9 @@ def main(argv=None) -> int:
     print(f"{title}: {len(plan)} step{'s' if len(plan) != 1 else ''}, {eta_text(plan)}", flush=True)
     for note in left_out:
         print(f"note: {note}", flush=True)
+    for p in plan:
+        if p.kind == "server" and servers[p.service].why:
+            print(f"note: {p.name}: {servers[p.service].why}", flush=True)
     if a.dry_run:
         for i, p in enumerate(plan, 1):
             miss = "  (missing: the script does not exist)" if p.script and not p.script.exists() else ""
@@ -400,10 +504,125 @@ def main(argv=None) -> int:
     if not plan:
         print(f"{_prog()}: nothing to run", file=sys.stderr)
         return 2
-    return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps)
+    return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks)
 
 
-def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> int:
+class _Sink:
+    """What a service says: on the console and in its row's log (once the run has a folder)."""
+
+    def __init__(self):
+        self.path: Path | None = None
+
+    def __call__(self, msg) -> None:
+        print(msg, flush=True)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(f"{msg}\n")
+
+
+class _Services:
+    """The shared services of one run: started at their row, checked (and restarted) before each step that
+    uses them, offered to those steps through the environment, stopped after their last step and at the end."""
+
+    def __init__(self, handles: dict, sinks: dict, plan: list, run, width: int):
+        self.handles, self.sinks, self.run, self.width = handles, sinks, run, width
+        self.last = {p.service: p.name for p in plan if p.kind == "measure" and p.service}
+        self.up: set = set()
+        self.down: dict = {}                   # name -> why it is not offered
+
+    def reap(self) -> None:
+        for n, h in self.handles.items():
+            try:
+                h.reap()
+            except Exception as e:  # noqa: BLE001 - said, the run goes on
+                print(f"{server_row(n)}: could not look for servers of killed runs: {e.__class__.__name__}: {e}",
+                      flush=True)
+
+    def start(self, name: str, row: dict, tag: str) -> None:
+        """Start ``name``, filling its row (status, seconds); its steps start their own when it does not."""
+        from .checks import SetupError
+        h, sink = self.handles[name], self.sinks[name]
+        sink.path = self.run.path(f"logs/server-{name}.log")
+        t0 = time.time()
+        try:
+            h.start(sink.path.parent)
+            row["status"] = "ok"
+            self.up.add(name)
+        except ServiceSkipped as e:
+            row["status"], self.down[name] = "ok (skipped)", str(e)
+            sink(f"{server_row(name)}: not started: {e}; its steps start their own servers")
+        except KeyboardInterrupt:
+            row["status"] = "interrupted"
+            self._stop(name, quiet=True)
+            raise
+        except Exception as e:  # noqa: BLE001 - one line; the steps go on without it
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            row["status"] = "setup-error" if isinstance(e, SetupError) else "failed"
+            self.down[name] = f"{e.__class__.__name__}: {first}"
+            sink(f"{server_row(name)}: could not start ({self.down[name]}); its steps start their own servers")
+            self._stop(name, quiet=True)
+        finally:
+            row["seconds"] = round(time.time() - t0, 1)
+        print(f"{tag}  {row['status']}  in {fmt_s(row['seconds'])}", flush=True)
+
+    def ready(self, name: str, step: str) -> list[dict]:
+        """Before ``step``: the service is usable, or it is restarted (the new rows)."""
+        if name not in self.up:
+            return []
+        try:
+            why = self.handles[name].check()
+        except Exception as e:  # noqa: BLE001
+            why = f"its check failed: {e.__class__.__name__}: {e}"
+        if not why:
+            return []
+        self.sinks[name](f"{server_row(name)}: not usable before {step} ({why}); restarting it")
+        self._stop(name, quiet=True)
+        row = {"step": server_row(name), "status": "", "seconds": 0.0, "kind": "server",
+               "command": self.handles[name].describe(), "started_utc": _utc(), "rc": ""}
+        tag = f"[restart] {server_row(name):<{self.width}}"
+        print(f"{tag}  started  (before {step})", flush=True)
+        self.start(name, row, tag)
+        return [row]
+
+    def env(self, name: str) -> dict:
+        return self.handles[name].env() if name in self.up else {}
+
+    def after(self, step: str) -> None:
+        for n, last in self.last.items():
+            if last == step and n in self.up:
+                self._stop(n)
+
+    def _stop(self, name: str, quiet: bool = False) -> None:
+        t0 = time.time()
+        try:
+            self.handles[name].stop()
+        finally:
+            if name in self.up and not quiet:
+                self.sinks[name](f"{server_row(name)}: stopped in {time.time() - t0:.1f} s")
+            self.up.discard(name)
+
+    def stop_all(self) -> None:
+        for n in list(self.up):
+            try:
+                self._stop(n)
+            except KeyboardInterrupt:           # a second Ctrl-C: the group got SIGKILL; once more, quickly
+                self._stop(n, quiet=True)
+
+    def lines(self) -> list[str]:
+        out = []
+        for n, h in self.handles.items():
+            try:
+                out += list(h.lines())
+            except Exception:  # noqa: BLE001 - the story goes without them
+                pass
+        return out
+
+
+def _utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, handles=None, sinks=None) -> int:
     """Run the plan inside a results.Run; write steps.csv and summary.json; refresh reports when ok."""
     from .checks import SetupError
     from .results import Run
@@ -420,39 +639,56 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps) -> 
     except Exception as e:  # noqa: BLE001 - one line
         print(f"{_prog()}: cannot open the results folder: {e.__class__.__name__}: {e}", file=sys.stderr)
         return 1
+    os.environ[STARTS_ENV] = str(run.dir / "server_starts.jsonl")    # the steps inherit it (child_env)
+    services = _Services(handles or {}, sinks or {}, plan, run, width)
     env, rows, t0, between = child_env(), [], time.time(), False
     try:
         reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
+        services.reap()                     # what a killed run of this pipeline left behind
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
-            started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
             row = {"step": p.name, "status": "", "seconds": 0.0, "kind": p.kind, "command": p.shown,
-                   "started_utc": started, "rc": ""}
+                   "started_utc": _utc(), "rc": ""}
             rows.append(row)
             if p.script is not None and not p.script.exists():
                 row["status"] = "missing"
                 print(f"{tag}  missing: {_shown([str(p.script)], root)} does not exist", flush=True)
                 continue
+            step_env = env
+            if p.service and p.kind == "measure":              # a shared service it uses: usable, or restarted
+                rows[-1:-1] = services.ready(p.service, p.name)
+                step_env = {**env, **services.env(p.service)}
+                row["started_utc"] = _utc()
             print(f"{tag}  started  (elapsed {fmt_s(time.time() - t0)}, {eta_text(plan[i - 1:])})", flush=True)
+            if p.kind == "server":
+                services.start(p.service, row, tag)
+                continue
             argv = p.argv + (["--csv", str(run.path("warmup.csv"))] if p.kind == "warmup" else [])
             log, ts = run.path(f"logs/{p.name}.log"), time.time()
-            rc, interrupted = run_child(argv, log, root, env, p.name)
+            rc, interrupted = run_child(argv, log, root, step_env, p.name)
             row.update(status=status_of(rc, interrupted, log), seconds=round(time.time() - ts, 1),
                        rc="" if rc is None else rc)
             why = f" (exit {rc})" if row["status"] in ("failed", "setup-error") and rc is not None else ""
             print(f"{tag}  {row['status']}{why}  in {fmt_s(row['seconds'])}", flush=True)
             if row["status"] == "interrupted":
                 break
+            services.after(p.name)
     except KeyboardInterrupt:               # outside a step's run (nothing of it is running)
         between = True
         if rows and not rows[-1]["status"]:
             rows[-1]["status"] = "interrupted"
+    finally:                                # normal end, a failure, Ctrl-C, SIGTERM: no service outlives the run
+        try:
+            services.stop_all()
+        except KeyboardInterrupt:
+            between = True
     measured = [r for r in rows if r["kind"] == "measure"]
     status = overall([r["status"] for r in measured] + [r["status"] for r in rows if r["status"] == "interrupted"]
                      + (["interrupted"] if between else []))
     recorded = False
     try:
-        kept = record(run, root, rows, prev, prev_dir, only, status, title, notes, steps, time.time() - t0)
+        kept = record(run, root, rows, prev, prev_dir, only, status, title, notes, steps, time.time() - t0,
+                      services.lines())
         recorded = True
     except KeyboardInterrupt:
         status, kept = "interrupted", None
@@ -486,12 +722,13 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def record(run, root, rows, prev, prev_dir, only, status, title, notes, steps, total) -> Path | None:
-    """steps.csv (with the rows --only carried over), warmup.csv, headline, story; finish(status)."""
+def record(run, root, rows, prev, prev_dir, only, status, title, notes, steps, total, service_lines=()) -> Path | None:
+    """steps.csv (with the rows --only carried over), warmup.csv, server_starts.csv, headline, story;
+    finish(status)."""
     table = list(rows)
     carried = []
     if only is not None:
-        order = [WARMUP] + [s.name for s in steps]
+        order = [WARMUP] + sorted({r["step"] for r in (*rows, *prev) if r["kind"] == "server"}) + [s.name for s in steps]
         ran = {r["step"] for r in rows}
         carried = [r for r in prev if r["step"] in order and r["step"] not in ran]
         for r in carried:                          # keep their logs beside their rows
@@ -505,22 +742,37 @@ def record(run, root, rows, prev, prev_dir, only, status, title, notes, steps, t
     if wcsv and wcsv.is_file() and wcsv.stat().st_size:
         with open(wcsv, newline="") as f:
             run.table("warmup", list(csv.DictReader(f)))
+    starts = Path(run.dir / "server_starts.jsonl")
+    if starts.is_file() and starts.stat().st_size:
+        srows = []
+        for line in starts.read_text(errors="replace").splitlines():
+            try:
+                srows.append(json.loads(line))
+            except ValueError:
+                continue                  # a line cut by a killed step
+        if srows:
+            run.table("server_starts", srows)
     measured = [r for r in rows if r["kind"] == "measure"]
     warm = sum(r["seconds"] for r in rows if r["kind"] == "warmup")
+    serv = sum(r["seconds"] for r in rows if r["kind"] == "server")
     meas = sum(r["seconds"] for r in measured)
     run.headline(steps_ok=sum(r["status"].startswith("ok") for r in measured), steps=len(measured),
                  total_s=round(total, 1), warmup_s=round(warm, 1), measure_s=round(meas, 1), carried=len(carried))
+    if any(r["kind"] == "server" for r in rows):
+        run.headline(server_s=round(serv, 1), server_starts=sum(r["kind"] == "server" for r in rows))
     for n in notes:
         run.note(n)
     system, _, rest = title.partition(" pipeline ")
+    shared = f", shared servers {fmt_s(serv)}" if any(r["kind"] == "server" for r in rows) else ""
     lines = [f"{system.upper()} PIPELINE {rest}: {status} — {fmt_s(total)} "
-             f"(warm-up {fmt_s(warm)}, measurement {fmt_s(meas)})"]
+             f"(warm-up {fmt_s(warm)}{shared}, measurement {fmt_s(meas)})"]
     w = max(len(r["step"]) for r in table) if table else 4
     lines.append(f"  {'step':<{w}}  {'status':<13} {'time':>7}  {'kind':<7}  started (UTC)")
     for r in table:
         mark = "  (carried over)" if r in carried else ""
         secs = fmt_s(r["seconds"]) if r["seconds"] == r["seconds"] else "-"
         lines.append(f"  {r['step']:<{w}}  {r['status']:<13} {secs:>7}  {r['kind']:<7}  {r['started_utc']}{mark}")
+    lines += list(service_lines)
     run.story("\n".join(lines))
     kept = run.finish(status)
     return kept if isinstance(kept, Path) else None

@@ -1,13 +1,17 @@
 """A stand-in for `python -m sglang.launch_server` in CPU tests of sglang/scripts/_sglang.Server.
 
 It takes the same --model-path/--host/--port flags (the tests give it a port the OS chose, on
-127.0.0.1), serves /health, /v1/models, /generate (plain and streamed), /metrics and /flush_cache, and can
-misbehave on purpose:
+127.0.0.1), serves /health, /v1/models, /generate (plain and streamed), /metrics, /v1/loads and /flush_cache
+(like SGLang: it waits up to ?timeout= seconds for running requests, then flushes and logs "Cache flushed
+successfully!", or answers 400), and can misbehave on purpose:
   --spawn-child     start a child process (like SGLang's scheduler) that must be stopped too
   --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
   --no-health       never answer /health with 200 (a server that never becomes ready)
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
+  --sglang-log      print SGLang's start-up milestone lines (time-stamped like SGLANG_LOG_MS=1) while it starts
+A /generate whose sampling_params hold "fake_running_s": S stays running for S seconds (also when its client
+has gone), as a request a killed experiment left behind; /v1/loads counts it.
 Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
 leaves nothing running for long).
 As a wrapper (`--wrapper REPORT -- cmd...`) it runs cmd as a child like ncu/nsys do, waits for it,
@@ -41,6 +45,27 @@ def wrapper_main(argv, setsid=False):
     print("fake wrapper: report written", flush=True)
 
 
+START_LINES = ("server_args=ServerArgs(model_path='m', load_format='dummy')", "Init torch distributed begin.",
+               "Init torch distributed ends. elapsed=0.01 s", "Load weight begin. avail mem=78.50 GB",
+               "Load weight end. elapsed=0.01 s, type=LlamaForCausalLM, avail mem=63.48 GB, mem usage=15.02 GB.",
+               "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 32768, K size: 2.00 GB, V size: 2.00 GB",
+               "Memory pool end. avail mem=58.35 GB",
+               "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8]",
+               "Capture target decode CUDA graph end. elapsed=0.01 s", "The server is fired up and ready to roll!")
+
+
+def log(msg):
+    """One line as SGLang writes it with SGLANG_LOG_MS=1."""
+    t = time.time()
+    print(time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}] {msg}", flush=True)
+
+
+def start_log(span):
+    for line in START_LINES:
+        time.sleep(span / (len(START_LINES) + 1))
+        log(line)
+
+
 def main(argv):
     if argv and argv[0] in ("--wrapper", "--wrapper-setsid"):
         return wrapper_main(argv[1:], setsid=argv[0] == "--wrapper-setsid")
@@ -49,6 +74,8 @@ def main(argv):
     t0 = time.time()
     ready_after = float(a.get("--ready-after", 0) or 0)
     print(f"fake server: model {a.get('--model-path')} on {host}:{port}", flush=True)
+    if "--sglang-log" in argv:
+        threading.Thread(target=start_log, args=(max(ready_after, 0.5),), daemon=True).start()
     if "--ignore-term" in argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
@@ -62,6 +89,13 @@ def main(argv):
             print("fake server: dying on purpose (CUDA out of memory)", flush=True)
             os._exit(3)
         threading.Thread(target=die, daemon=True).start()
+
+    running = [0]
+    lock = threading.Lock()
+
+    def loads():
+        return json.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": running[0], "num_waiting_reqs": 0,
+                                      "num_used_tokens": 16 * running[0]}]})
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -81,6 +115,8 @@ def main(argv):
                 return self._send(200 if ok else 503, "")
             if self.path.startswith("/metrics"):
                 return self._send(200, METRICS, "text/plain")
+            if self.path.startswith("/v1/loads"):
+                return self._send(200, loads())
             if self.path.startswith("/v1/models"):            # bench_serving's readiness check
                 return self._send(200, json.dumps({"object": "list", "data": [{"id": a.get("--model-path")}]}))
             self._send(404, "not found")
@@ -89,10 +125,26 @@ def main(argv):
             n = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(n) or b"{}")
             if self.path.startswith("/flush_cache"):
+                q = dict(x.split("=", 1) for x in self.path.partition("?")[2].split("&") if "=" in x)
+                end = time.time() + float(q.get("timeout") or 0)
+                while running[0] and time.time() < end:
+                    time.sleep(0.05)
+                if running[0]:
+                    return self._send(400, "Timed out waiting for idle state.", "text/plain")
+                log("Cache flushed successfully!")
                 return self._send(200, "Cache flushed.\n", "text/plain")
             if self.path.startswith("/generate"):
                 ids = body.get("input_ids") or [1] * len(body.get("text") or "x")
                 new = body.get("sampling_params", {}).get("max_new_tokens", 4)
+                hold = float(body.get("sampling_params", {}).get("fake_running_s") or 0)
+                if hold:
+                    with lock:
+                        running[0] += 1
+                    try:
+                        time.sleep(hold)
+                    finally:
+                        with lock:
+                            running[0] -= 1
                 meta = {"prompt_tokens": len(ids), "cached_tokens": 0, "e2e_latency": 0.01}
                 if not body.get("stream"):
                     return self._send(200, json.dumps({"text": "x" * new, "output_ids": list(range(new)),

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -249,6 +250,74 @@ def test_join_steps_with_real_log(fixture_path):
     assert not bad["ok"]
 
 
+# ------------------------------------------------------------------ where a server start goes
+
+# tests/fixtures/README.md: two starts of one launch_server command on a fresh H100 (2026-11-25), the epoch
+# at which _sglang.Server launched each; the machine's clock (and so the log's) ran in UTC
+START_LOGS = {"warm": ("sglang_server_start_warm_h100.log", 1795586053.253),
+              "cold": ("sglang_server_start_cold_h100.log", 1795585715.911)}
+UTC = __import__("datetime").timezone.utc
+
+
+def _breakdown(fixture_path, which):
+    name, t0 = START_LOGS[which]
+    return sg.startup_breakdown(fixture_path(name).read_text(), t0, tz=UTC)
+
+
+def test_startup_breakdown_of_a_warm_start(fixture_path):
+    ph = _breakdown(fixture_path, "warm")
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert got == pytest.approx({"imports": 27.747, "server_args": 5.535, "scheduler_start": 35.353, "dist_init": 0.064,
+                                 "model_setup": 3.339, "weights": 0.221, "kv_pool": 1.952, "backend_init": 0.146,
+                                 "prefill_graphs": 10.625, "decode_graphs": 4.095, "scheduler_ready": 0.399,
+                                 "warmup": 1.309}, abs=1e-6)
+    assert list(got) == [k for k, _rx, _w in sg.START_PHASES]                 # every phase, in order
+    assert all(b["start_s"] == pytest.approx(a["start_s"] + a["seconds"]) for a, b in zip(ph, ph[1:]))
+    assert sum(got.values()) == pytest.approx(90.785)                          # "healthy after 91 s"
+    note = {p["phase"]: p["note"] for p in ph}
+    assert note["prefill_graphs"] == "58 token sizes 4-8192, first size 1.08 s"
+    assert note["decode_graphs"] == "36 batch sizes 1-256, first size 0.11 s"
+    assert note["kv_pool"] == "32768 tokens, K 2.00 GB + V 2.00 GB"
+    assert note["weights"] == "load_format dummy, 15.02 GB in 0.22 s"
+    assert "tokenizer manager ready at +35.4 s" in note["scheduler_start"]
+    assert "tokenizer_e2e - scheduler_e2e = 32.4 s" in note["scheduler_start"]          # SGLang's own figures agree
+    assert note["scheduler_ready"].startswith("SGLang: load_weight=0.22, kv_cache_allocation=0.01, scheduler_e2e=23.78")
+    assert note["imports"] == "ends at a time stamp of 1 s resolution" and "JIT" not in " ".join(note.values())
+    # with the time /health answered, a last phase; the flat row for a CSV
+    ph = sg.startup_breakdown(fixture_path(START_LOGS["warm"][0]).read_text(), 1795586053.253, 1795586144.253, tz=UTC)
+    assert ph[-1]["phase"] == "health" and ph[-1]["seconds"] == pytest.approx(0.215)
+    row = sg.breakdown_row(ph)
+    assert row["prefill_graphs_s"] == 10.62 and row["health_s"] == 0.21 and "first size 1.08 s" in row["notes"]
+    lines = sg.breakdown_lines(ph, 91.0)
+    assert len(lines) == 13 and lines[8].startswith("  +  74.4 s    10.6 s   12%  prefill_graphs")
+
+
+def test_startup_breakdown_of_a_cold_start_names_the_jit_compiles(fixture_path):
+    ph = _breakdown(fixture_path, "cold")
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert got["prefill_graphs"] == pytest.approx(211.762) and got["warmup"] == pytest.approx(13.193)
+    assert got["imports"] == pytest.approx(29.089) and got["scheduler_start"] == pytest.approx(34.41)
+    assert sum(got.values()) == pytest.approx(303.265)                        # "healthy after 304 s"
+    note = {p["phase"]: p["note"] for p in ph}
+    assert note["prefill_graphs"] == "58 token sizes 4-8192, first size 201.35 s (JIT compiles on first use)"
+    assert note["warmup"] == "its forward took 12.00 s (JIT compiles on first use)"
+
+
+def test_startup_breakdown_known_bad_and_partial_logs(fixture_path):
+    text = fixture_path(START_LOGS["warm"][0]).read_text()
+    assert sg.startup_breakdown("fake server: no SGLang lines\n", 0.0) == []
+    # no prefill graphs (--disable-prefill-cuda-graph): its phase is absent, the time stays counted
+    cut = "\n".join(l for l in text.split("\n") if "prefill CUDA graph" not in l and "Capturing num tokens" not in l)
+    ph = sg.startup_breakdown(cut, START_LOGS["warm"][1], tz=UTC)
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert "prefill_graphs" not in got and got["decode_graphs"] == pytest.approx(4.095)
+    assert got["backend_init"] == pytest.approx(0.146 + 10.625)                  # up to the decode capture's begin
+    assert sum(got.values()) == pytest.approx(90.785)
+    # a line of 1 s resolution after a ms one never makes a negative phase
+    early = text.replace("[2026-11-25 05:55:44.038] The server", "[2026-11-25 05:55:42] The server")
+    assert min(p["seconds"] for p in sg.startup_breakdown(early, START_LOGS["warm"][1], tz=UTC)) >= 0
+
+
 # ------------------------------------------------------------------ flags, options, small helpers
 
 def test_flags_and_forbidden_flags(tmp_path):
@@ -278,6 +347,41 @@ def test_default_server_config_keeps_cuda_graphs(tmp_path, monkeypatch):
     assert sg.model_and_flags(args, preset="tiny-llama")[0].endswith("tiny-llama")
     with pytest.raises(SystemExit):
         p.parse_args(["--server-arg=--enable-nccl-nvls"])
+
+
+def test_serving_flags_and_what_quick_changes(tmp_path, monkeypatch):
+    """One function builds the flags of every experiment that can share a server; --quick's changes from
+    SGLang's defaults come with their reasons and lead the story (issue #22, item 3)."""
+    import argparse
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    p = argparse.ArgumentParser()
+    sg.add_model_args(p)
+    args = p.parse_args([])
+    model, quick = sg.serving_flags(args, quick=True)
+    assert quick == ["--load-format", "dummy", "--mem-fraction-static", "0.8", "--attention-backend", "flashinfer",
+                     "--random-seed", "0", "--enable-metrics", "--log-level", "info", "--decode-log-interval", "1",
+                     "--max-total-tokens", "32768", "--cuda-graph-max-bs-decode", "64"]
+    _, full = sg.serving_flags(args, quick=False)
+    assert "--max-total-tokens" not in full and "--cuda-graph-max-bs-decode" not in full
+    assert sg.serving_flags(args, quick=True, pool=32768)[1] == quick                   # 02's and 08's default pool
+    assert sg.serving_flags(args, quick=True, schedule_policy="lpm")[1] == quick + ["--schedule-policy", "lpm"]
+    assert sg.serving_flags(args, quick=False, write=False)[0] == model
+    ch = {c["setting"]: c for c in sg.changes_from_defaults(quick, sg.SERVING_ENV, quick=True)}
+    assert [k for k, c in ch.items() if c["quick"]] == ["--max-total-tokens", "--cuda-graph-max-bs-decode"]
+    assert all(c["why"] for c in ch.values()) and ch["SGLANG_LOG_MS"]["value"] == "1"
+    line = sg.config_line(quick, sg.SERVING_ENV, quick=True)
+    assert line.startswith("NOT SGLang's default configuration: --quick sets KV pool 32768 tokens (SGLang: sized "
+                           "from free memory), decode CUDA graphs up to bs 64 (SGLang: 256 on 80-141 GB GPUs); also "
+                           "--load-format dummy, --mem-fraction-static 0.8, --attention-backend flashinfer")
+    assert "SGLANG_LOG_MS=1" in line
+    assert sg.config_line(full, {}, quick=False).startswith("SGLang's defaults except --load-format dummy")
+    assert sg.parse_flags(["--a", "1", "--b", "--c=x", "--d", "1", "2"]) == {"--a": "1", "--b": True, "--c": "x",
+                                                                               "--d": ["1", "2"]}
+    assert sg.flag_diff(quick, list(reversed(quick[-2:])) + quick[:-2]) != ""     # a value moved is not the same
+    assert sg.flag_diff(quick, quick[-2:] + quick[:-2]) == ""                      # same flags, another order
+    assert sg.flag_diff(quick, quick + ["--schedule-policy", "lpm"]) == "adds --schedule-policy lpm"
+    assert sg.flag_diff(quick, full) == "lacks --max-total-tokens 32768, lacks --cuda-graph-max-bs-decode 64"
+    assert sg.flag_diff(quick, quick[:-1] + ["128"]) == "--cuda-graph-max-bs-decode 128 (shared: 64)"
 
 
 # ------------------------------------------------------------------ the server manager (a stand-in server)
@@ -311,6 +415,21 @@ def test_server_starts_serves_and_stops_its_whole_group(tmp_path):
         assert "fake server" in srv.log_since(0)
     assert srv.stop_report["left_over"] == [] and not any(procs.alive(p) for p in members)
     assert procs.port_free("127.0.0.1", srv.port) and not srv.pidfile.exists()
+
+
+def test_server_prints_where_its_start_went(tmp_path):
+    said = []
+    srv = fake(tmp_path, "--sglang-log", "--ready-after", "1.1")
+    srv.echo = said.append
+    with srv:
+        phases = [p["phase"] for p in srv.startup_phases]
+    assert phases == ["imports", "server_args", "scheduler_start", "dist_init", "model_setup", "weights", "kv_pool",
+                      "backend_init", "decode_graphs", "warmup", "health"]
+    total = srv.startup_phases[-1]["start_s"] + srv.startup_phases[-1]["seconds"]
+    assert total == pytest.approx(srv.startup_s, abs=0.05)                   # the phases add up to the start
+    text = next(m for m in said if "where the" in m)
+    assert text.startswith(f"server: where the {srv.startup_s:.1f} s of its start went (its log's time stamps):\n")
+    assert "decode_graphs" in text and "[4 batch sizes 1-8" in text and "kv_pool" in text
 
 
 def test_a_given_port_in_use_is_a_setup_error(tmp_path):
@@ -391,6 +510,107 @@ def test_sigterm_to_the_script_stops_the_server(tmp_path):
             time.sleep(5)
     assert not any(procs.alive(p) for p in members)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL      # the handler was put back
+
+
+# ------------------------------------------------------------------ one server for several experiments
+
+FL = ["--load-format", "dummy", "--enable-metrics", "--log-level", "info", "--max-total-tokens", "32768"]
+
+
+def _busy(srv, seconds):
+    """A request the stand-in keeps running for ``seconds`` (as one a killed experiment left behind)."""
+    t = threading.Thread(target=lambda: srv.generate(input_ids=[1], sampling_params={"max_new_tokens": 1,
+                                                                                   "fake_running_s": seconds}))
+    t.start()
+    time.sleep(0.3)
+    return t
+
+
+def test_fresh_flushes_and_refuses_a_busy_server(tmp_path):
+    with fake(tmp_path, "--log-level", "info") as srv:
+        assert srv.fresh() == {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 0}
+        assert "Cache flushed successfully" in srv.log_since(0)
+        t = _busy(srv, 2.0)
+        with pytest.raises(ServerError, match="could not be flushed"):
+            srv.fresh(timeout=0.3)                              # SGLang's 400 after its timeout
+        assert srv.fresh(timeout=10)["num_running_reqs"] == 0   # waits for the request, then flushes
+        t.join()
+
+
+def _shared(tmp_path, said, **kw):
+    kw = {"model_path": "dummy-model", "flags": FL, "launcher": [sys.executable, str(FAKE), "--spawn-child"],
+          "start_timeout": 30, "stop_timeout": 3, **kw}
+    return sg.SharedServer("default", "quick", said.append, **kw)
+
+
+def test_an_experiment_runs_on_the_shared_server_only_with_exactly_its_settings(tmp_path, monkeypatch):
+    from common.results import Run
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    said = []
+    h = _shared(tmp_path, said)
+    h.start(tmp_path / "logs")
+    pid = h.info()["pid"]
+    try:
+        assert json.loads(h.srv.pidfile.read_text())["owner"] == os.getpid()
+        assert h.srv.pidfile.parent == tmp_path / "cache" / "servers" / sg.PIPELINE_STEM
+        (var, value), = h.env().items()
+        monkeypatch.setenv(var, value)
+        own = {"launcher": [sys.executable, str(FAKE)], "start_timeout": 30, "stop_timeout": 3}
+        with Run(tmp_path / "demo" / "scripts" / "01_demo.py", {}, out=tmp_path / "out", quiet=True) as run:
+            with sg.server(run, "dummy-model", FL, quick=True, **own) as srv:
+                assert srv.shared["pid"] == pid and srv.port == h.srv.port and srv.alive()
+                assert srv.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["meta_info"]
+            assert procs.alive(pid) and h.check() is None                   # the experiment did not stop it
+            with sg.server(run, "dummy-model", FL + ["--schedule-policy", "lpm"], quick=True, own_why="LPM vs FCFS",
+                           log_name="server_lpm.log", **own) as srv:
+                assert srv.shared is None and srv.port != h.srv.port
+                other = srv.group.pid
+            with sg.server(run, "dummy-model", FL, quick=True, env={**sg.SERVING_ENV,
+                           "SGLANG_FLASHINFER_USE_TENSOR_CORE": "false"}, log_name="server_cc.log", **own) as srv:
+                assert srv.shared is None
+            with sg.server(run, "dummy-model", FL, quick=True, port=sg.procs.free_port(), log_name="server_p.log",
+                           **own) as srv:
+                assert srv.shared is None
+            log = (run.dir / "log.txt").read_text()
+            copy = (run.dir / "server.log").read_text()
+            servers = run.summary["servers"]
+        assert not procs.alive(other) and procs.alive(pid)
+        assert f"server: runs on the pipeline's shared server 'default' (pid {pid}, http://127.0.0.1:{h.srv.port}" in log
+        assert ("starts its own server, not the pipeline's shared 'default': its flags differ from the shared "
+                "server's: adds --schedule-policy lpm -- LPM vs FCFS") in log
+        assert "its SGLANG_* environment differs: SGLANG_FLASHINFER_USE_TENSOR_CORE=false" in log
+        assert "--port " in log and "was asked for" in log
+        assert copy.startswith("# the shared server's log") and "Cache flushed successfully" in copy
+        assert [x["how"] for x in servers] == ["shared", "own", "own", "own"]
+        assert servers[0]["changes"][-1]["setting"] == "SGLANG_PROFILE_RECORD_SHAPES"
+        rows = (tmp_path / "out" / "server_start.csv").read_text().splitlines()
+        assert len(rows) == 4 and rows[0].startswith("started_by,server,start_s")    # the three own starts
+    finally:
+        h.stop()
+    assert not procs.alive(pid) and not h.srv
+
+
+def test_the_shared_servers_check_finds_it_dead_or_busy_and_it_declines_a_small_gpu(tmp_path, monkeypatch):
+    from common.pipeline import ServiceSkipped
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    said = []
+    h = _shared(tmp_path, said, check_timeout=0.3)
+    assert "dummy-model --load-format dummy" in h.describe() and h.describe().startswith("SGLANG_LOG_MS=1 ")
+    h.start(tmp_path / "logs")
+    try:
+        assert h.check() is None
+        t = _busy(h.srv, 1.5)
+        assert "could not be flushed" in h.check()              # a request a step left running: not usable
+        t.join()
+        assert h.check() is None
+        os.kill(h.info()["pid"], signal.SIGKILL)
+        time.sleep(0.3)
+        assert h.check().startswith("its process is gone")
+    finally:
+        h.stop()
+    monkeypatch.setattr(sg, "gpu_total_gb", lambda index=0: 40.0)
+    with pytest.raises(ServiceSkipped, match="GPU 0 has 40 GB, under 70 GB"):
+        _shared(tmp_path, said).start(tmp_path / "logs")
 
 
 # ------------------------------------------------------------------ a server left behind by a SIGKILLed run
@@ -530,6 +750,14 @@ def test_run_bench_goes_through_the_servers_worker_which_stops_with_the_server(t
         assert rec["completed"] == 32 and rec["_wall_s"] > 0
         pid = srv._bench.pid
         assert procs.alive(pid)
+        # where its wall time went (issue #22 item 4): the first run paid the worker's start, the second did not
+        first = sg.bench_timing(rec, "rate_8_0")
+        again = sg.bench_timing(sg.run_bench(srv, tmp_path / "bench", "rate_8_1", num_prompts=32, input_len=512,
+                                             output_len=64, rate=8, echo=lambda *_: None), "rate_8_1")
+        assert (first["how"], first["worker_run"], again["worker_run"], again["start_s"]) == ("worker", 1, 2, 0.0)
+        assert 0 < first["start_s"] < first["wall_s"] and first["run_s"] >= 0 and again["wall_s"] < first["wall_s"]
+        assert first["duration_s"] == rec["duration"] and first["overhead_s"] == pytest.approx(
+            first["wall_s"] - rec["duration"], abs=1e-3)
         with pytest.raises(ServerError, match="bench_serving bad failed"):   # no output file: one error naming the log
             sg.run_bench(srv, tmp_path / "bench", "bad", num_prompts=1, input_len=1, output_len=1,
                          echo=lambda *_: None, extra=("--fail",))
@@ -576,15 +804,21 @@ LITERAL_SERVER_FLAGS = (("_sglang.py", "--load-format"), ("_sglang.py", "--mem-f
                         ("_sglang.py", "--disable-cuda-graph"), ("04_nsys_profile.py", "--disable-overlap-schedule"))
 
 
+SERVING_FLAGS_OWN = {"quick", "backend", "pool", "write"}   # serving_flags()'s own keywords; the rest go to flags()
+
+
 def _server_flags_in_scripts() -> set[str]:
-    """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls, and the
-    literal ones above (each checked to be still in its file, so the list cannot go stale)."""
+    """Every launch_server flag the SGLang scripts pass: the keywords of their flags(...) calls and the
+    extra keywords of their serving_flags(...) calls, and the literal ones above (each checked to be still
+    in its file, so the list cannot go stale)."""
     import ast
     out = set()
     for f in SCRIPTS.glob("*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
-            if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) == "flags":
-                out |= {"--" + k.arg.replace("_", "-") for k in n.keywords if k.arg}
+            name = getattr(n.func, "attr", getattr(n.func, "id", None)) if isinstance(n, ast.Call) else None
+            if name in ("flags", "serving_flags"):
+                out |= {"--" + k.arg.replace("_", "-") for k in n.keywords
+                        if k.arg and not (name == "serving_flags" and k.arg in SERVING_FLAGS_OWN)}
     for name, flag in LITERAL_SERVER_FLAGS:
         assert f'"{flag}"' in (SCRIPTS / name).read_text(), f"{flag} is no longer in {name}: update the list"
         out.add(flag)
@@ -594,6 +828,7 @@ def _server_flags_in_scripts() -> set[str]:
 def test_server_flags_in_scripts_are_collected():
     got = _server_flags_in_scripts()
     assert {"--attention-backend", "--tp-size", "--enable-metrics", "--load-format"} <= got and len(got) >= 15
+    assert {"--schedule-policy", "--max-total-tokens", "--cuda-graph-max-bs-decode", "--random-seed"} <= got
 
 
 @pytest.mark.stack

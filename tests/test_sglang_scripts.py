@@ -161,6 +161,50 @@ def test_model_folder_without_config_json(tmp_path):
                                                         "model folder?)")
 
 
+def test_the_quick_pipelines_shared_server_is_exactly_what_01_02_03_08_ask_for(tmp_path, monkeypatch):
+    """Issue #22: with their default options and --quick, 01, 02's FCFS server, 03's FlashInfer variant and
+    08 (FlashInfer) compute exactly the shared server's model, flags and environment, so they run on it;
+    02's LPM pass, 03's other variants, 08 on FA3, --all and any --server-arg start their own, and the
+    reason names the difference."""
+    import os
+    from common import pipeline
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    shared = sg.SharedServer(mode="quick")
+    model, fl = shared.config(write=False)
+    info = {"model_path": model, "flags": fl, "env": sg._sglang_env(shared.server_env), "pid": os.getpid()}
+
+    def why(mf, env=sg.SERVING_ENV):
+        return sg.why_not_shared(info, mf[0], mf[1], env)
+    m01, m02, m03, m08 = (load(n) for n in ("01_baseline_perf.py", "02_radix_cache_analysis.py",
+                                            "03_backend_comparison.py", "08_execution_story.py"))
+    a = m01.parse_args(["--quick"])
+    assert why(m01.server_flags(a, write=False)) is None
+    assert why(m01.server_flags(m01.parse_args([]), write=False)).startswith("its flags differ from the shared "
+                                                                             "server's: lacks --max-total-tokens")
+    assert "adds --page-size 16" in why(m01.server_flags(m01.parse_args(["--quick", "--server-arg=--page-size 16"]),
+                                                         write=False))
+    a, pool = m02.parse_args(["--quick"]), m02.QUICK["pools"][0]
+    assert why(m02.server_flags(a, "fcfs", pool, write=False)) is None
+    assert why(m02.server_flags(a, "lpm", pool, write=False)).endswith("adds --schedule-policy lpm")
+    assert "--max-total-tokens 16384 (shared: 32768)" in why(m02.server_flags(a, "fcfs", 16384, write=False))
+    a = m03.parse_args(["--quick"])
+    m, f, e = m03.server_flags(a, "flashinfer", write=False)
+    assert why((m, f), e) is None
+    m, f, e = m03.server_flags(a, "triton", write=False)
+    assert why((m, f), e).endswith("--attention-backend triton (shared: flashinfer)")
+    m, f, e = m03.server_flags(a, "flashinfer-cudacore-decode", write=False)
+    assert why((m, f), e) == "its SGLANG_* environment differs: SGLANG_FLASHINFER_USE_TENSOR_CORE=false"
+    a = m08.parse_args(["--quick"])
+    P = {**m08.QUICK, "pool": a.pool or m08.QUICK["pool"]}
+    assert why(m08.server_flags(a, P, "flashinfer", write=False), m08.ENV) is None
+    assert why(m08.server_flags(a, P, None, write=False), m08.ENV).endswith("lacks --attention-backend flashinfer")
+    # the real pipeline offers it to those four steps, in --quick only
+    steps, _notes, servers = pipeline.load_system(ROOT, "sglang")
+    assert {s.name for s in steps if s.server} == {"01_baseline_perf", "02_radix_cache_analysis",
+                                                   "03_backend_comparison", "08_execution_story"}
+    assert servers["default"].modes == ("quick",) and servers["default"].provider == "_sglang:SharedServer"
+
+
 def test_tp_configs_must_fit_the_visible_gpus(monkeypatch):
     from common import gpu
     from common.checks import SetupError
@@ -201,6 +245,18 @@ def test_itl_rows_start_when_the_whole_batch_decodes():
     both = [r for r in rows if r["requests"] == 2]
     assert both and both[0]["itl_ms"] == pytest.approx(15.0)
     assert rows[0]["kv_tokens"] == 2 * (100 + 1)
+
+
+def test_01_says_what_the_bench_worker_saves():
+    rows = [{"name": "control", "how": "own process", "worker_run": 0, "wall_s": 22.0, "duration_s": 3.0,
+             "start_s": None, "run_s": None, "overhead_s": 19.0},
+            {"name": "r0", "how": "worker", "worker_run": 1, "wall_s": 14.0, "duration_s": 3.0, "start_s": 10.0,
+             "run_s": 3.5, "overhead_s": 11.0},
+            *({"name": f"r{i}", "how": "worker", "worker_run": i + 1, "wall_s": 3.6, "duration_s": 3.0,
+               "start_s": 0.0, "run_s": 3.5, "overhead_s": 0.6} for i in range(1, 7))]
+    assert load("01_baseline_perf.py").bench_summary(rows) == {
+        "bench_runs": 7, "bench_worker_start_s": 10.0, "bench_saved_s": 60.0, "bench_worker_overhead_s": 0.6,
+        "bench_own_process_overhead_s": 19.0}
 
 
 def test_linear_fit_and_rise():

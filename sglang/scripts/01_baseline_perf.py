@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """01 · One request, then a batch, then load: SGLang's execution story end to end.
 
-What it measures (one SGLang HTTP server, Llama-3.1-8B shapes with dummy weights, one GPU, SGLang's
-default CUDA graphs for prefill and decode)
+What it measures (one SGLang HTTP server, Llama-3.1-8B shapes with dummy weights, one GPU, CUDA graphs
+for prefill and decode; --quick captures decode graphs up to bs 64 and caps the KV pool at 32768 tokens,
+the story's first line says so; in a --quick pipeline it runs on the pipeline's shared server, whose flags
+are exactly these)
     1. one request (text prompt -> the byte tokenizer; 512 tokens in, 128 out), streamed and traced
        with the torch profiler (/start_profile), repeated 3 times: tokenize -> queue -> PREFILL step ->
        each DECODE step -> finish, from meta_info time stamps, the scheduler's per-step log lines
@@ -32,10 +34,12 @@ Run
     python sglang/scripts/01_baseline_perf.py                          # full (~5 min)
     python sglang/scripts/01_baseline_perf.py --backend triton --out sglang/results/01_baseline_perf_triton
     python sglang/scripts/01_baseline_perf.py --quick --rates 4,16,inf --skip-load
+    python sglang/scripts/01_baseline_perf.py --quick --bench-control   # + one bench_serving as its own process
     (nsys/ncu views of the same server: 04_nsys_profile.py, 05_ncu_attention.py)
 Writes sglang/results/01_baseline_perf/: request_steps.csv, phase_kernels.csv, itl_vs_kv.csv,
-load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, itl_vs_kv.png, batch_dynamics.png,
-server.log, bench/, profiles/, story.txt, summary.json.
+load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
+time: the worker's start, the run, the benchmark's own duration), server_start.csv (its own server's start,
+phase by phase), itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -101,6 +105,9 @@ def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="smaller workloads, 2 request rates (~2 min)")
     p.add_argument("--rates", type=cli.rates, default=None, help="request rates for the load runs, e.g. '4,16,inf'")
     p.add_argument("--skip-load", action="store_true", help="no load runs (parts 4 and 5)")
+    p.add_argument("--bench-control", action="store_true",
+                   help="also run the first load benchmark as its own `python -m sglang.benchmark.serving` process "
+                        "(as before the one-process worker), to measure what the worker saves (bench_runs.csv)")
     sg.add_model_args(p)
     return p.parse_args(argv)
 
@@ -178,10 +185,14 @@ def check(args):
     """Everything that can fail before a GPU is touched: packages, GPU, values, the model dir."""
     pd = sg.require_stack()
     P = QUICK if args.quick else FULL
-    model_dir, base = sg.model_and_flags(args)
-    fl = base + sg.flags(attention_backend=args.backend, enable_metrics=True, log_level="info",
-                         decode_log_interval=1, cuda_graph_max_bs_decode=64 if args.quick else None)
+    model_dir, fl = server_flags(args)
     return pd, P, list(args.rates or P["rates"]), model_dir, fl
+
+
+def server_flags(args, write: bool = True) -> tuple[str, list[str]]:
+    """(model dir, flags) of 01's server: the workbook's serving configuration with its --backend (with the
+    default options and --quick: exactly the --quick pipeline's shared server)."""
+    return sg.serving_flags(args, quick=args.quick, backend=args.backend, write=write)
 
 
 def one_request(srv, P, prof_dir, rep: int) -> dict:
@@ -213,16 +224,28 @@ def itl_sweep(srv, P, run) -> list[dict]:
     return rows
 
 
-def load_runs(srv, P, rates, run) -> tuple[list, list]:
-    """bench_serving at each rate (the highest P["reps"] times): headline, batch dynamics, retractions."""
+def load_runs(srv, P, rates, run, bench: list, control: bool = False) -> tuple[list, list]:
+    """bench_serving at each rate (the highest P["reps"] times): headline, batch dynamics, retractions.
+    Each run's timing goes to ``bench``; ``control``: the first run once more as its own process."""
     loads, timeline = [], []
     plan = [(r, 0) for r in rates[:-1]] + [(rates[-1], k) for k in range(P["reps"])] if rates else []
+    if control and plan:
+        try:
+            srv.flush_cache()
+            rate = plan[0][0]
+            rec = sg.run_bench(srv, run.dir / "bench", f"control_rate_{rate}", num_prompts=P["load_n"],
+                               input_len=P["load_in"], output_len=P["load_out"], rate=rate, echo=run.log,
+                               own_process=True)
+            bench.append(sg.bench_timing(rec, f"control_rate_{rate}"))
+        except Exception as e:  # noqa: BLE001 - the control is extra
+            run.point_error({"part": "bench control (own process)"}, e)
     for rate, rep in plan:
         try:
             srv.flush_cache()
             mark, m0 = srv.log_mark(), srv.metrics()
             rec = sg.run_bench(srv, run.dir / "bench", f"rate_{rate}_{rep}", num_prompts=P["load_n"],
                                input_len=P["load_in"], output_len=P["load_out"], rate=rate, echo=run.log)
+            bench.append(sg.bench_timing(rec, f"rate_{rate}_{rep}"))
             rows, hr = sg.parse_batch_log(srv.log_since(mark)), sg.hit_rate(m0, srv.metrics())
             t0 = rows[0]["ts"] if rows else 0
             if rep == 0:
@@ -260,13 +283,14 @@ def steps_under_load(srv, P, prof_dir, run) -> tuple[list, dict]:
     return joined, info
 
 
-def perf_bar(srv, P, run) -> list[dict]:
+def perf_bar(srv, P, run, bench: list) -> list[dict]:
     """P["reps"] rounds: bench_serving --request-rate inf, then the workbook's client, same shape."""
     bar = []
     for rnd in range(P["reps"]):
         try:
             ref = sg.run_bench(srv, run.dir / "bench", f"bar_ref_{rnd}", num_prompts=P["bar_n"], input_len=P["bar_in"],
                                output_len=P["bar_out"], rate="inf", echo=run.log)
+            bench.append(sg.bench_timing(ref, f"bar_ref_{rnd}"))
             srv.flush_cache()
             wb = sg.latency_summary(srv.generate_many([{"input_ids": sg.random_ids(P["bar_in"], 50_000 + i),
                                                         "sampling_params": {**sg.GREEDY, "max_new_tokens": P["bar_out"]}}
@@ -284,10 +308,8 @@ def perf_bar(srv, P, run) -> list[dict]:
 def measure(args, P, rates, model_dir, fl, run) -> dict:
     """Parts 1-5 on one server."""
     prof = run.dir / "profiles"
-    d: dict = {}
-    with sg.Server(model_dir, fl, port=args.port, log_path=run.path("server.log"), echo=run.log,
-                   start_timeout=args.start_timeout, env={**sg.TRACE_ENV, "SGLANG_TORCH_PROFILER_DIR": str(prof)}) as srv:
-        run.headline(server_start_s=round(srv.startup_s, 1))
+    d: dict = {"bench": []}
+    with sg.server(run, model_dir, fl, quick=args.quick, port=args.port, start_timeout=args.start_timeout) as srv:
         out = srv.generate(input_ids=sg.random_ids(16, 0), sampling_params={**sg.GREEDY, "max_new_tokens": 8})
         mi = out["meta_info"]
         if not (mi["prompt_tokens"] == 16 and mi["completion_tokens"] == 8 and len(out.get("output_ids", [])) == 8):
@@ -299,15 +321,35 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
                                          {**sg.GREEDY, "max_new_tokens": 32}} for i in range(P["batch"])])
         d["batch_rows"] = sg.parse_batch_log(srv.log_since(mark))
         d["itl"] = itl_sweep(srv, P, run)
-        d["loads"], d["timeline"] = load_runs(srv, P, [] if args.skip_load else rates, run)
+        d["loads"], d["timeline"] = load_runs(srv, P, [] if args.skip_load else rates, run, d["bench"],
+                                              control=args.bench_control)
         d["under_load"], d["under_load_join"] = [], {}
         if not args.skip_load:
             try:
                 d["under_load"], d["under_load_join"] = steps_under_load(srv, P, prof, run)
             except Exception as e:  # noqa: BLE001
                 run.point_error({"part": "traced steps under load"}, e)
-        d["bar"] = [] if args.skip_load else perf_bar(srv, P, run)
+        d["bar"] = [] if args.skip_load else perf_bar(srv, P, run, d["bench"])
     return d
+
+
+def bench_summary(rows: list[dict]) -> dict:
+    """What the one-process bench_serving worker saves (issue #22 item 4), from this run's own timings:
+    each separate process would have paid the worker's start (spawn + import) again, so saved = (runs - 1)
+    x start_s; with --bench-control, the own-process run's overhead (wall - its benchmark duration) is the
+    measured cost of one run the old way, next to the worker runs' median overhead."""
+    work = [r for r in rows if r["how"] == "worker" and r["wall_s"] is not None]
+    own = [r for r in rows if r["how"] == "own process" and r["overhead_s"] is not None]
+    start = next((r["start_s"] for r in work if r["start_s"]), None)
+    later = [r["overhead_s"] for r in work if not r["start_s"] and r["overhead_s"] is not None]
+    out = {"bench_runs": len(work)}
+    if start is not None:
+        out.update(bench_worker_start_s=round(start, 2), bench_saved_s=round(start * (len(work) - 1), 1))
+    if later:
+        out["bench_worker_overhead_s"] = round(statistics.median(later), 2)
+    if own:
+        out["bench_own_process_overhead_s"] = round(own[0]["overhead_s"], 2)
+    return out
 
 
 # ------------------------------------------------------------------ analyse, judge, tell
@@ -475,6 +517,11 @@ def write_tables(run, d, a) -> None:
             "dur_us", "cpu_us", "kernels", "kernel_us", "attention_us", "gemm_us", "top", "log_match")
     sg.table(run, "step_join", [{k: r.get(k) for k in keep} for r in d["under_load"]])
     sg.table(run, "perf_bar", d["bar"])
+    sg.table(run, "bench_runs", d["bench"])
+    if d["bench"]:
+        b = bench_summary(d["bench"])
+        run.headline(**b)
+        run.log("bench_serving: " + ", ".join(f"{k} {v}" for k, v in b.items()))
     run.log(f"last traced request: {len(last['steps'])} steps, join {last['join']['matched']}/{last['join']['of']}")
 
 
@@ -489,7 +536,8 @@ def main(argv=None) -> int:
         write_tables(run, d, a)
         figures(run, a, d, pk, args.backend)
         verdicts(run, d, a)
-        run.story(tell(d, a, model_dir, fl, P, pk, args.backend), echo=True)
+        run.story(sg.config_line(fl, sg.SERVING_ENV, args.quick) + "\n" + tell(d, a, model_dir, fl, P, pk, args.backend),
+                  echo=True)
     return 0
 
 

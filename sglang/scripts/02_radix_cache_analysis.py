@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """02 · RadixAttention: cold vs warm prefixes, eviction under memory pressure, LPM vs FCFS.
 
-What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-total-tokens, SGLang's
-default CUDA graphs for prefill and decode: every time below is taken under that configuration)
+What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-total-tokens, CUDA graphs
+for prefill and decode -- --quick captures decode graphs up to bs 64, the story's first line says so --:
+every time below is taken under that configuration). A, B and C's FCFS pass run on one server with
+SGLang's default scheduling policy (fcfs; in a --quick pipeline the pipeline's shared server, whose flags
+are exactly these); C's LPM pass needs a server of its own, --schedule-policy lpm being a launch flag.
     A. cold vs warm: for each prefix length and branching factor, 3 times: after /flush_cache, one cold
        request (prefix + suffix 0), then k requests sharing the prefix, then an exact repeat, one at a
        time, each generating 1 token (so its latency is its prefill). Per request: prompt and cached
@@ -17,7 +20,8 @@ default CUDA graphs for prefill and decode: every time below is taken under that
        oldest. Records pass-2 hit rate, evicted tokens (/metrics), and which groups went.
     C. cache-aware scheduling: the same shuffled shared-prefix workload (groups x requests, all sent at
        once, <= 128 so LPM stays active), 3 times, on a server with --schedule-policy lpm and one with
-       fcfs (0.5.17's default): hit rate, prefill tokens computed, throughput, TTFT.
+       fcfs (0.5.17's default, so no flag): hit rate, prefill tokens computed, throughput, TTFT; both
+       servers have the same pool, so the policy is the only difference.
 
 What the plan expected (hypotheses in H below, each with its range and source; judged on the interval
 of the repetitions, common.verdicts)
@@ -30,7 +34,7 @@ of the repetitions, common.verdicts)
     * The three hit-rate measurements agree.
 
 Run
-    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers, ~3 min warm
+    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (1 in a --quick pipeline), ~3 min warm
     python sglang/scripts/02_radix_cache_analysis.py             # + more prefix lengths, a 2nd pool size
     python sglang/scripts/02_radix_cache_analysis.py --quick --pool-tokens 32768,16384
     (attention kernels under the counters: 05_ncu_attention.py; the serving timeline: 04_nsys_profile.py)
@@ -53,7 +57,7 @@ from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
-QUICK = dict(reps=3, prefix_lens=(1024, 4096), branches=(4,), pools=(32768,), group_len=2048,
+QUICK = dict(reps=3, prefix_lens=(1024, 4096), branches=(4,), pools=(sg.QUICK_POOL_TOKENS,), group_len=2048,
              ws_tokens=(16384, 24576, 49152), groups=8, per_group=8, sys_len=2048, q_len=128, out_len=32)
 FULL = dict(reps=3, prefix_lens=(256, 1024, 4096, 8192), branches=(1, 4, 16), pools=(32768, 16384), group_len=2048,
             ws_tokens=(8192, 16384, 24576, 32768, 49152, 65536), groups=16, per_group=8, sys_len=2048, q_len=128,
@@ -239,19 +243,30 @@ def policy_run(srv, P, policy: str, rep: int, run) -> dict:
 def check(args):
     pd = sg.require_stack()
     P = QUICK if args.quick else FULL
-    model_dir, base = sg.model_and_flags(args)
-    return pd, P, list(args.pool_tokens or P["pools"]), model_dir, base
+    pools = list(args.pool_tokens or P["pools"])
+    return pd, P, pools, server_flags(args, "fcfs", pools[0])[0]
 
 
-def measure(args, P, pools, model_dir, base, run) -> dict:
-    """A, B and C on the LPM server, C on an FCFS server, B again on each further pool size."""
-    def server(policy, pool):
-        fl = base + sg.flags(attention_backend=args.backend, enable_metrics=True, log_level="info",
-                             schedule_policy=policy, max_total_tokens=pool, cuda_graph_max_bs_decode=128)
-        return sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{policy}_{pool}.log"), echo=run.log,
-                         start_timeout=args.start_timeout, env={"SGLANG_LOG_MS": "1"}, name=f"server[{policy}, pool {pool}]")
+def server_flags(args, policy: str, pool: int, write: bool = True) -> tuple[str, list[str]]:
+    """(model dir, flags) of a server of 02: the serving configuration with pool ``pool``; fcfs is SGLang's
+    default policy (no flag: with the default options and --quick, the pipeline's shared server)."""
+    return sg.serving_flags(args, quick=args.quick, backend=args.backend, pool=pool, write=write,
+                            schedule_policy=None if policy == "fcfs" else policy)
+
+
+LPM_WHY = ("C compares LPM with FCFS, and the scheduling policy is a launch flag: the LPM pass gets a server of its "
+           "own, with the same pool as the FCFS one")
+
+
+def measure(args, P, pools, model_dir, run) -> dict:
+    """A, B and C's FCFS pass on one server (SGLang's default policy), C's LPM pass on a server of its own,
+    B again on each further pool size."""
+    def server(policy, pool, why=""):
+        _, fl = server_flags(args, policy, pool)
+        return sg.server(run, model_dir, fl, quick=args.quick, port=args.port, start_timeout=args.start_timeout,
+                         name=f"server[{policy}, pool {pool}]", log_name=f"server_{policy}_{pool}.log", own_why=why)
     d = {"ks": [], "pol": []}
-    with server("lpm", pools[0]) as srv:
+    with server("fcfs", pools[0]) as srv:
         d["flags"] = srv.args
         d["pool0"] = int(srv.server_info().get("max_total_num_tokens") or pools[0])
         run.log(f"KV pool: {d['pool0']} tokens (asked {pools[0]}); {sg.graphs_text(srv.args)}")
@@ -265,12 +280,16 @@ def measure(args, P, pools, model_dir, base, run) -> dict:
         except Exception as e:  # noqa: BLE001
             run.point_error({"part": "kernel switch"}, e)
         d["ev"], d["evg"] = eviction(srv, d["pool0"], P, run)
-        d["pol"] += [policy_run(srv, P, "lpm", rep, run) for rep in range(P["reps"])]
-    with server("fcfs", pools[0]) as srv:
-        d["pol"] += [policy_run(srv, P, "fcfs", rep, run) for rep in range(P["reps"])]
+        fcfs = [policy_run(srv, P, "fcfs", rep, run) for rep in range(P["reps"])]
+    d["pol"] = fcfs
+    try:
+        with server("lpm", pools[0], LPM_WHY) as srv:
+            d["pol"] = [policy_run(srv, P, "lpm", rep, run) for rep in range(P["reps"])] + fcfs
+    except Exception as e:  # noqa: BLE001 - A, B and the FCFS pass stand
+        run.point_error({"part": "scheduling", "policy": "lpm"}, e)
     for pool in pools[1:]:   # the same working sets on a smaller pool
         try:
-            with server("lpm", pool) as srv:
+            with server("fcfs", pool) as srv:
                 e2, g2 = eviction(srv, int(srv.server_info().get("max_total_num_tokens") or pool), P, run)
                 d["ev"], d["evg"] = d["ev"] + e2, d["evg"] + g2
         except Exception as e:  # noqa: BLE001
@@ -399,15 +418,16 @@ def tell(d, pd, P, pools, model_dir, backend) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    pd, P, pools, model_dir, base = check(args)
+    pd, P, pools, model_dir = check(args)
     with Run(__file__, args, out=args.out) as run:
-        d = measure(args, P, pools, model_dir, base, run)
+        d = measure(args, P, pools, model_dir, run)
         for name, rows in (("cold_warm", d["cw"]), ("hit_rate_3ways", d["agree"]), ("eviction", d["ev"]),
                            ("eviction_groups", d["evg"]), ("policy", d["pol"]), ("kernel_switch", d["ks"])):
             sg.table(run, name, rows)
         figure(run, pd.DataFrame(d["ev"]))
         verdicts(run, d, pd, P, args.backend)
-        run.story(tell(d, pd, P, pools, model_dir, args.backend), echo=True)
+        run.story(sg.config_line(d["flags"], sg.SERVING_ENV, args.quick) + " -- C's LPM pass: + --schedule-policy lpm\n"
+                  + tell(d, pd, P, pools, model_dir, args.backend), echo=True)
     return 0
 
 

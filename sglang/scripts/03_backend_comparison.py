@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """03 · Attention backends: FlashInfer vs Triton (vs FA3 where installed) on the same workloads.
 
-What it measures (one SGLang server per backend, same model, same flags, --random-seed 0, SGLang's
-default CUDA graphs for prefill and decode)
+What it measures (one SGLang server per backend, same model, same flags, --random-seed 0, CUDA graphs for
+prefill and decode; --quick captures decode graphs up to bs 64 and caps the KV pool at 32768 tokens, the
+story's first line says so. In a --quick pipeline the FlashInfer variant runs on the pipeline's shared
+server, whose flags are exactly its own; each other variant needs a server of its own: the attention
+backend is a launch flag, the CUDA-core decode a variable read at start)
     * greedy agreement: the same prompts (token ids) with temperature 0 on every backend; the
       dummy weights are identical (SGLang seeds each parameter with 1234), so any difference is
       numerics. Reports, per prompt, how many leading tokens agree with the first backend;
@@ -56,7 +59,8 @@ from common.checks import require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
-QUICK = dict(reps=3, greedy_n=3, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=2048, decode_new=64,
+# --quick decodes 16 x (1920 + 64) = 31,744 tokens at once: all 16 fit in the --quick pool of 32,768 tokens
+QUICK = dict(reps=3, greedy_n=3, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=1920, decode_new=64,
              decode_steps=8, tput_n=64, tput_in=512, tput_out=128, bench=False, bar_n=64, bar_in=512, bar_out=128)
 FULL = dict(reps=3, greedy_n=4, greedy_new=64, prefill_len=8192, decode_bs=32, decode_len=4096, decode_new=128,
             decode_steps=8, tput_n=256, tput_in=1024, tput_out=256, bench=True, bar_n=256, bar_in=1024, bar_out=256)
@@ -204,15 +208,27 @@ def throughput(srv, name, P, run) -> dict:
             "itl_p50_ms": s.get("p50_itl_ms"), "itl_p99_ms": s.get("p99_itl_ms")}
 
 
-def measure_backend(args, name, P, model_dir, base, sh, pk, run, kernels) -> tuple[dict, list]:
+OWN_WHY = {"triton": "the attention backend is a launch flag", "fa3": "the attention backend is a launch flag",
+           "flashinfer-cudacore-decode": "SGLANG_FLASHINFER_USE_TENSOR_CORE is read when the server starts"}
+
+
+def server_flags(args, name: str, write: bool = True) -> tuple[str, list[str], dict]:
+    """(model dir, flags, environment) of variant ``name``'s server (the FlashInfer one, with the default
+    options and --quick: the pipeline's shared server)."""
     backend, env = VARIANTS[name]
-    fl = base + sg.flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
-                         decode_log_interval=1, cuda_graph_max_bs_decode=64 if args.quick else None)
+    model_dir, fl = sg.serving_flags(args, quick=args.quick, backend=backend, write=write)
+    return model_dir, fl, {**sg.SERVING_ENV, **env}
+
+
+def measure_backend(args, name, P, model_dir, sh, pk, run, kernels) -> tuple[dict, list]:
+    _, fl, env = server_flags(args, name)
     prof = run.dir / "profiles"
-    with sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{name}.log"), echo=run.log,
-                   start_timeout=args.start_timeout, env={**sg.TRACE_ENV, **env}, name=f"server[{name}]") as srv:
+    with sg.server(run, model_dir, fl, quick=args.quick, env=env, port=args.port,
+                   start_timeout=args.start_timeout, name=f"server[{name}]", log_name=f"server_{name}.log",
+                   own_why=OWN_WHY.get(name, "")) as srv:
         greedy = greedy_outputs(srv, name, P, run)
-        row = {"variant": name, "start_s": srv.startup_s, "graphs": sg.graphs_text(fl),
+        row = {"variant": name, "start_s": srv.startup_s, "server": "shared" if srv.shared else "own",
+               "graphs": sg.graphs_text(fl),
                **prefill(srv, name, P, prof, sh, pk, kernels), **decode(srv, name, P, prof, sh, pk, kernels),
                **throughput(srv, name, P, run)}
     run.log(f"{name}: prefill {row['prefill_len']} TTFT {row['prefill_ttft_ms']:.1f} ms (attention "
@@ -369,7 +385,8 @@ def tell(rows, kernels, bar, model_dir, pk) -> str:
     for r in rows:
         pre_k = ", ".join(sorted({k["kernel"] for k in kernels if k["variant"] == r["variant"] and k["stage"] == "prefill"
                                   and k["cls"] == "attention"})) or "-"
-        items.append((f"{r['variant']} (server start {r['start_s']:.0f} s; {r['graphs']})", [
+        start = "the pipeline's shared server" if r.get("server") == "shared" else f"server start {r['start_s']:.0f} s"
+        items.append((f"{r['variant']} ({start}; {r['graphs']})", [
             (f"prefill {r['prefill_len']} tok: TTFT {r['prefill_ttft_ms']:.1f} ms; attention {r['prefill_attention_ms']:.2f} "
              f"ms -> {story.fmt(r['prefill_attention_tflop_s'])} TFLOP/s ({story.fmt(r['prefill_attention_pct_bf16'])}% of "
              f"the bf16 ceiling) [{pre_k}]", []),
@@ -398,7 +415,7 @@ def main(argv=None) -> int:
         rows, kernels, outputs = [], [], {}
         for name in variants:
             try:
-                row, outputs[name] = measure_backend(args, name, P, model_dir, base, sh, pk, run, kernels)
+                row, outputs[name] = measure_backend(args, name, P, model_dir, sh, pk, run, kernels)
                 rows.append(row)
             except Exception as e:  # noqa: BLE001 - a backend fails, the others go on
                 run.point_error({"variant": name}, e)
@@ -418,7 +435,9 @@ def main(argv=None) -> int:
                 run.point_error({"part": "offline perf bar"}, e)
         sg.table(run, "perf_bar_offline", bar)
         verdicts(run, rows, greedy, bar, P)
-        run.story(tell(rows, kernels, bar, model_dir, pk), echo=True)
+        _, fl, _env = server_flags(args, rows[0]["variant"], write=False)
+        run.story(sg.config_line(fl, sg.SERVING_ENV, args.quick) + " -- per variant: its own --attention-backend\n"
+                  + tell(rows, kernels, bar, model_dir, pk), echo=True)
     return 0
 
 

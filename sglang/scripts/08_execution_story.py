@@ -3,8 +3,11 @@
 
 What it measures (one SGLang server, Llama-3.1-8B shapes with dummy weights, one GPU, at SGLang's
 default serving configuration: CUDA graphs for prefill and decode, the default scheduler, FA3 where
-sgl_kernel.flash_attn imports — else FlashInfer, and the story says which ran and why; the only
-change is a smaller KV pool, --max-total-tokens, so that phase 3 can fill it)
+sgl_kernel.flash_attn imports — else FlashInfer, and the story says which ran and why; the changes are
+a smaller KV pool, --max-total-tokens, so that phase 3 can fill it, and with --quick decode graphs
+captured up to bs 64 -- the story's first line lists every change. In a --quick pipeline it runs on the
+pipeline's shared server when its flags are exactly that server's (FlashInfer); where FA3 runs it starts
+its own beside it, and the GPU memory curve of phase 3 then includes the shared server's share)
     0. Every millisecond of one request, untraced, before any profiler runs: 5 text prompts (512 characters through
        SGLang's tokenizer: 513 tokens with BOS) and 5 input_ids prompts, one at a time, each between two /metrics
        scrapes. Its TTFT from SGLang's own stamps (meta_info: request_received_ts, api_server_dispatch_finish_ts,
@@ -79,11 +82,11 @@ from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
-QUICK = dict(reps=3, prompt=512, new=64, batch=32, pool=32768, load_n=200, load_rate=50, load_in=512, load_out=128,
+QUICK = dict(reps=3, prompt=512, new=64, batch=32, pool=sg.QUICK_POOL_TOKENS, load_n=200, load_rate=50, load_in=512, load_out=128,
              long_prompt=10000, groups=8, prefix=4096)
 FULL = dict(reps=5, prompt=512, new=64, batch=32, pool=65536, load_n=500, load_rate=50, load_in=1024, load_out=256,
             long_prompt=20000, groups=12, prefix=6144)
-ENV = {"SGLANG_LOG_MS": "1", "SGLANG_PROFILE_WITH_STACK": "false", "SGLANG_PROFILE_RECORD_SHAPES": "false"}
+ENV = dict(sg.SERVING_ENV)     # ms log time stamps, traces without stacks and shapes (the shared server's too)
 SP = {"temperature": 0, "ignore_eos": True}
 
 H = declare("""
@@ -785,15 +788,19 @@ def check(args):
     return P, model_dir, base, cfg
 
 
-def measure(args, run, P, model_dir, base, backend) -> dict:
+def server_flags(args, P, backend, write: bool = True) -> tuple[str, list[str]]:
+    """(model dir, flags) of 08's server: the serving configuration with its pool and backend (None: SGLang's
+    own choice, FA3; with flashinfer, the default options and --quick: the pipeline's shared server)."""
+    return sg.serving_flags(args, quick=args.quick, backend=backend, pool=P["pool"], write=write)
+
+
+def measure(args, run, P, model_dir, base, backend, backend_why="") -> dict:
     """Phases 1-4 on one server: the two stories (untraced, traced), pressure, the cache over time."""
     prof = run.dir / "profiles"
-    fl = base + sg.flags(attention_backend=backend, enable_metrics=True, log_level="info", decode_log_interval=1,
-                         max_total_tokens=P["pool"])
-    data = {"P": P}
-    with sg.Server(model_dir, fl, port=args.port, log_path=run.path("server.log"), echo=run.log,
-                   start_timeout=args.start_timeout, env={**ENV, "SGLANG_TORCH_PROFILER_DIR": str(prof)}) as srv:
-        run.headline(server_start_s=round(srv.startup_s, 1))
+    _, fl = server_flags(args, P, backend)
+    data = {"P": P, "server_flags": fl, "quick": bool(args.quick)}
+    with sg.server(run, model_dir, fl, quick=args.quick, env=ENV, port=args.port, start_timeout=args.start_timeout,
+                   own_why=f"attention backend: {backend_why}" if backend is None else "") as srv:
         check = srv.generate(input_ids=sg.random_ids(16, 0), sampling_params={**SP, "max_new_tokens": 8})
         if check["meta_info"]["completion_tokens"] != 8:
             raise RuntimeError(f"sanity request came back wrong: {check['meta_info']}")
@@ -867,7 +874,7 @@ def same_kernels(kt, window: str) -> dict:
 PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_tb_s", "dram_write_tb_s", "bf16_tflops",
            "bf16_sm_mhz", "l2_mb", "source")      # the ceilings a recording keeps (a re-analysis divides by them)
 RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk", "waterfall",
-       "startup_log", "gpu_metrics")
+       "startup_log", "gpu_metrics", "server_flags", "quick")
 
 
 def save_raw(run, data) -> None:
@@ -904,7 +911,7 @@ def main(argv=None) -> int:
         run.log(f"{pk['gpu']}: ceilings {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
                 f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
                 f"({pk.get('source')}); attention backend: {backend_why}")
-        data = measure(args, run, P, model_dir, base, backend)
+        data = measure(args, run, P, model_dir, base, backend, backend_why)
         data.update(backend_why=backend_why, pk={k: pk.get(k) for k in PK_KEYS},
                     windows=[])
         if args.ncu:
@@ -966,7 +973,9 @@ def finish(run, data, pk, backend_why):
         if r["role"] in ("gate_up_proj", "lm_head")})
     for name, fig in figures(data, trees, pk).items():
         run.figure(name, fig)
-    run.story(story_text(data, trees, eff, pk, backend_why), echo=True)
+    first = (sg.config_line(data["server_flags"], ENV, bool(data.get("quick"))) if data.get("server_flags") else
+             "server configuration: not recorded (a recording made before the server_flags field)")
+    run.story(first + "\n" + story_text(data, trees, eff, pk, backend_why), echo=True)
 
 
 def figures(data, trees, pk) -> dict:

@@ -35,6 +35,9 @@ Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 out
                             usage, running-req, queue-req, ...); a line that starts like a batch line but
                             does not parse raises ParseError (format drift fails loudly)
   parse_metrics(text)       /metrics -> Metrics: .total(name, **labels), .get, .series, .histogram
+  startup_breakdown(log, t_launch)  where a server start went, phase by phase, from the log's own time stamps
+                            (imports of each process, weights, KV pool, each CUDA-graph capture, warm-up);
+                            Server prints it once it is healthy (``srv.startup_phases``)
   hit_rate(before, after)   prefix-cache hit rate from counter deltas (never the cache_hit_rate gauge)
   read_bench_jsonl(path)    `sglang.benchmark.serving --output-file` -> one dict per run
   parse_step_name(name)     'step[EXTEND bs=1 toks=11]' -> {"mode", "bs", "toks"}
@@ -44,6 +47,7 @@ Parsers (pure functions; tests/test_sglang_helpers.py runs them on real H200 out
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as _dt
 import functools
 import json
@@ -151,16 +155,109 @@ def add_model_args(p, backend_default: str | None = "flashinfer", *, preset: boo
                    help=f"seconds to wait for /health (default {start_timeout:g})")
 
 
-def model_and_flags(args, preset: str | None = None) -> tuple[str, list[str]]:
+def model_and_flags(args, preset: str | None = None, write: bool = True) -> tuple[str, list[str]]:
     """(model dir, base flags) from :func:`add_model_args` options: a dummy-weight preset (``preset`` or
     --preset) unless --model-path names real weights. Every server runs SGLang's default CUDA-graph
-    configuration (prefill and decode graphs captured) unless the experiment adds flags of its own."""
-    from common.models import write_model_dir
+    configuration (prefill and decode graphs captured) unless the experiment adds flags of its own.
+    ``write=False``: the preset's folder is named, not written (a plan that starts nothing)."""
+    from common.models import default_dir, write_model_dir
     extra = [f for part in getattr(args, "server_arg", []) or [] for f in part]
     mem = ["--mem-fraction-static", str(args.mem_fraction)]
     if getattr(args, "model_path", None) and preset is None:
         return str(args.model_path), [*mem, *extra]
-    return str(write_model_dir(preset or args.preset)), ["--load-format", "dummy", *mem, *extra]
+    model = write_model_dir(preset or args.preset) if write else default_dir(preset or args.preset)
+    return str(model), ["--load-format", "dummy", *mem, *extra]
+
+
+# The serving configuration of the experiments that can share one server (01, 02, 03's FlashInfer variant, 08):
+# one function builds it, so that equal settings give equal flags -- and the pipeline's shared server.
+SERVING_ENV = dict(TRACE_ENV)                # ms time stamps in the log; torch-profiler traces without stacks/shapes
+QUICK_POOL_TOKENS = 32768                    # --quick: --max-total-tokens (02's eviction and 08's pressure fill it)
+QUICK_DECODE_GRAPH_BS = 64                   # --quick: --cuda-graph-max-bs-decode (SGLang: 256 on an 80-141 GB GPU)
+
+
+def serving_flags(args, *, quick: bool, backend: str | None = "flashinfer", pool: int | None = None,
+                  write: bool = True, **extra) -> tuple[str, list[str]]:
+    """(model dir, launch_server flags) of the workbook's serving configuration: :func:`model_and_flags`
+    (dummy weights or --model-path, --mem-fraction, --server-arg) + the attention backend (None: SGLang's
+    own choice), --random-seed 0, metrics and a log line per step. With ``quick`` the KV pool is
+    QUICK_POOL_TOKENS tokens and decode CUDA graphs are captured up to QUICK_DECODE_GRAPH_BS (see
+    :func:`changes_from_defaults` for why); ``pool`` sets --max-total-tokens in any mode. ``extra``:
+    further :func:`flags` keywords (e.g. schedule_policy="lpm"), appended last."""
+    model_dir, base = model_and_flags(args, write=write)
+    fl = base + flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
+                      decode_log_interval=1, max_total_tokens=pool or (QUICK_POOL_TOKENS if quick else None),
+                      cuda_graph_max_bs_decode=QUICK_DECODE_GRAPH_BS if quick else None, **extra)
+    return model_dir, fl
+
+
+# why each setting the workbook passes differs from SGLang's default (item 3 of issue #22: nothing --quick
+# changes may pass for SGLang's default configuration)
+CHANGE_WHY = {
+    "--load-format": "dummy weights: the real architecture's shapes, random values, nothing downloaded",
+    "--mem-fraction-static": "the workbook's share of GPU memory for weights + KV pool (SGLang derives one from "
+                             "the GPU)",
+    "--max-total-tokens": "a KV pool of this many tokens, small enough for 02's eviction and 08's pressure runs "
+                          "to fill (SGLang sizes it from free memory: ~300k+ tokens of Llama-3.1-8B on 80 GB)",
+    "--cuda-graph-max-bs-decode": "decode CUDA graphs captured up to this batch size (SGLang: 256 on 80-141 GB "
+                                  "GPUs, 36 sizes, ~4 s of a warm H100 start; here 12 sizes); the --quick "
+                                  "workloads decode at most ~51 requests at once, all inside a captured graph",
+    "--attention-backend": "the backend under study (SGLang picks FA3 on Hopper where sgl_kernel has it)",
+    "--enable-metrics": "observation: /metrics counters (hit rate, evictions, retractions)",
+    "--log-level": "observation: the scheduler's per-batch lines",
+    "--decode-log-interval": "observation: a log line for every decode step (SGLang: every 40th)",
+    "--random-seed": "a fixed sampling seed (SGLang draws one; the greedy requests here do not sample)",
+    "--schedule-policy": "the scheduling policy under comparison (SGLang: fcfs)",
+    "--json-model-override-args": "the model cut to fewer layers, shapes unchanged",
+    "--skip-server-warmup": "no warm-up request at start",
+    "SGLANG_LOG_MS": "observation: ms time stamps in the log",
+    "SGLANG_PROFILE_WITH_STACK": "smaller, faster torch-profiler traces (no Python stacks)",
+    "SGLANG_PROFILE_RECORD_SHAPES": "smaller torch-profiler traces (no tensor shapes)",
+    "SGLANG_FLASHINFER_USE_TENSOR_CORE": "FlashInfer's decode kernel on CUDA cores, not tensor cores",
+}
+QUICK_CHANGES = {"--max-total-tokens": str(QUICK_POOL_TOKENS), "--cuda-graph-max-bs-decode": str(QUICK_DECODE_GRAPH_BS)}
+
+
+def parse_flags(server_flags) -> dict:
+    """launch_server flags -> {flag: value} (True for a switch; a list for several values)."""
+    out, cur = {}, None
+    for a in map(str, server_flags):
+        if a.startswith("--"):
+            k, eq, v = a.partition("=")
+            out[k], cur = (v if eq else True), (None if eq else k)
+        elif cur is not None:
+            prev = out[cur]
+            out[cur] = a if prev is True else (prev if isinstance(prev, list) else [prev]) + [a]
+    return out
+
+
+def changes_from_defaults(server_flags, env=None, quick: bool = False) -> list[dict]:
+    """Every setting of a server that is not SGLang's default, with why: [{setting, value, quick, why}];
+    ``quick`` marks what --quick sets (its pool and captured decode sizes) -- the story's first line and
+    summary.json carry this list, so no --quick figure passes for SGLang's default configuration."""
+    out = []
+    for k, v in parse_flags(server_flags).items():
+        val = "" if v is True else " ".join(v) if isinstance(v, list) else str(v)
+        out.append({"setting": k, "value": val, "quick": bool(quick and QUICK_CHANGES.get(k) == val),
+                    "why": CHANGE_WHY.get(k, "an extra flag (--server-arg or the experiment's own)")})
+    for k, v in (env or {}).items():
+        if k.startswith("SGLANG_"):
+            out.append({"setting": k, "value": str(v), "quick": False, "why": CHANGE_WHY.get(k, "an SGLang variable")})
+    return out
+
+
+def config_line(server_flags, env=None, quick: bool = False) -> str:
+    """One line for the top of a story: what --quick changed from SGLang's defaults, then the rest."""
+    ch = changes_from_defaults(server_flags, env, quick)
+    q = [c for c in ch if c["quick"]]
+    words = {"--max-total-tokens": "KV pool {} tokens (SGLang: sized from free memory)",
+             "--cuda-graph-max-bs-decode": "decode CUDA graphs up to bs {} (SGLang: 256 on 80-141 GB GPUs)"}
+    head = ("NOT SGLang's default configuration: --quick sets " + ", ".join(words[c["setting"]].format(c["value"])
+                                                                         for c in q) + "; also" if q else
+            "SGLang's defaults except")
+    rest = [(f"{c['setting']}={c['value']}" if c["setting"].startswith("SGLANG_") else f"{c['setting']} {c['value']}")
+            .strip() for c in ch if not c["quick"]]
+    return f"{head} {', '.join(rest) or 'nothing'} (each with its reason: summary.json server_config)"
 
 
 def fa3_usable(timeout: float = 120) -> tuple[bool, str]:
@@ -320,14 +417,28 @@ class Server:
         self.group: procs.Group | None = None
         self._at_exit = None
         self.startup_s: float | None = None
+        self.startup_phases: list[dict] = []         # startup_breakdown() of the last start
         self.stop_report: dict = {}
         self._bench: BenchWorker | None = None
+        self.shared: dict | None = None              # attach(): the running server's record; never stopped here
+        self._bench_log: Path | None = None
+
+    @classmethod
+    def attach(cls, info: dict, *, echo=print, name: str = "server", bench_log=None) -> "Server":
+        """A handle on a server that someone else started and stops (the pipeline's shared server, ``info``
+        as :meth:`SharedServer.info` gives it): the same client, log and profiler methods, reading the
+        server's own log; :meth:`stop` stops only this handle's bench_serving worker, never the server."""
+        srv = cls(info["model_path"], info["flags"], log_path=info["log"], port=int(info["port"]), host=info["host"],
+                  echo=echo, name=name, pidfile=False)
+        srv.shared, srv._bench_log = dict(info), Path(bench_log) if bench_log else None
+        srv.startup_s = 0.0
+        return srv
 
     def bench_worker(self, echo=None) -> "BenchWorker":
         """The bench_serving worker of this server (started on first use, stopped with the server)."""
         if self._bench is None:
-            self._bench = BenchWorker(tool_env(self.model_path), self.log_path.with_name("bench_worker.log"),
-                                      echo=echo or self.echo)
+            self._bench = BenchWorker(tool_env(self.model_path), self._bench_log or self.log_path.with_name(
+                "bench_worker.log"), echo=echo or self.echo)
         return self._bench
 
     # ------------------------------------------------------------------ lifecycle
@@ -360,14 +471,19 @@ class Server:
         self._at_exit = functools.partial(_last_stop, self)
         atexit.register(self._at_exit)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
-        t0 = time.time()
+        mark, t0 = self.log_mark(), time.time()
         try:
             self.group.start()
         except procs.ProcError as e:
             raise ServerError(str(e)) from None
         self._wait_ready(t0)
-        self.startup_s = time.time() - t0
+        t1 = time.time()
+        self.startup_s = t1 - t0
         self.echo(f"{self.name}: ready after {self.startup_s:.0f} s (log: {self.log_path})")
+        self.startup_phases = startup_breakdown(self.log_since(mark), t0, t1)
+        if self.startup_phases:
+            self.echo(f"{self.name}: where the {self.startup_s:.1f} s of its start went (its log's time stamps):\n"
+                      + "\n".join(breakdown_lines(self.startup_phases, self.startup_s)))
         return self
 
     def _wait_ready(self, t0: float) -> None:
@@ -468,6 +584,8 @@ class Server:
         return False
 
     def alive(self) -> bool:
+        if self.shared is not None:
+            return procs.alive(int(self.shared["pid"]))
         return self.group is not None and self.group.alive()
 
     # ------------------------------------------------------------------ the log
@@ -545,6 +663,42 @@ class Server:
     def flush_cache(self, timeout: float = 30) -> None:
         """Empty the radix cache (waits up to ``timeout`` s for running requests to finish)."""
         self.request(f"/flush_cache?timeout={timeout}", timeout=timeout + 30, method="POST")
+
+    def fresh(self, timeout: float = 30, settle: float = 5.0) -> dict:
+        """Start an experiment from an empty server: /flush_cache (SGLang flushes only once no request is
+        running or queued, waiting up to ``timeout`` s; HTTP 400 otherwise), its "Cache flushed
+        successfully!" log line (the radix tree and the KV pool were reset; checked when the server logs
+        at info level), and /v1/loads with no running or waiting request and no KV token held (polled up
+        to ``settle`` s: the scheduler publishes its idle state a moment after the flush). ServerError
+        when any of these fails; returns the idle loads."""
+        mark = self.log_mark()
+        try:
+            self.flush_cache(timeout)
+        except ServerError as e:
+            raise ServerError(f"{self.name}: the radix cache could not be flushed (a request still running or "
+                              f"queued after {timeout:.0f} s?): {e}") from None
+        keys = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens")
+        t0, busy = time.time(), None
+        while True:
+            try:
+                loads = self.get_json("/v1/loads?include=core", timeout=30).get("loads") or []
+            except ServerError as e:
+                if "HTTP 404" not in str(e):
+                    raise
+                loads = None                         # an SGLang without /v1/loads: the flush's own check stands
+            busy = {k: sum(int(x.get(k) or 0) for x in loads) for k in keys} if loads is not None else {}
+            if not any(busy.values()) or time.time() - t0 > settle:
+                break
+            time.sleep(0.1)
+        if any(busy.values()):
+            raise ServerError(f"{self.name} is not idle after /flush_cache: {busy}")
+        level = parse_flags(self.args).get("--log-level", "info")
+        while level in ("info", "debug") and "Cache flushed successfully" not in self.log_since(mark):
+            if time.time() - t0 > settle:
+                raise ServerError(f"{self.name}: /flush_cache answered, but its log has no 'Cache flushed "
+                                  f"successfully' line ({self.log_path})")
+            time.sleep(0.05)
+        return busy
 
     def generate(self, input_ids=None, text=None, sampling_params=None, stream: bool = False,
                  timeout: float = 600) -> dict:
@@ -672,6 +826,255 @@ class Server:
         return self.wait_traces(d, before, ranks=ranks), out
 
 
+# ================================================================== one server for several experiments
+
+SHARED = "default"                     # the shared server's name in sglang/scripts/_steps.py (SERVERS)
+SHARED_ENV = "HANDS_ON_SHARED_SERVER_"  # + NAME: the JSON record of a running shared server, set by the pipeline
+PIPELINE_STEM = "06_full_pipeline"      # servers_dir(PIPELINE_STEM): the pidfiles of the pipeline's shared servers
+NO_SHARED = "no shared server offered (run on its own, or not by a --quick pipeline)"
+
+
+def _sglang_env(env) -> dict:
+    return {k: str(v) for k, v in sorted((env or {}).items()) if k.startswith("SGLANG_")}
+
+
+def shared_info(name: str = SHARED) -> dict | None:
+    """The record of the shared server ``name`` the pipeline offers this process, or None."""
+    raw = os.environ.get(SHARED_ENV + name.upper())
+    try:
+        info = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    need = {"url", "host", "port", "pid", "log", "flags", "model_path"}
+    return info if isinstance(info, dict) and need <= set(info) else None
+
+
+def flag_diff(theirs, mine) -> str:
+    """What ``mine`` changes against ``theirs`` (launch_server flags), e.g. 'adds --schedule-policy lpm'; ''
+    when both mean the same (the order of the flags aside)."""
+    a, b = parse_flags(theirs), parse_flags(mine)
+    val = lambda v: "" if v is True else " ".join(v) if isinstance(v, list) else str(v)  # noqa: E731
+    out = [f"adds {k} {val(b[k])}".strip() for k in b if k not in a]
+    out += [f"lacks {k} {val(a[k])}".strip() for k in a if k not in b]
+    out += [f"{k} {val(b[k])} (shared: {val(a[k])})" for k in b if k in a and a[k] != b[k]]
+    return ", ".join(out)
+
+
+def why_not_shared(info: dict, model_dir, fl, env=None, port=None) -> str | None:
+    """Why an experiment with these settings cannot run on the shared server ``info`` (None: it can):
+    it attaches only when its model, its flags and its SGLANG_* environment are the shared server's."""
+    if port is not None:
+        return f"--port {port} was asked for"
+    if str(model_dir) != str(info["model_path"]):
+        return f"another model ({model_dir}; the shared server serves {info['model_path']})"
+    d = flag_diff(info["flags"], fl)
+    if d:
+        return f"its flags differ from the shared server's: {d}"
+    mine, theirs = _sglang_env(env), info.get("env") or {}
+    if mine != theirs:
+        diff = sorted(set(mine.items()) ^ set(theirs.items()))
+        return "its SGLANG_* environment differs: " + ", ".join(f"{k}={v}" for k, v in diff)
+    if not procs.alive(int(info["pid"])):
+        return f"the shared server (pid {info['pid']}) is not running"
+    return None
+
+
+def _record_start(run, srv: "Server", started_by: str, quick: bool) -> dict:
+    """One row for a server start: in the run (table server_start, headline server_start_s) and, inside a
+    pipeline, in its file of starts (common.pipeline.STARTS_ENV -> server_starts.csv)."""
+    from common.pipeline import STARTS_ENV
+    row = {"started_by": started_by, "server": srv.name, "start_s": round(srv.startup_s or 0.0, 1),
+           "quick_changes": "; ".join(f"{c['setting']} {c['value']}" for c in
+                                      changes_from_defaults(srv.args, {}, quick) if c["quick"]),
+           **breakdown_row(srv.startup_phases)}
+    if run is not None:
+        rows = run.summary.setdefault("server_starts", [])
+        rows.append(row)
+        table(run, "server_start", rows)
+        run.headline(server_start_s=round(sum(r["start_s"] for r in rows), 1))
+    path = os.environ.get(STARTS_ENV)
+    if path:
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError:
+            pass                                # the pipeline's record is a convenience, never a failure
+    return row
+
+
+@contextlib.contextmanager
+def server(run, model_dir, fl, *, quick: bool, env: dict | None = None, name: str = "server",
+           log_name: str = "server.log", port: int | None = None, start_timeout: float = 900, own_why: str = "",
+           share: str = SHARED, **kw):
+    """The server an experiment runs on, as a context manager yielding a :class:`Server`:
+
+    * the pipeline's shared server ``share`` when the pipeline offers one (``SHARED_ENV``) and this
+      experiment's model, flags and SGLANG_* environment are exactly its own (:func:`why_not_shared`):
+      nothing is started or stopped here; the log names the server used, and the server's log lines of
+      this run are copied to ``run.path(log_name)`` at the end;
+    * else a server of its own (a :class:`Server` with ``kw``), started and stopped as always; inside a
+      pipeline the log says why (and ``own_why``, the experiment's own reason for its flags); its start
+      is recorded (:func:`_record_start`).
+    Either way the experiment starts from :meth:`Server.fresh` (cache flushed, nothing running or
+    queued), and ``summary.json`` gets ``servers`` (each server: how, why, flags, every setting changed
+    from SGLang's defaults with its reason) and ``server_config`` (those of the first)."""
+    env = dict(SERVING_ENV if env is None else env)
+    rec = {"name": name, "flags": [str(f) for f in fl], "env": _sglang_env(env),
+           "changes": changes_from_defaults(fl, env, quick)}
+    if run is not None:
+        run.summary.setdefault("servers", []).append(rec)
+        run.summary.setdefault("server_config", rec["changes"])
+    info = shared_info(share)
+    why = why_not_shared(info, model_dir, fl, env, port) if info else None
+    log = run.log if run is not None else print
+    if info and not why:
+        srv = Server.attach(info, echo=log, name=name, bench_log=run.path("bench_worker.log") if run else None)
+        rec.update(how="shared", shared=share, pid=info["pid"], url=info["url"], start_s=0.0)
+        log(f"{name}: runs on the pipeline's shared server '{share}' (pid {info['pid']}, {info['url']}, started "
+            f"by the runner in {float(info.get('start_s') or 0):.0f} s; log {info['log']}): same model, flags and "
+            f"environment, so no server is started here")
+        mark = srv.log_mark()
+        try:
+            srv.fresh()
+            log(f"{name}: radix cache flushed, no request running or queued: the experiment starts from an "
+                f"empty server")
+            yield srv
+        finally:
+            srv.stop()                          # its bench_serving worker only
+            if run is not None:
+                with contextlib.suppress(OSError):
+                    run.path(log_name).write_text(f"# the shared server's log ({info['log']}) while "
+                                                  f"{run.stem} used it\n" + srv.log_since(mark))
+        return
+    rec.update(how="own", why=why or NO_SHARED)
+    if info:
+        log(f"{name}: starts its own server, not the pipeline's shared '{share}': {why}"
+            + (f" -- {own_why}" if own_why else ""))
+    with Server(model_dir, fl, port=port, log_path=run.path(log_name) if run else log_name, echo=log,
+                start_timeout=start_timeout, env=env, name=name, **kw) as srv:
+        rec.update(start_s=round(srv.startup_s, 1), pid=srv.group.pid)
+        _record_start(run, srv, run.stem if run is not None else Path(sys.argv[0]).stem, quick)
+        srv.fresh()
+        yield srv
+
+
+def gpu_total_gb(index: int = 0) -> float | None:
+    """Memory of the first visible GPU (nvidia-smi), GB; None where there is no nvidia-smi answer."""
+    import shutil
+    if not shutil.which("nvidia-smi"):
+        return None
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    first = cvd.split(",")[0].strip() if cvd.strip() else str(index)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", first],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return float(out[0]) / 1024 if out else None
+    except (subprocess.SubprocessError, OSError, ValueError):
+        return None
+
+
+class SharedServer:
+    """The pipeline's shared SGLang server: a common.pipeline service provider, declared in
+    sglang/scripts/_steps.py (``SERVERS = {"default": Service("_sglang:SharedServer")}``).
+
+    Its configuration is :func:`serving_flags` of the scripts' default options in the pipeline's mode,
+    with SERVING_ENV -- the very flags 01, 02 (its FCFS server), 03 (FlashInfer) and 08 compute when run
+    with their defaults, so they attach to it (:func:`server`). Its pidfile is in
+    ``servers_dir(PIPELINE_STEM)``: a pipeline killed with SIGKILL leaves its server behind, the next
+    pipeline run stops it (:meth:`reap`). It declines to start (ServiceSkipped: each step starts its own
+    server, one at a time, as before) on a GPU under ``min_gpu_gb``: an experiment that needs its own flags
+    (02's LPM pass, 03's Triton) runs its server beside the shared one, and two Llama-3.1-8B servers with
+    a 32768-token pool take ~46 GB. ``model_path``/``flags``/``launcher``: tests (a stand-in server)."""
+    MIN_GPU_GB = 70.0
+
+    def __init__(self, name: str = SHARED, mode: str = "quick", echo=print, *, model_path=None, flags=None,
+                 env: dict | None = None, launcher=None, start_timeout: float = 900, stop_timeout: float = 30,
+                 check_timeout: float = 30, min_gpu_gb: float | None = None):
+        self.name, self.mode, self.echo = name, mode, echo
+        self.model_path, self.flags = model_path, flags
+        self.server_env = dict(SERVING_ENV if env is None else env)
+        self.launcher, self.start_timeout, self.stop_timeout = launcher, start_timeout, stop_timeout
+        self.check_timeout = check_timeout                # how long a check waits for a step's requests to end
+        self.min_gpu_gb = self.MIN_GPU_GB if min_gpu_gb is None else min_gpu_gb
+        self.srv: Server | None = None
+        self._lines: list[str] = []
+
+    def config(self, write: bool = True) -> tuple[str, list[str]]:
+        """(model dir, flags): the given ones, else serving_flags() of the scripts' default options."""
+        if self.flags is not None:
+            return str(self.model_path), [str(f) for f in self.flags]
+        import argparse
+        p = argparse.ArgumentParser()
+        add_model_args(p)
+        return serving_flags(p.parse_args([]), quick=self.mode == "quick", write=write)
+
+    def describe(self) -> str:
+        model, fl = self.config(write=False)
+        launcher = ["python" if a == sys.executable else str(a) for a in
+                    (self.launcher or [sys.executable, "-m", "sglang.launch_server"])]
+        env = " ".join(f"{k}={v}" for k, v in _sglang_env(self.server_env).items())
+        return (env + " " if env else "") + shlex.join([*launcher, "--model-path", model, *fl])
+
+    def reap(self) -> list[int]:
+        return reap_servers(servers_dir(PIPELINE_STEM), self.echo)
+
+    def start(self, log_dir) -> None:
+        from common.pipeline import ServiceSkipped
+        if self.launcher is None:               # the real launch_server: what it needs, one [setup] line each
+            require_sglang()
+            cli.check_gpus_for(1, "the shared SGLang server")
+        gb = gpu_total_gb()
+        if gb is not None and gb < self.min_gpu_gb:
+            raise ServiceSkipped(f"GPU 0 has {gb:.0f} GB, under {self.min_gpu_gb:.0f} GB: a step that needs a "
+                                 f"server of its own could not start it beside the shared one")
+        model, fl = self.config()
+        self.srv = Server(model, fl, log_path=Path(log_dir) / f"server-{self.name}.sglang.log", env=self.server_env,
+                          name=f"shared server '{self.name}'", echo=self.echo, launcher=self.launcher,
+                          start_timeout=self.start_timeout, stop_timeout=self.stop_timeout,
+                          pidfile=servers_dir(PIPELINE_STEM) / f"{os.getpid()}-{self.name}.pid")
+        try:
+            self.srv.start()
+            self.srv.fresh()
+        except BaseException:
+            self.srv.stop()
+            self.srv = None
+            raise
+        quick = self.mode == "quick"
+        self.echo(f"shared server '{self.name}': {config_line(fl, self.server_env, quick)}")
+        _record_start(None, self.srv, "pipeline", quick)
+        n = sum(l.startswith(f"shared server '{self.name}' start") for l in self._lines) + 1
+        self._lines += [f"shared server '{self.name}' start {n}: {self.srv.startup_s:.1f} s, from its log's time "
+                        f"stamps:", *breakdown_lines(self.srv.startup_phases, self.srv.startup_s),
+                        f"  {config_line(fl, self.server_env, quick)}"]
+
+    def check(self) -> str | None:
+        if self.srv is None or not self.srv.alive():
+            rc = self.srv.group.poll() if self.srv is not None and self.srv.group else None
+            return "its process is gone" + (f" (exit code {rc})" if rc is not None else "")
+        try:
+            self.srv.fresh(timeout=self.check_timeout)
+        except ServerError as e:
+            return str(e).splitlines()[0][:300]
+        return None
+
+    def info(self) -> dict:
+        s = self.srv
+        return {"name": self.name, "url": s.url, "host": s.host, "port": s.port, "pid": s.group.pid,
+                "log": str(s.log_path), "flags": list(s.args), "model_path": s.model_path,
+                "env": _sglang_env(self.server_env), "start_s": round(s.startup_s or 0.0, 1), "mode": self.mode}
+
+    def env(self) -> dict:
+        return {SHARED_ENV + self.name.upper(): json.dumps(self.info())} if self.srv is not None else {}
+
+    def stop(self) -> None:
+        if self.srv is not None:
+            self.srv.stop()
+            self.srv = None
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+
 def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
     """Which of ``pids`` nvidia-smi still lists as holding GPU memory (waits up to ``wait_s``);
     [] where there is no nvidia-smi."""
@@ -689,6 +1092,141 @@ def _gpu_pids_left(pids, wait_s: float = 10.0) -> list[int]:
         if not held or time.time() - t0 > wait_s:
             return held
         time.sleep(1.0)
+
+
+# ================================================================== where a server start goes
+
+_STAMPED = re.compile(r"^\[(?P<time>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(?P<ms>\d{3}))?[^\]\n]*\]")
+# (phase, the log line that ends it, what ran between the previous line and this one). A phase whose line
+# is missing (a graph phase that is switched off) is merged into the next one found.
+START_PHASES = (
+    ("imports", None, "launch_server process: python starts, imports sglang.srt.server_args (torch, transformers); "
+                      "nothing is logged before"),
+    ("server_args", r"server_args=ServerArgs\(", "ServerArgs resolved; the HTTP server, Engine and tokenizer-manager "
+                                                 "modules imported"),
+    ("scheduler_start", r"Init torch distributed begin", "scheduler process spawned, importing "
+                        "sglang.srt.managers.scheduler (torch again, the model registry); the main process builds "
+                        "the tokenizer manager meanwhile"),
+    ("dist_init", r"Init torch distributed ends", "torch.distributed initialised"),
+    ("model_setup", r"Load weight begin", "model runner set up (model classes imported)"),
+    ("weights", r"Load weight end", "weights loaded"),
+    ("kv_pool", r"Memory pool end", "memory profiled, KV pool allocated"),
+    ("backend_init", r"Capture target (?:prefill|decode) CUDA graph begin", "attention backend set up"),
+    ("prefill_graphs", r"Capture target prefill CUDA graph end", "prefill CUDA graphs captured"),
+    ("decode_graphs", r"Capture target decode CUDA graph end", "decode CUDA graphs captured"),
+    ("scheduler_ready", r"Engine startup timings", "scheduler ready (radix cache, sampler)"),
+    ("warmup", r"The server is fired up and ready to roll", "HTTP server up; its warm-up request (/generate)"),
+)
+_JIT_FIRST_S = 20.0   # a first graph size slower than this compiled JIT modules (a warm first size takes ~1 s)
+
+
+def _stamp_ts(m: re.Match, tz) -> float:
+    t = _dt.datetime.strptime(m["time"], "%Y-%m-%d %H:%M:%S")
+    t = t.replace(tzinfo=tz) if tz is not None else t
+    return t.timestamp() + (int(m["ms"]) / 1000 if m["ms"] else 0.0)
+
+
+def _sizes(line: str, key: str) -> str:
+    m = re.search(rf"{key}=\[([\d, ]+)\]", line)
+    if not m:
+        return ""
+    v = [int(x) for x in m.group(1).split(",") if x.strip()]
+    what = "token sizes" if key == "num_tokens" else "batch sizes"
+    return f"{len(v)} {what} {min(v)}-{max(v)}" if v else ""
+
+
+def _first_size_s(text: str, label: str) -> float | None:
+    """tqdm's seconds for the first captured size (its rate after one item, exact for n = 1)."""
+    m = re.search(rf"{label}[^\r\n]*?\|\s*1/\d+ \[[^\]]*?(?:(?P<spi>[\d.]+)s/it|(?P<ips>[\d.]+)it/s)\]", text)
+    if not m:
+        return None
+    return float(m["spi"]) if m["spi"] else 1.0 / float(m["ips"])
+
+
+def startup_breakdown(log_text: str, t_launch: float, t_ready: float | None = None, tz=None) -> list[dict]:
+    """Where a server start went, from the server log's own time stamps (SGLANG_LOG_MS=1 gives ms; lines
+    without ms have 1 s resolution and are clamped so that no phase is negative).
+
+    ``t_launch``: epoch seconds when the command was started; ``t_ready``: when /health first answered
+    200 (adds a "health" phase). ``tz``: the zone of the log's clock (None: this machine's, as for a
+    server started here). Returns one dict per phase found, in order: phase, what, start_s (since
+    launch), seconds, note (figures read from the same lines: pool size, graph sizes, a JIT-slow first
+    graph size, SGLang's own "Engine startup timings"). [] when the log has no time-stamped line."""
+    lines = log_text.split("\n")
+    stamped = [(i, m) for i, l in enumerate(lines) for m in [_STAMPED.match(l)] if m]
+    if not stamped:
+        return []
+    found, pos = [], 0
+    for key, rx, what in START_PHASES:
+        hit = next(((i, m) for i, m in stamped if i >= pos and (rx is None or re.search(rx, lines[i]))), None)
+        if hit:
+            found.append((key, what, hit[0], hit[1]))
+            pos = hit[0]
+    text = {k: lines[i] for k, _w, i, _m in found}
+
+    def line_of(rx):
+        return next((l for l in lines if re.search(rx, l)), "")
+    notes = {}
+    if not found[0][3]["ms"]:
+        notes["imports"] = "ends at a time stamp of 1 s resolution"
+    tmpl = next((_stamp_ts(m, tz) for i, m in stamped if "chat template" in lines[i]), None)
+    eng = re.search(r"scheduler_e2e=([\d.]+).*tokenizer_e2e=([\d.]+)", text.get("scheduler_ready", ""))
+    sched = []
+    if tmpl is not None:
+        sched.append(f"tokenizer manager ready at +{tmpl - t_launch:.1f} s")
+    if eng:
+        sched.append(f"SGLang's own tokenizer_e2e - scheduler_e2e = {float(eng[2]) - float(eng[1]):.1f} s")
+    notes["scheduler_start"] = "; ".join(sched)
+    w = re.search(r"elapsed=([\d.]+) s.*?mem usage=([\d.]+) GB", text.get("weights", ""))
+    fmt_ = re.search(r"load_format='([^']+)'", text.get("server_args", ""))
+    notes["weights"] = ", ".join(x for x in ((f"load_format {fmt_[1]}" if fmt_ else ""),
+                                              (f"{w[2]} GB in {w[1]} s" if w else "")) if x)
+    kv = re.search(r"#tokens: (\d+), K size: ([\d.]+ GB), V size: ([\d.]+ GB)", line_of(r"KV Cache is allocated"))
+    notes["kv_pool"] = f"{int(kv[1])} tokens, K {kv[2]} + V {kv[3]}" if kv else ""
+    for key, phase, label, size_key in (("prefill_graphs", "prefill", "Capturing num tokens", "num_tokens"),
+                                        ("decode_graphs", "decode", "Capturing batches", "bs")):
+        begin = line_of(rf"Capture target {phase} CUDA graph begin")
+        parts = [x for x in (_sizes(begin, size_key),) if x]
+        first = _first_size_s(log_text, label) if begin else None
+        if first is not None:
+            parts.append(f"first size {first:.2f} s" + (" (JIT compiles on first use)" if first > _JIT_FIRST_S else ""))
+        notes[key] = ", ".join(parts)
+    if eng:
+        m = re.search(r"Engine startup timings \(s\): (.*)$", text["scheduler_ready"])
+        notes["scheduler_ready"] = "SGLang: " + re.sub(r", (?:target_verify|draft_\w+)=0\.00", "", m[1]) if m else ""
+    fwd = re.search(r"forward_duration=([\d.]+)ms", line_of(r"ReqTimeStats\("))
+    if fwd:
+        notes["warmup"] = f"its forward took {float(fwd[1]) / 1e3:.2f} s" + (
+            " (JIT compiles on first use)" if float(fwd[1]) / 1e3 > _JIT_FIRST_S / 4 else "")
+    out, prev = [], t_launch
+    for key, what, _i, m in found:
+        t = max(_stamp_ts(m, tz), prev)
+        out.append({"phase": key, "what": what, "start_s": round(prev - t_launch, 3), "seconds": round(t - prev, 3),
+                    "note": notes.get(key, "")})
+        prev = t
+    if t_ready is not None and t_ready >= prev:
+        out.append({"phase": "health", "what": "until /health answered 200 (polled every 0.5 s)",
+                    "start_s": round(prev - t_launch, 3), "seconds": round(t_ready - prev, 3), "note": ""})
+    return out
+
+
+def breakdown_lines(phases: list[dict], total_s: float | None = None) -> list[str]:
+    """The breakdown as aligned text lines (one per phase), for a log."""
+    if not phases:
+        return []
+    total = total_s if total_s is not None else phases[-1]["start_s"] + phases[-1]["seconds"]
+    w = max(len(p["phase"]) for p in phases)
+    return [f"  +{p['start_s']:6.1f} s {p['seconds']:7.1f} s {100 * p['seconds'] / total if total else 0:4.0f}%  "
+            f"{p['phase']:<{w}}  {p['what']}" + (f" [{p['note']}]" if p["note"] else "") for p in phases]
+
+
+def breakdown_row(phases: list[dict]) -> dict:
+    """One flat row: ``<phase>_s`` for every phase of START_PHASES (+ health; None when absent) and the notes."""
+    by = {p["phase"]: p for p in phases}
+    row = {f"{k}_s": (round(by[k]["seconds"], 2) if k in by else None) for k, _r, _w in START_PHASES}
+    row["health_s"] = round(by["health"]["seconds"], 2) if "health" in by else None
+    row["notes"] = "; ".join(f"{k}: {by[k]['note']}" for k in by if by[k]["note"])
+    return row
 
 
 # ================================================================== scheduler log lines
@@ -942,17 +1480,19 @@ BENCH_MODULE = "sglang.benchmark.serving"
 def _bench_worker(module: str) -> int:
     """The worker's side of :class:`BenchWorker`: import ``module`` once, then for each JSON request
     read on stdin ({"argv", "log", "done"}) run its ``cli_main()`` with that argv, its output in the
-    request's log, and write {"rc": exit code} to ``done`` (atomically). Ends when stdin closes."""
+    request's log, and write {"rc": exit code, "run_s": seconds of cli_main, "ready_at": epoch time the
+    import had finished} to ``done`` (atomically). Ends when stdin closes."""
     import contextlib
     import importlib
     import traceback
     from common.results import write_json_atomic
     mod = importlib.import_module(module)
+    ready_at = time.time()
     for line in sys.stdin:
         if not line.strip():
             continue
         req = json.loads(line)
-        rc = 0
+        rc, t0 = 0, time.time()
         with open(req["log"], "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             sys.argv = [module, *req["argv"]]
             try:
@@ -962,7 +1502,7 @@ def _bench_worker(module: str) -> int:
             except Exception:  # noqa: BLE001 - the run failed: its traceback in its log, the worker goes on
                 traceback.print_exc()
                 rc = 1
-        write_json_atomic(req["done"], {"rc": rc})
+        write_json_atomic(req["done"], {"rc": rc, "run_s": round(time.time() - t0, 3), "ready_at": ready_at})
     return 0
 
 
@@ -982,20 +1522,27 @@ class BenchWorker:
         self.group: procs.Group | None = None
         self.runs = 0
         self._at_exit = None
+        self.started_at: float | None = None     # when the worker process was spawned (time.time())
+        self.start_s: float | None = None        # spawn -> its import done: what every separate process pays
+        self.last: dict = {}                     # the timing of the last run (see run())
 
     @property
     def pid(self) -> int | None:
         return self.group.pid if self.group else None
 
     def _start(self) -> None:
+        self.started_at, self.start_s = time.time(), None
         self.group = procs.Group(self.cmd, self.log_path, env={**os.environ, **self.env}, name="bench_serving worker",
                                  echo=self.echo, stdin_pipe=True).start()
         self._at_exit = functools.partial(_last_stop, self)
         atexit.register(self._at_exit)
 
     def run(self, argv, log, timeout: float | None = 900) -> int:
-        """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``."""
-        if self.group is None or not self.group.alive():
+        """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``.
+        ``self.last``: {run (1 = the worker's first), wall_s (request sent -> done, here), run_s (its
+        cli_main in the worker), start_s (the worker's spawn -> import done, paid by this run; 0 after)}."""
+        started = self.group is None or not self.group.alive()
+        if started:
             self._start()
         log = Path(log)
         done = log.with_name(log.name + ".done")
@@ -1023,9 +1570,13 @@ class BenchWorker:
                                       f"log: {log})")
             time.sleep(0.05)
         self.runs += 1
-        rc = int(json.loads(done.read_text())["rc"])
+        rep = json.loads(done.read_text())
         done.unlink(missing_ok=True)
-        return rc
+        if started and rep.get("ready_at") and self.started_at:
+            self.start_s = round(float(rep["ready_at"]) - self.started_at, 3)
+        self.last = {"run": self.runs, "wall_s": round(time.time() - (self.started_at if started else t0), 3),
+                     "run_s": rep.get("run_s"), "start_s": self.start_s if started else 0.0}
+        return int(rep["rc"])
 
     def stop(self) -> None:
         if self.group is not None:
@@ -1037,24 +1588,46 @@ class BenchWorker:
             pass
 
 
-def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, **kw) -> dict:
+def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, own_process: bool = False,
+              **kw) -> dict:
     """Run bench_serving once, in the server's :class:`BenchWorker` (started on first use, stopped with
-    the server); returns its result dict (+ ``_wall_s``). ``kw`` go to :func:`bench_cmd`."""
+    the server); returns its result dict + ``_wall_s`` and ``_bench`` (the worker's timing of the run, see
+    BenchWorker.run). ``own_process``: as its own ``python -m sglang.benchmark.serving`` instead (the way
+    before the worker, for a measured comparison). ``kw`` go to :func:`bench_cmd`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     out_file, log = out_dir / f"{name}.jsonl", out_dir / f"{name}.log"
     out_file.unlink(missing_ok=True)
     t0 = time.time()
-    worker = srv.bench_worker(echo)
-    worker.echo = echo
-    rc = worker.run(bench_cmd(srv, out_file, **kw)[3:], log, timeout=timeout)
+    if own_process:
+        rc = procs.run_tool(bench_cmd(srv, out_file, **kw), log, timeout=timeout, env=tool_env(srv.model_path),
+                            echo=echo, name="bench_serving")
+        timing = {"run": 0, "wall_s": round(time.time() - t0, 3), "run_s": None, "start_s": None}
+    else:
+        worker = srv.bench_worker(echo)
+        worker.echo = echo
+        rc = worker.run(bench_cmd(srv, out_file, **kw)[3:], log, timeout=timeout)
+        timing = dict(worker.last)
     if rc != 0 or not out_file.exists():
         lines = [l for l in log.read_text(errors="replace").splitlines() if l.strip()] if log.exists() else []
         raise ServerError(f"bench_serving {name} failed (rc={rc}): {lines[-1][:200] if lines else 'no output'} "
                           f"(log: {log})\n" + "\n".join(lines[-8:]))
     rec = read_bench_jsonl(out_file)[-1]
     rec["_wall_s"] = time.time() - t0
+    rec["_bench"] = timing
     return rec
+
+
+def bench_timing(rec: dict, name: str) -> dict:
+    """One row of where a bench_serving run's wall time went: wall_s (here), duration_s (its own
+    "Benchmark duration"), start_s (the worker's start this run paid: spawn + import; 0 for the worker's
+    later runs; None for an own process, whose wall includes its start), run_s (cli_main in the worker),
+    overhead_s = wall - duration."""
+    t = rec.get("_bench") or {}
+    wall, dur = rec.get("_wall_s"), rec.get("duration")
+    return {"name": name, "how": "own process" if t.get("run") == 0 else "worker", "worker_run": t.get("run"),
+            "wall_s": round(wall, 3) if wall is not None else None, "duration_s": dur, "start_s": t.get("start_s"),
+            "run_s": t.get("run_s"), "overhead_s": round(wall - dur, 3) if wall is not None and dur is not None else None}
 
 
 def latency_summary(results: list[dict]) -> dict:

@@ -4,19 +4,33 @@ Default (--quick / --all): 00 01 02 03 08 (the joined execution story), and 07_t
 when >= 2 GPUs are visible. The flags mean what they mean in every system: --nsys adds the timeline
 step (04_nsys_profile: Nsight Systems, or the torch profiler where nsys is not usable); --ncu adds the
 Nsight Compute passes (05_ncu_attention, and 08's counters phase: every kernel of a layer on the counters).
+
+One server for the --quick pipeline: a warm SGLang server start took 91 s on a fresh H100, 69 s of it
+before the scheduler process had imported torch and sglang (tests/fixtures/sglang_server_start_warm_h100.log,
+_sglang.startup_breakdown), and 01, 02, 03 and 08 each started one or two. With --quick the runner starts one server ("default": the flags of
+_sglang.serving_flags in --quick, which 01, 02's FCFS server, 03's FlashInfer variant and 08 compute
+with their default options) before 01 and stops it after 08. An experiment whose flags differ (02's LPM
+pass, 03's Triton variant, 08 where FA3 runs, or any --server-arg) starts its own and says why. With
+--all each script starts its own servers, as when run alone: 01's full sweep needs SGLang's own pool size,
+02 and 08 their smaller ones.
 """
-from common.pipeline import ONLY, Step
+from common.pipeline import ONLY, Service, Step
 
 # what an SGLang server with the flashinfer backend compiles for Llama head_dim 128, bf16, int32 indices:
 # paged prefill and tensor-core decode (fa2), the ragged prefill (backend "auto": fa3 on sm90), merge_state, norm
 SERVER = ("fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm")
 
+SERVERS = {
+    "default": Service("_sglang:SharedServer", modes=("quick",),
+                       why="one server start for 01, 02, 03 and 08 instead of one or two each"),
+}
+
 STEPS = [
     Step("00_check_env", "00_check_env.py"),
-    Step("01_baseline_perf", "01_baseline_perf.py", jit=SERVER),
-    Step("02_radix_cache_analysis", "02_radix_cache_analysis.py", jit=SERVER),
-    Step("03_backend_comparison", "03_backend_comparison.py", jit=SERVER),
-    Step("08_execution_story", "08_execution_story.py", ncu=("--ncu",), jit=SERVER),
+    Step("01_baseline_perf", "01_baseline_perf.py", jit=SERVER, server="default"),
+    Step("02_radix_cache_analysis", "02_radix_cache_analysis.py", jit=SERVER, server="default"),
+    Step("03_backend_comparison", "03_backend_comparison.py", jit=SERVER, server="default"),
+    Step("08_execution_story", "08_execution_story.py", ncu=("--ncu",), jit=SERVER, server="default"),
     Step("04_nsys_profile", "04_nsys_profile.py", nsys=ONLY, jit=SERVER),
     Step("05_ncu_attention", "05_ncu_attention.py", ncu=ONLY, jit=SERVER),
     Step("07_tp_scaling", "07_tp_scaling.py", only_all=True, min_gpus=2, jit=SERVER),

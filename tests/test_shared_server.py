@@ -1,0 +1,258 @@
+"""One server for several pipeline steps (issue #22): common.pipeline's shared services with the SGLang
+provider (_sglang.SharedServer) and the scripts' side (_sglang.server), on the stand-in server.
+
+A fake system in tmp_path declares ``SERVERS = {"default": Service("_sglang:SharedServer", ...)}`` -- the
+real provider, given the stand-in tests/sglang_fake_server.py as its launcher -- and steps that run
+``exp.py WHAT``: a stand-in experiment that asks _sglang.server() for a server with the shared server's
+flags (or, with WHAT=other, one more flag), prints which server it got, sends a request, then does WHAT
+(ok, fail, kill the server, leave a request running, sleep). Each case checks by pid which server each
+step used and that no server outlives the run; the guards were each broken once on purpose and seen to
+fail (see the commit that added this file).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import procs
+from kit import write_fake_system
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "sglang" / "scripts"
+FAKE = Path(__file__).resolve().parent / "sglang_fake_server.py"
+SYS = "fakesys"
+FLAGS = ["--load-format", "dummy", "--enable-metrics", "--log-level", "info", "--max-total-tokens", "32768"]
+
+EXP = f'''
+import os, signal, sys, threading, time
+from pathlib import Path
+sys.path.insert(0, {str(SCRIPTS)!r})
+import _sglang as sg
+from common.checks import run_main
+from common.results import Run
+
+def main(argv=None):
+    what = sys.argv[1]
+    fl = {FLAGS!r} + (["--schedule-policy", "lpm"] if what == "other" else [])
+    with Run(Path(__file__).with_name(f"exp_{{what}}.py"), {{"what": what}}, quiet=True) as run:
+        with sg.server(run, "dummy-model", fl, quick=True, own_why="another policy, on purpose",
+                       launcher=[sys.executable, {str(FAKE)!r}, "--spawn-child"], start_timeout=30, stop_timeout=3) as srv:
+            pid = srv.shared["pid"] if srv.shared else srv.group.pid
+            print(f"USED {{what}} {{'shared' if srv.shared else 'own'}} {{pid}}", flush=True)
+            srv.generate(input_ids=[1, 2, 3], sampling_params={{"max_new_tokens": 2}})
+            if what == "fail":
+                raise RuntimeError("the experiment failed, on purpose")
+            if what == "kill":
+                os.kill(pid, signal.SIGKILL)
+            if what == "busy":                       # a request left running by a step that dies
+                threading.Thread(target=lambda: srv.generate(input_ids=[1], sampling_params={{
+                    "max_new_tokens": 1, "fake_running_s": 20}}), daemon=True).start()
+                time.sleep(0.5)
+                os._exit(1)
+            if what == "sleep":
+                Path(__file__).with_name("sleeping.tmp").write_text(str(os.getpid()))
+                Path(__file__).with_name("sleeping.tmp").replace(Path(__file__).with_name("sleeping"))
+                time.sleep(60)
+    return 0
+
+run_main(main)
+'''
+
+
+def make_system(tmp_path: Path, steps: list[str], launcher_extra=()) -> Path:
+    sd = write_fake_system(tmp_path, SYS, [])
+    (sd / "scripts" / "exp.py").write_text(EXP)
+    launcher = [sys.executable, str(FAKE), "--spawn-child", *launcher_extra]
+    (sd / "scripts" / "_steps.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "from common.pipeline import Service, Step\n\n"
+        f"SERVERS = {{'default': Service('_sglang:SharedServer', options={{'model_path': 'dummy-model', "
+        f"'flags': {FLAGS!r}, 'launcher': {launcher!r}, 'start_timeout': 30, 'stop_timeout': 3, "
+        f"'check_timeout': 1}})}}\n"
+        "STEPS = [\n" + "".join(f"    {s},\n" for s in steps) + "]\n")
+    return tmp_path
+
+
+def exp(name: str, what: str) -> str:
+    return f'Step("{name}", "exp.py", quick=("{what}",), full=("{what}",), server="default")'
+
+
+def env_for(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HANDS_ON_SHARED_SERVER_", "HANDS_ON_SERVER_STARTS"))}
+    return {**env, "HANDS_ON_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+
+
+def pipeline(root: Path, *args, timeout: float = 180):
+    return subprocess.run([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env_for(root))
+
+
+def used(out: str) -> dict:
+    """{step's WHAT: (shared|own, server pid)} from the USED lines the stand-in experiments print."""
+    return {m[0]: (m[1], int(m[2])) for m in re.findall(r"^USED (\w+) (shared|own) (\d+)$", out, re.M)}
+
+
+def family(pid: int) -> list[int]:
+    return [pid, *procs.descendants(pid)]
+
+
+def shared_pidfiles(root: Path) -> list[Path]:
+    return list((root / "cache" / "servers" / "06_full_pipeline").glob("*.pid"))
+
+
+def rows_of(root: Path, name: str) -> list[dict]:
+    d = root / SYS / "results" / "06_full_pipeline"
+    p = d / name if d.exists() else next((root / SYS / "results").rglob(f"06_full_pipeline/*/{name}"))
+    with open(p, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def tracked():
+    """Pids a case saw; whatever of them is still alive afterwards is killed (and fails the case)."""
+    pids: list[int] = []
+    yield pids
+    left = [p for p in pids if procs.alive(p)]
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert not left, f"left running: {left}"
+
+
+# ------------------------------------------------------------------ one server, started once, shared by pid
+
+def test_one_server_for_the_steps_that_share_it_and_its_own_for_other_flags(tmp_path, tracked):
+    root = make_system(tmp_path, ['Step("first", "ok.py")', exp("a", "ok"), exp("b", "ok2"), exp("c", "other"),
+                                  exp("d", "ok3"), 'Step("after", "marker.py")'],
+                       launcher_extra=("--sglang-log", "--ready-after", "1"))
+    out = pipeline(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    u = used(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    assert [u[w][0] for w in ("ok", "ok2", "other", "ok3")] == ["shared", "shared", "own", "shared"]
+    shared = u["ok"][1]
+    assert u["ok2"][1] == u["ok3"][1] == shared != u["other"][1]           # one server for a, b, d; c its own
+    assert out.stdout.count("shared server 'default': starting on port") == 1
+    assert re.search(r"^\[2/7\] server:default\s+ok  in \d+s$", out.stdout, re.M)
+    assert ("server: starts its own server, not the pipeline's shared 'default': its flags differ from the shared "
+            "server's: adds --schedule-policy lpm -- another policy, on purpose") in \
+        (root / SYS / "results" / "exp_other" / "log.txt").read_text()
+    # stopped after its last step (d), before the step that does not use it
+    assert out.stdout.index("server:default: stopped in") < out.stdout.index("[7/7] after")
+    assert not any(procs.alive(p) for p in [shared, u["other"][1]]) and not shared_pidfiles(root)
+    steps = rows_of(root, "steps.csv")
+    assert [(r["step"], r["kind"]) for r in steps] == [("first", "measure"), ("server:default", "server"),
+                                                       ("a", "measure"), ("b", "measure"), ("c", "measure"),
+                                                       ("d", "measure"), ("after", "measure")]
+    assert "python" in steps[1]["command"] and "--max-total-tokens 32768" in steps[1]["command"]
+    starts = rows_of(root, "server_starts.csv")
+    assert [(r["started_by"], r["server"]) for r in starts] == [("pipeline", "shared server 'default'"),
+                                                                ("exp_other", "server")]
+    assert float(starts[0]["decode_graphs_s"]) >= 0 and starts[0]["quick_changes"] == "--max-total-tokens 32768"
+    s = json.loads((root / SYS / "results" / "06_full_pipeline" / "summary.json").read_text())
+    assert s["headline"]["server_starts"] == 1 and s["headline"]["server_s"] > 0
+    assert "shared servers" in s["story"].splitlines()[0]
+    assert "shared server 'default' start 1:" in s["story"] and "decode_graphs" in s["story"]
+    log = (root / SYS / "results" / "06_full_pipeline" / "logs" / "server-default.log").read_text()
+    assert "where the" in log and "NOT SGLang's default configuration: --quick sets KV pool 32768 tokens" in log
+    for what in ("ok", "ok2", "ok3"):                     # each experiment's run names the server it used
+        run_log = (root / SYS / "results" / f"exp_{what}" / "log.txt").read_text()
+        assert f"runs on the pipeline's shared server 'default' (pid {shared}," in run_log
+        assert "the experiment starts from an empty server" in run_log
+        summ = json.loads((root / SYS / "results" / f"exp_{what}" / "summary.json").read_text())
+        assert summ["servers"][0]["how"] == "shared" and summ["server_config"]
+
+
+def test_without_the_mode_each_step_starts_its_own(tmp_path, tracked):
+    root = make_system(tmp_path, [exp("a", "ok"), exp("b", "ok2")])
+    out = pipeline(root, "--all")
+    assert out.returncode == 0, out.stdout + out.stderr
+    u = used(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    assert [h for h, _ in u.values()] == ["own", "own"] and "server:default" not in out.stdout
+    log = (root / SYS / "results" / "exp_ok" / "log.txt").read_text()
+    assert "starts its own server" not in log and "shared" not in log    # nothing was offered: nothing to explain
+
+
+# ------------------------------------------------------------------ a step that fails, kills it, leaves it busy
+
+def test_a_failing_step_leaves_it_usable_and_a_killed_or_busy_server_is_restarted(tmp_path, tracked):
+    root = make_system(tmp_path, [exp("a", "ok"), exp("f", "fail"), exp("b", "ok2"), exp("k", "kill"),
+                                  exp("c", "ok3"), exp("x", "busy"), exp("d", "ok4")])
+    out = pipeline(root)
+    u = used(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    assert out.returncode == 1 and "partial — 5/7 steps ok" in out.stdout, out.stdout + out.stderr
+    assert all(how == "shared" for how, _ in u.values()), u
+    first, second, third = u["ok"][1], u["ok3"][1], u["ok4"][1]
+    assert u["fail"][1] == u["ok2"][1] == u["kill"][1] == first             # the failure left it usable
+    assert second != first and u["busy"][1] == second and third != second   # restarted twice
+    assert re.search(r"server:default: not usable before c \(its process is gone", out.stdout)
+    assert re.search(r"server:default: not usable before d \(.*could not be flushed", out.stdout)
+    assert re.search(r"^\[restart\] server:default\s+ok  in \d+s$", out.stdout, re.M)
+    steps = rows_of(root, "steps.csv")
+    assert [r["step"] for r in steps] == ["server:default", "a", "f", "b", "k", "server:default", "c", "x",
+                                          "server:default", "d"]
+    assert {r["step"]: r["status"] for r in steps if r["kind"] == "measure"} == {
+        "a": "ok", "f": "failed", "b": "ok", "k": "ok", "c": "ok", "x": "failed", "d": "ok"}
+    assert not any(procs.alive(p) for p in (first, second, third)) and not shared_pidfiles(root)
+
+
+# ------------------------------------------------------------------ Ctrl-C, SIGTERM, SIGKILL
+
+def _start_sleeping(root: Path):
+    """The pipeline with its shared server up and a step sleeping on it: (Popen, server pid, step pid)."""
+    log = open(root / "pipeline.out", "w")
+    p = subprocess.Popen([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS],
+                         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env_for(root))
+    flag = root / SYS / "scripts" / "sleeping"
+    t0 = time.time()
+    while not flag.exists() and time.time() - t0 < 60 and p.poll() is None:
+        time.sleep(0.1)
+    assert flag.exists(), (root / "pipeline.out").read_text()
+    while "sleep" not in used((root / "pipeline.out").read_text()) and time.time() - t0 < 60:
+        time.sleep(0.1)                                   # the runner relays the step's output every 0.1 s
+    return p, used((root / "pipeline.out").read_text())["sleep"][1], int(flag.read_text())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_the_shared_server(tmp_path, tracked, sig):
+    root = make_system(tmp_path, [exp("s", "sleep"), exp("never", "ok")])
+    p, server, step = _start_sleeping(root)
+    everything = family(server) + family(step)
+    tracked += everything
+    assert len(family(server)) == 2 and shared_pidfiles(root)           # the server and its child, registered
+    p.send_signal(sig)
+    p.wait(60)
+    out = (root / "pipeline.out").read_text()
+    assert p.returncode == 130, out
+    assert procs.wait_gone(everything, 15), [q for q in everything if procs.alive(q)]
+    assert "server:default: stopped in" in out and "USED ok" not in out and not shared_pidfiles(root)
+
+
+def test_a_killed_pipelines_server_is_found_and_stopped_by_the_next_run(tmp_path, tracked):
+    root = make_system(tmp_path, [exp("s", "sleep"), 'Step("plain", "marker.py")'])
+    p, server, step = _start_sleeping(root)
+    left = family(server)
+    tracked += left + family(step)
+    p.kill()                                              # SIGKILL: no handler runs, the server stays
+    p.wait(10)
+    os.killpg(step, signal.SIGKILL)                       # and the step with it (its own process group)
+    time.sleep(0.3)
+    assert all(procs.alive(q) for q in left) and len(shared_pidfiles(root)) == 1
+    out = pipeline(root, "--only", "plain")               # a run that does not even use the shared server
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(rf"found a process group left behind by a killed run \(\d+-default\.pid: pid {server}, ",
+                     out.stdout)
+    assert procs.wait_gone(left, 10) and not shared_pidfiles(root)
