@@ -608,7 +608,8 @@ def test_the_shared_servers_check_finds_it_dead_or_busy_and_it_declines_a_small_
         assert h.check().startswith("its process is gone")
     finally:
         h.stop()
-    monkeypatch.setattr(sg, "gpu_total_gb", lambda index=0: 40.0)
+    import _sgl_shared                                   # the room of _sglang that holds the shared server
+    monkeypatch.setattr(_sgl_shared, "gpu_total_gb", lambda index=0: 40.0)
     with pytest.raises(ServiceSkipped, match="GPU 0 has 40 GB, under 70 GB"):
         _shared(tmp_path, said).start(tmp_path / "logs")
 
