@@ -104,7 +104,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=cli.non_negative_int, default=2, help="layers kept (shapes unchanged); 0 = the full model")
     p.add_argument("--prefill-len", type=cli.positive_int, default=None, help="prefill prompt tokens (quick 4096, full 8192)")
     p.add_argument("--decode-bs", type=cli.positive_int, default=32, help="decode batch size (default 32)")
-    p.add_argument("--decode-kv", type=cli.positive_int, default=None, help="decode context tokens (quick 2048, full 4096)")
+    p.add_argument("--decode-kv", type=cli.positive_int, default=4096, help="decode context tokens (default 4096: the "
+                   "batch 32 x 4k KV decode every system of the workbook measures, so the three sit side by side)")
     p.add_argument("--set", dest="section_set", default=None, help="ncu section set (e.g. full); default: summary metrics")
     p.add_argument("--launch-count", type=cli.positive_int, default=200, help="safety cap on profiled launches (default 200)")
     sg.add_model_args(p, backend_default=None)
@@ -232,7 +233,7 @@ def main(argv=None) -> int:
                  "add it to PATH or set NCU=/path/to/ncu.")
     pd, = require_modules(("pandas", None))
     args.prefill_len = args.prefill_len or (4096 if args.quick else 8192)
-    args.decode_kv = args.decode_kv or (2048 if args.quick else 4096)
+    args.decode_kv = args.decode_kv
     backends = args.backends or (["flashinfer"] if args.quick else ["flashinfer", "triton"])
     model_dir, base = sg.model_and_flags(args)
     sh = sg.model_shape(model_dir)
