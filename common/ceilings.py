@@ -4,6 +4,7 @@
     tb_s, kind = dram_for(pk, read_bytes, write_bytes)   # the DRAM ceiling that matches a kernel's traffic
     rows = ceilings_table(pk)              # probe · measured · datasheet · % of datasheet · method
     ceiling_text(pk, "dram_read_tb_s")     # 'the measured DRAM read ceiling 3.16 TB/s (...) of NVIDIA H100 ...'
+    kinds_text(pk)                         # 'DRAM read 3.16 · mixed ... · copy 3.02 · write 3.30 TB/s (measured; ...)'
 
     python -m common.ceilings measure [--refresh] [--quick] [--device N]   # measure (once) and print the table
     python -m common.ceilings show                                          # the cached set(s), no CUDA
@@ -412,6 +413,19 @@ def ceiling_text(pk: dict, key: str = "dram_tb_s", short: bool = False) -> str:
     if short:
         return text
     return text + (f" ({how})" if how and how != src else "") + f" of {pk.get('gpu') or 'this GPU'}"
+
+
+def kinds_text(pk: dict) -> str:
+    """The DRAM ceilings of a :func:`peaks` dict, one per kind of traffic, on one line: 'DRAM read 4.60 · mixed 4.71
+    (fastest probe) · copy 4.27 · write 4.71 TB/s (measured)'; a kind with no probe of its own says what stands in."""
+    from .story import fmt
+    src = pk.get("sources") or {}
+    parts = []
+    for kind, key in DRAM_KEYS.items():
+        how = src.get(key) or pk.get("source") or "?"
+        stand_in = f" ({how.split('(')[-1].rstrip(')')})" if "(" in how else ""
+        parts.append(f"{kind} {fmt(pk.get(key))}{stand_in}")
+    return f"DRAM {' · '.join(parts)} TB/s ({pk.get('source') or '?'}; each kernel is divided by the kind its traffic matches)"
 
 
 def ceilings_table(c: dict | None, top_gemm: int = 3) -> list[dict]:

@@ -2,7 +2,8 @@
 
     fig = roofline([{"label": "decode b32", "flop_per_byte": 1.0, "tflop_s": 2.7}], peaks)
     fig = roofline(points_of_one_layer, peaks, series_order=LAYER_CLASSES)   # GEMM, attention, norm, ...
-    fig = sweep(df, x="kv_len", y="tb_s", hue="batch", logx=True, ylabel="TB/s")
+    fig = sweep(df, x="kv_len", y="tflop_s", hue="batch", logx=True, ylabel="TFLOP/s")
+    fig = effective(df, peaks, hue="batch", mix="read")      # effective TB/s vs working set, DRAM ceilings, L2 marks
     run.figure("roofline", fig)
 
 Rules every figure here keeps, so a reader can trust it at a glance:
@@ -197,6 +198,95 @@ def sweep(df, x: str, y: str, hue: str | None = None, logx: bool = False, logy: 
     if hue is not None or hline:
         ax.legend(fontsize=8)
     return fig
+
+
+DRAM_LINES = {"read": "-", "mixed": "-.", "copy": "--", "write": ":"}     # one line style per DRAM ceiling kind
+
+
+def effective(df, peaks: dict, *, hue: str | None = None, x: str = "working_set", y: str = "eff_tb_s",
+              mix: str | None = None, title: str = "", hue_order=None):
+    """Effective bandwidth (formula bytes / time, common.timing.rates) of a sweep against its working set (``x``, in
+    bytes: drawn in MB, log scale), one line per ``hue`` value, with what bounds it drawn so the reader sees where it
+    can exceed DRAM and why:
+
+    * each DRAM ceiling of ``peaks`` (common.ceilings: read, mixed, copy, write) as a horizontal line, named in the
+      legend with its value and source; ``mix``, the kind these kernels' traffic is judged against, drawn heavier;
+    * the L2 size as two vertical lines: working set = L2, and = STREAM_FACTOR x L2 (common.kernels). Left of the
+      second, L2 can serve part of the bytes (a write can end the kernel still in L2), so effective bandwidth may
+      exceed every DRAM ceiling; right of it the formula bytes go through DRAM, and there only timing.rates gives a
+      % of a ceiling (``eff_pct``).
+
+    A point above the fastest DRAM ceiling gets a red edge, and the title counts them on each side of
+    STREAM_FACTOR x L2 (left: served from L2; right: the ceiling probe under-measures). The axes carry
+    ``hands_on_above_dram``: (series, working set in bytes) of those points."""
+    from .ceilings import DRAM_KEYS
+    from .kernels import STREAM_FACTOR
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    groups = [(None, df)] if hue is None else list(df.groupby(hue, sort=False))
+    sty = styles([str(k) for k, _ in groups], hue_order)
+    kinds = {k: peaks.get(key) for k, key in DRAM_KEYS.items() if peaks.get(key)}
+    top = max(kinds.values(), default=None) or peaks.get("dram_tb_s")
+    l2 = peaks.get("l2_mb")
+    above = []
+    for key, g in groups:
+        g = g[[_num(a) and _num(b) and a > 0 for a, b in zip(g[x], g[y])]].sort_values(x)
+        col, mk = sty[str(key)]
+        xs, ys = [v / 1e6 for v in g[x]], list(g[y])
+        line, = ax.plot(xs, ys, marker=mk, ms=4, color=col, label=None if key is None else f"{hue}={key}")
+        line.set_gid(str(key))
+        over = [(xx, yy) for xx, yy in zip(xs, ys) if top and yy > top]
+        if over:
+            ax.scatter([o[0] for o in over], [o[1] for o in over], s=40, facecolors="none", edgecolors=ABOVE_EDGE,
+                       linewidths=1.6, zorder=4)
+            above += [(str(key), o[0] * 1e6) for o in over]
+    bounds = []
+    for kind, v in kinds.items():
+        key = DRAM_KEYS[kind]
+        src = (peaks.get("sources") or {}).get(key) or peaks.get("source") or "?"
+        heavy = kind == mix
+        bounds += [ax.axhline(v, color="black" if heavy else "dimgray", ls=DRAM_LINES[kind], lw=1.6 if heavy else 0.9,
+                              label=f"DRAM {kind} ceiling {v:.2f} TB/s ({src})" + (" — these kernels' kind" if heavy
+                                                                                   else ""))]
+    if l2:
+        bounds += [ax.axvline(l2, color="tab:blue", ls=":", lw=1.2, label=f"working set = L2 ({l2:g} MB)"),
+                   ax.axvline(STREAM_FACTOR * l2, color="tab:blue", ls="--", lw=1.2,
+                              label=f"working set = {STREAM_FACTOR} x L2: right of it, effective = a DRAM rate")]
+    ax.hands_on_above_dram = above
+    ax.set_xscale("log")
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.1 * (top or 0)))
+    if l2:       # shade where L2 can serve the bytes, without widening the axis the data set
+        lo, hi = ax.get_xlim()
+        ax.axvspan(lo, STREAM_FACTOR * l2, color="tab:blue", alpha=0.06, lw=0)
+        ax.set_xlim(lo, hi)
+    ax.set_xlabel("working set (MB: bytes the call touches)")
+    ax.set_ylabel("effective TB/s (formula bytes / time)")
+    full = title
+    if above:
+        big = sum(1 for _, ws in above if l2 and ws >= STREAM_FACTOR * l2 * 1e6)
+        full += (f"\n{len(above) - big} point(s) above every DRAM ceiling below {STREAM_FACTOR} x L2 (L2 served them)"
+                 + (f"; {big} at >= {STREAM_FACTOR} x L2: the ceiling probe under-measures" if big else ""))
+    ax.set_title(full, fontsize=10, color="darkred" if above else "black")
+    ax.grid(True, which="both", alpha=0.25)
+    handles, labels = ax.get_legend_handles_labels()
+    series = [(h, lab) for h, lab in zip(handles, labels) if h not in bounds]
+    if series:
+        ax.add_artist(ax.legend(*zip(*series), fontsize=7, loc="lower right", framealpha=0.9))
+    named = [(h, lab) for h, lab in zip(handles, labels) if h in bounds]
+    if named:
+        fig.subplots_adjust(bottom=0.16 + 0.035 * len(named))
+        fig.legend(*zip(*named), fontsize=7, loc="lower center", frameon=False)
+    return fig
+
+
+def _num(v) -> bool:
+    """A real number (numpy's too), not NaN."""
+    if isinstance(v, bool):
+        return False
+    try:
+        return not math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
 
 
 # ------------------------------------------------------------------ the joined story (common.timeline tables)

@@ -256,6 +256,7 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
       common.ceilings), given only where ``working_set`` (the bytes the call touches; default ``bytes``) is
       at least common.kernels.STREAM_FACTOR times the L2 (``peaks["l2_mb"]``): then its bytes do go through
       DRAM. Otherwise NaN, and ``eff_pct_why`` says why. ``l2_resident``: the working set fits in L2.
+      ``working_set`` is kept in the result (a sweep's figure places each point by it: common.plots.effective).
     * ``tflop_s``, ``pct_bf16_ceiling`` (% of the measured bf16 ceiling), ``flop_per_byte``.
 
     A % above 100 is kept as measured (never clipped) and flagged: ``above_ceiling: True`` and a
@@ -263,12 +264,12 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
     under-measures this GPU (or ran at a lower clock: common.clocks) and must be improved
     (``python -m common.ceilings measure --refresh`` after a better probe), not that the kernel beat it.
     """
-    from .ceilings import DRAM_KEYS
     from .kernels import STREAM_FACTOR
     out: dict = {"ms": ms}
     s = ms / 1e3
     if bytes is not None and s > 0:
         out["bytes"] = bytes
+        out["working_set"] = working_set if working_set is not None else bytes
         out["eff_tb_s"] = bytes / s / 1e12
     if flops is not None and s > 0:
         out["flops"] = flops
@@ -279,8 +280,7 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
         return out
     notes = []
     if "eff_tb_s" in out:
-        key = DRAM_KEYS.get(mix, "dram_copy_tb_s")
-        key = key if peaks.get(key) else "dram_tb_s"        # a record from before the kinds were measured apart
+        key = dram_key(peaks, mix)
         ceil, l2 = peaks.get(key), peaks.get("l2_mb")
         ws = working_set if working_set is not None else bytes
         out.update(eff_ceiling=mix, l2_resident=bool(l2 and ws < l2 * 1e6))
@@ -307,6 +307,20 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
     return out
 
 
+def dram_key(peaks: dict, mix: str) -> str:
+    """The key of ``peaks`` that effective bandwidth of traffic kind ``mix`` is divided by: its kind's DRAM ceiling
+    (common.ceilings.DRAM_KEYS), or ``dram_tb_s`` in a record from before the kinds were measured apart."""
+    from .ceilings import DRAM_KEYS
+    key = DRAM_KEYS.get(mix, "dram_copy_tb_s")
+    return key if peaks.get(key) else "dram_tb_s"
+
+
+def dram_ceiling_text(peaks: dict, mix: str, short: bool = False) -> str:
+    """The DRAM ceiling :func:`rates` divides traffic of kind ``mix`` by, named (common.ceilings.ceiling_text)."""
+    from .ceilings import ceiling_text
+    return ceiling_text(peaks, dram_key(peaks, mix), short=short)
+
+
 def _above_note(value: float, pct: float, peaks: dict, key: str, what: str, unit: str) -> str:
     """One sentence: which ceiling was beaten, by how much, and what that means."""
     src = (peaks.get("sources") or {}).get(key) or peaks.get("source") or "?"
@@ -314,3 +328,75 @@ def _above_note(value: float, pct: float, peaks: dict, key: str, what: str, unit
     return (f"{value:.3g} {unit} is {pct:.1f}% of the {src} {what} ceiling {peaks[key]:.3g} {unit}"
             f"{f' ({how})' if how else ''}: {pct - 100:.1f}% above it, so that ceiling under-measures "
             f"this GPU (improve the probe; the value is not clipped)")
+
+
+# ------------------------------------------------------------------ what a sweep row keeps, says and is judged on
+
+RATE_COLUMNS = ("bytes", "working_set", "eff_ceiling", "eff_tb_s", "eff_pct", "eff_pct_why", "l2_resident", "flops",
+                "tflop_s", "pct_bf16_ceiling", "flop_per_byte")
+
+
+def rate_row(r: dict) -> dict:
+    """The columns of a :func:`rates` result a sweep row keeps (RATE_COLUMNS, in order; absent ones left out)."""
+    return {k: r[k] for k in RATE_COLUMNS if k in r}
+
+
+def _valid(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def median_row(rows, key: str = "eff_tb_s") -> dict:
+    """The row whose ``key`` is the median of ``rows`` (the lower middle one for an even count): a line that quotes
+    one repetition's rate quotes a real measurement, with its own working set and %."""
+    rows = sorted((r for r in rows if _valid(r.get(key))), key=lambda r: r[key])
+    return rows[(len(rows) - 1) // 2] if rows else {}
+
+
+def l2_multiple(working_set: float, peaks: dict | None) -> float:
+    """The working set in units of the L2 size (NaN when the L2 size is unknown)."""
+    l2 = (peaks or {}).get("l2_mb")
+    return working_set / (l2 * 1e6) if l2 and _valid(working_set) else math.nan
+
+
+def eff_text(r: dict, peaks: dict | None = None) -> str:
+    """A sweep row's effective bandwidth on a story line, named by what it is: 'effective 4.12 TB/s (formula bytes /
+    time) = 89.6% of the read ceiling, working set 537 MB = 8.9 x L2' where ``eff_pct`` is valid (the working set is
+    at least STREAM_FACTOR x L2), else 'effective 3.10 TB/s (formula bytes / time; working set 134 MB = 2.2 x L2: not
+    a DRAM rate)'.
+    Never labelled a DRAM rate: only ncu's measured bytes make one (common.kernels)."""
+    from .story import fmt
+    if not _valid(r.get("eff_tb_s")):
+        return "effective bandwidth: -"
+    ws = r.get("working_set", r.get("bytes"))
+    n = l2_multiple(ws, peaks)
+    where = f"working set {fmt(ws / 1e6 if _valid(ws) else math.nan)} MB"
+    if _valid(n):
+        where += (f" = {n:.0f} x L2" if n >= 10 else f" = {n:.1f} x L2" if n >= 1 else f" = {n:.2f} x L2" if n >= 0.01
+                  else " < 0.01 x L2")
+    head = f"effective {fmt(r['eff_tb_s'])} TB/s (formula bytes / time"
+    if _valid(r.get("eff_pct")):
+        return f"{head}) = {fmt(r['eff_pct'])}% of the {r.get('eff_ceiling') or 'copy'} ceiling, {where}"
+    return f"{head}; {where}: not a DRAM rate)"
+
+
+def within_ceiling(pcts, what: str) -> bool | str:
+    """The premise of every '% of a ceiling' verdict: no value above 100% of ``what`` (a ceiling, named:
+    common.ceilings.ceiling_text). True, or a string saying which value beat it: the ceiling probe under-measures
+    this GPU, or ran at another clock (common.clocks); improve the probe, never cap the kernel."""
+    over = [p for p in pcts if _valid(p) and p > 100]
+    return True if not over else (f"{max(over):.0f}% of {what}: a kernel beat the ceiling, so the ceiling probe "
+                                  "under-measures this GPU (python -m common.ceilings measure --refresh after a better "
+                                  "probe; common.clocks for the clock it ran at)")
+
+
+def eff_premise(rows, what: str) -> bool | str:
+    """The premise of a verdict judged on ``eff_pct`` (rows as :func:`rate_row` writes them): every value is a DRAM
+    rate (its working set is at least STREAM_FACTOR x the L2, else its ``eff_pct_why``) and none beats ``what``, the
+    DRAM ceiling of its kind (:func:`within_ceiling`). True, or a string saying which premise failed."""
+    rows = list(rows)
+    bad = [r for r in rows if not _valid(r.get("eff_pct"))]
+    if bad:
+        why = bad[0].get("eff_pct_why")
+        return (f"{len(bad)} of {len(rows)} value(s) are no DRAM rate: "
+                f"{why if isinstance(why, str) and why else 'no effective bandwidth'}")
+    return within_ceiling([r["eff_pct"] for r in rows], what)

@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mini-sglang" / "scripts"))
 import _msgl as m  # noqa: E402
-from common import trace  # noqa: E402
+from common import timing, trace  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import Hypothesis  # noqa: E402
 
@@ -147,9 +147,10 @@ def test_a_fact_on_every_observation(run):
 
 
 def test_the_ceiling_premise():
-    assert m.within_ceiling([62.6, 99.7, float("nan"), None]) is True
-    why = m.within_ceiling([99.6, 102.1])
-    assert isinstance(why, str) and why.startswith("102% of the measured DRAM ceiling") and "--refresh" in why
+    assert m.within_ceiling([62.6, 99.7, float("nan"), None], "the measured bf16 ceiling") is True
+    why = m.within_ceiling([99.6, 102.1], "the measured DRAM read ceiling 4.68 TB/s")
+    assert isinstance(why, str) and why.startswith("102% of the measured DRAM read ceiling 4.68 TB/s") and "--refresh" in why
+    assert m.within_ceiling is timing.within_ceiling and m.eff_premise is timing.eff_premise     # one home: common
 
 
 def test_argv_of_rebuilds_the_childs_points():

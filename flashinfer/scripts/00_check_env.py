@@ -9,9 +9,11 @@ What it measures
     whether it may read the GPU counters — one tiny kernel is profiled to find out; nsys, else the
     torch-profiler fallback), FlashInfer's JIT cache (where it lives, which modules are compiled),
     which paths FlashInfer takes on this GPU (prefill backend "auto", FA3, the norm path), and the
-    measured ceilings every other script divides by: DRAM TB/s (the best of several streaming probes far
-    above L2) and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.ceilings.peaks, cached per GPU,
-    every probe shown next to the datasheet (peaks.csv, from common.ceilings.ceilings_table).
+    measured ceilings every other script divides by: DRAM TB/s per kind of traffic (read, mixed, copy, write:
+    each the best of several streaming probes far above L2; a kernel is divided by the kind its traffic matches)
+    and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.ceilings.peaks, cached per GPU, every probe
+    shown next to the datasheet (peaks.csv, from common.ceilings.ceilings_table), and the L2 size (below 4x L2 a
+    formula's bytes / time is effective bandwidth, not a DRAM rate).
 
 What the plan expected (hypotheses: H_* below, facts with their sources)
     * the plan's figures were written for A100 80GB (~2 TB/s HBM, 312 TFLOP/s bf16); this run
@@ -40,7 +42,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import ceilings, cli, gpu, story  # noqa: E402
+from common import ceilings, cli, gpu, kernels, story  # noqa: E402
 from common.checks import profilers, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -112,8 +114,8 @@ def measure_peaks(run, refresh: bool):
                  "datasheet": ds["bf16_tflops"] / ds["dram_tb_s"] if ds.get("dram_tb_s") else None,
                  "pct_of_datasheet": None, "is_ceiling": "", "method": "bf16 ceiling / DRAM ceiling"})
     run.table("peaks", pd.DataFrame(rows))
-    run.log(f"ceilings: {ceilings.ceiling_text(pk)}; {ceilings.ceiling_text(pk, 'bf16_tflops')}; datasheet {ds.get('dram_tb_s')} TB/s, "
-            f"{ds.get('bf16_tflops')} TFLOP/s")
+    run.log(f"ceilings: {ceilings.kinds_text(pk)}; {ceilings.ceiling_text(pk, 'bf16_tflops')}; L2 {pk.get('l2_mb')} MB; "
+            f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s")
     return pk, ridge
 
 
@@ -196,8 +198,11 @@ def tell(x) -> str:
     missing = [p["package"] for p in x.pkgs if p["version"] == "missing"]
     links = x.topo.get("links") or {}
     items = [
-        (f"ceilings: {ceilings.ceiling_text(pk)}; {ceilings.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte — "
-         f"datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
+        (f"ceilings: {ceilings.kinds_text(pk)}", [
+            (f"{ceilings.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte (bf16 / the fastest DRAM "
+             f"kind: the roofline's roof) — datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
+            (f"L2 {pk.get('l2_mb')} MB: below {kernels.STREAM_FACTOR}x L2 a formula's bytes / time is effective "
+             "bandwidth, not a DRAM rate; DRAM % only from ncu's bytes there", [])]),
         (f"FlashInfer {info['flashinfer']}: prefill auto -> {info['prefill_auto_backend']}; FA3 usable: "
          f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
              (f"JIT cache {info['jit_modules_dir']}: {len(compiled)} compiled module(s), "
@@ -233,10 +238,11 @@ def main(argv=None) -> int:
         x.info = flashinfer_paths(run, torch, fi, x.topo, x.prof)
         # ---- analyse
         compiled = [m for m in x.info["modules"] if m["compiled"]]
-        run.headline(dram_ceiling_tb_s=x.pk["dram_tb_s"], bf16_ceiling_tflops=x.pk["bf16_tflops"],
+        run.headline(**{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()}, bf16_ceiling_tflops=x.pk["bf16_tflops"],
                      ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled),
                      sm_count=x.props.multi_processor_count)
-        run.note(f"every % column of this track divides by {ceilings.ceiling_text(x.pk)} or {ceilings.ceiling_text(x.pk, 'bf16_tflops')}")
+        run.note(f"every % column of this track divides by the DRAM ceiling its traffic matches ({ceilings.kinds_text(x.pk)}) "
+                 f"or {ceilings.ceiling_text(x.pk, 'bf16_tflops')}")
         # ---- verdicts
         judge(run, x)
         # ---- the story

@@ -8,17 +8,21 @@ What it measures
     Per point: what plan() decided (backend, cta_tile_q, grid, split_kv; fa3 is persistent) and its CPU
     time (common.timing.bench_cpu: median and 95% interval), the median kernel time (common.timing.bench:
     CUPTI kernel time, cold L2), TFLOP/s from the causal FLOP count (common.flops.prefill_flops) and % of
-    this GPU's measured bf16 ceiling, arithmetic intensity from the minimum bytes (roofline). The long
+    this GPU's measured bf16 ceiling, arithmetic intensity from the minimum bytes (roofline), and the effective
+    bandwidth (those bytes / time: a DRAM rate only where the working set is >= 4x L2, common.timing.rates). The long
     reference (qo 8192) is timed 3 times per backend (reference.csv). A torch-profiler trace of a few
     shapes (3 calls each) shows the kernels each run() launched (split-KV merge, the fill kernel of run()
     without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi.cross_check).
-    --ncu adds Nsight Compute per kernel (occupancy and its limiter, tensor pipe, DRAM, warp stalls, grid;
-    qo 512 profiled 3 times per backend); --nsys puts each point's kernels on a timeline.
+    --ncu adds Nsight Compute per kernel, caches flushed before each pass as the timing flushed them (occupancy
+    with registers/thread, shared memory/CTA, warps/CTA, CTAs/SM and the limiter, tensor pipe, measured DRAM bytes
+    as % of the ceiling of their kind, L2 hit, warp stalls, grid; qo 512 profiled 3 times per backend); --nsys puts
+    each point's kernels on a timeline.
 
 What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals by
 common.verdicts: inside -> confirmed, outside -> refuted, across a bound -> inconclusive)
-    * FlashAttention-2 with online softmax, 128-token tiles; occupancy ~47% limited by shared memory,
-      tensor pipe ~35%, HBM ~72%, stalls led by long_scoreboard; a roofline position near the ridge point;
+    * FlashAttention-2 with online softmax, 128-token tiles; occupancy ~47% limited by shared memory (judged:
+      shared memory alone sets the CTAs per SM), tensor pipe ~35%, HBM ~72% (judged on ncu's measured DRAM
+      bytes), stalls led by long_scoreboard; a roofline position near the ridge point;
     * from the source (analysis.md H-08..H-12): on sm90 backend="auto" picks FA3 (persistent grid of one
       CTA per SM, no merge kernel) and FA3 beats FA2; FA2 is tensor-bound with ~12.5% theoretical
       occupancy; a single short request splits KV and merges; run() without out= adds a fill kernel.
@@ -47,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, ncu, plots, stats, story, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, stats, story, timing, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.timing import bench, bench_cpu, rates  # noqa: E402
+from common.timing import RATE_COLUMNS, bench, bench_cpu, rates  # noqa: E402
 from common.verdicts import Hypothesis, declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
@@ -100,14 +104,18 @@ H = declare(f"""
         confirmed: [35, 60]%
         source: {PLAN}: 'occupancy ≈ 47%', read as 35-60%
     smem = prefill-smem-limit: occupancy is limited by shared memory
-        judged on: ncu's occupancy limiter (launch__occupancy_limit_*: a launch property)
+        judged on: shared memory alone sets the CTAs per SM: its launch__occupancy_limit_shared_mem is below the
+            register, warp and block limits (ncu, a launch property; a tie with registers is not 'limited by shared
+            memory': raising the shared-memory budget would not add a CTA)
         source: {PLAN}
     pipe = prefill-tensor-pipe: tensor pipe ~35%
         judged on: tensor pipe % (ncu), {REPEATS} launches at qo 512
         confirmed: [25, 45]%
         source: {PLAN}: 'tensor pipe ≈ 35%', read as 25-45%
     hbm = prefill-hbm: HBM ~72% of peak
-        judged on: ncu DRAM TB/s as % of the measured DRAM ceiling, {REPEATS} launches at qo 512
+        judged on: ncu's measured DRAM bytes (read + written) over its kernel time, as % of the measured DRAM ceiling
+            of the same kind of traffic (common.kernels dram_pct), {REPEATS} launches at qo 512 with the caches
+            flushed before each pass; the formula bytes of qo 512 (~10 MB, far below the L2) give no DRAM rate
         confirmed: [60, 85]%
         source: {PLAN}: 'HBM ≈ 72-75% of peak'
     stall = prefill-long-scoreboard: stalls are led by long_scoreboard (then barrier, short_scoreboard)
@@ -224,16 +232,24 @@ def ncu_target(x) -> int:
     return _fi.run_once_each(x.torch, target_points(x.args, x.backends), make, label)
 
 
-def timed(x, p, fn, lay) -> dict:
-    """One timing at point ``p``: CUPTI kernel time, TFLOP/s and bytes from common.flops, % of the ceilings."""
+def work(p, lay) -> dict:
+    """FLOPs and formula bytes of one prefill call (common.flops), the kind of its traffic (O written, Q, K, V read)
+    and its working set (every byte touched once: the formula bytes)."""
     qos, kvs = [p["qo_len"]] * p["batch"], [p["kv_len"]] * p["batch"]
+    nbytes = flops.prefill_bytes(qos, kvs, lay["hq"], lay["hkv"], lay["d"])
+    out = sum(qos) * lay["hq"] * lay["d"] * 2
+    return {"flops": flops.prefill_flops(qos, kvs, lay["hq"], lay["d"]), "bytes": nbytes,
+            "mix": ceilings.dram_kind(nbytes - out, out), "working_set": nbytes}
+
+
+def timed(x, p, fn, lay) -> dict:
+    """One timing at point ``p``: CUPTI kernel time, TFLOP/s (% of the bf16 ceiling) and effective TB/s from
+    common.flops (common.timing.rates)."""
     with nvtx_range(label(p)):
         t = bench(fn)
-    r = rates(t.median_ms, flops=flops.prefill_flops(qos, kvs, lay["hq"], lay["d"]),
-              bytes=flops.prefill_bytes(qos, kvs, lay["hq"], lay["hkv"], lay["d"]), peaks=x.pk)
-    return {"time_us": t.median_us, "spread_pct": t.spread_pct, "flops": r["flops"], "bytes": r["bytes"],
-            "tflop_s": r["tflop_s"], "pct_peak_tflops": r.get("pct_peak_tflops"), "tb_s": r["tb_s"],
-            "pct_peak_dram": r.get("pct_peak_dram"), "flop_per_byte": r["flop_per_byte"]}
+    w = work(p, lay)
+    r = rates(t.median_ms, flops=w["flops"], bytes=w["bytes"], peaks=x.pk, mix=w["mix"], working_set=w["working_set"])
+    return {"time_us": t.median_us, "spread_pct": t.spread_pct, **timing.rate_row(r)}
 
 
 def sweep(run, x):
@@ -265,7 +281,7 @@ def reference(run, x):
         except Exception as e:  # noqa: BLE001
             run.point_error({"reference": label(p)}, e)
     df = pd.DataFrame(rows, columns=["model", "backend", "batch", "qo_len", "kv_len", "rep", "time_us", "spread_pct",
-                                     "tflop_s", "pct_peak_tflops", "tb_s", "pct_peak_dram", "flop_per_byte"])
+                                     *RATE_COLUMNS])
     run.table("reference", df)
     return df
 
@@ -345,7 +361,7 @@ def profile_nsys(run, x):
 
 def figures(run, x):
     df = x.df.assign(series=x.df["model"].str.replace("llama-3.1-", "") + " " + x.df["backend"])
-    run.figure("throughput", plots.sweep(df, x="qo_len", y="pct_peak_tflops", hue="series", logx=True,
+    run.figure("throughput", plots.sweep(df, x="qo_len", y="pct_bf16_ceiling", hue="series", logx=True,
                                          of=ceilings.ceiling_text(x.pk, "bf16_tflops"),
                                          title=f"Causal paged prefill, batch {x.args.batch} — {x.pk['gpu']}"))
     pts = [{"label": f"{r.series} qo{r.qo_len}" if r.qo_len in (512, int(df["qo_len"].max())) else "",
@@ -355,9 +371,9 @@ def figures(run, x):
             lay = _fi.head_layout(r.model)
             f = flops.prefill_flops([r.qo_len] * r.batch, [r.kv_len] * r.batch, lay["hq"], lay["d"])
             mb = r.dram_read_mb + r.dram_write_mb
-            if mb > 0 and r.time_us > 0:
+            if mb > 0 and r.ncu_time_us > 0:
                 pts.append({"label": "", "series": f"ncu {r.backend} (measured bytes)", "flop_per_byte": f / (mb * 1e6),
-                            "tflop_s": f / (r.time_us * 1e-6) / 1e12})
+                            "tflop_s": f / (r.ncu_time_us * 1e-6) / 1e12})
     run.figure("roofline", plots.roofline(pts, x.pk, title="Causal paged prefill (bytes: common.flops; 'ncu': measured)"))
 
 
@@ -375,10 +391,10 @@ def judge_timing(run, x):
         ref = x.ref[x.ref["backend"] == be]
         if len(ref):
             run.headline(**{f"{be}_qo8192_tflop_s": float(ref["tflop_s"].median()),
-                            f"{be}_qo8192_pct_of_bf16_ceiling": float(ref["pct_peak_tflops"].median())})
-        run.judge(for_backend(H["tensor"], be), list(ref["pct_peak_tflops"]), evidence="reference.csv",
-                  detail=f"of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}; DRAM {ref['pct_peak_dram'].median():.0f}% of the "
-                         "DRAM ceiling (formula bytes)" if len(ref) else "")
+                            f"{be}_qo8192_pct_of_bf16_ceiling": float(ref["pct_bf16_ceiling"].median())})
+        run.judge(for_backend(H["tensor"], be), list(ref["pct_bf16_ceiling"]), evidence="reference.csv",
+                  detail=f"of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}; "
+                         f"{timing.eff_text(timing.median_row(ref.to_dict('records')), x.pk)}" if len(ref) else "")
     if {"fa2", "fa3"} <= set(x.backends):
         piv = x.m0.pivot_table(index="qo_len", columns="backend", values="time_us").dropna()
         iv = stats.over(piv["fa3"] / piv["fa2"], "query lengths")
@@ -411,18 +427,27 @@ def judge_calls(run, x):
                  f"({g['kernels_per_call']:.0f}/call)", "calls.csv")
 
 
+def smem_alone(r: dict) -> bool:
+    """Shared memory alone sets the CTAs per SM of a launch (common.kernels' limiter, from launch__occupancy_limit_*):
+    'shared_mem (2 CTAs/SM)' is, a tie such as 'registers+shared_mem (2 CTAs/SM)' is not."""
+    return str(r.get("limiter") or "").split(" ")[0] == "shared_mem"
+
+
 def judge_ncu(run, x):
     """The plan's hardware figures on the REPEATS ncu launches of qo 512 per backend."""
     sms = x.torch.cuda.get_device_properties(0).multi_processor_count
     for be in x.backends:
         rows = [r for r in _fi.reference_rows(x.kern, backend=be) if r["role"] == "attention"]
         where, h = f"{len(rows)} launches of {be} b1 qo512 (kernels.csv, kind=reference)", lambda hh: for_backend(hh, be)
-        run.judge(h(H["occ"]), [r["occupancy_pct"] for r in rows], evidence=where)
-        run.fact(h(H["smem"]), ["shared_mem" in str(r["limiter"]) for r in rows] or None,
-                 f"limiter {rows[0]['limiter'] if rows else 'n/a'}", where)
+        run.judge(h(H["occ"]), [r["occupancy_pct"] for r in rows], evidence=where,
+                  detail=_fi.occupancy_text(rows[0]) if rows else "")
+        run.fact(h(H["smem"]), [smem_alone(r) for r in rows] or None,
+                 f"limiter {rows[0]['limiter']}; {_fi.occupancy_text(rows[0])}" if rows else "limiter n/a", where)
         run.judge(h(H["pipe"]), [r["tensor_pct"] for r in rows], evidence=where, detail="; ".join(
             dict.fromkeys(ncu.bound_why(r) for r in rows)))
-        run.judge(h(H["hbm"]), [r.get("pct_peak_dram") for r in rows], evidence=where, detail=f"of {ceilings.ceiling_text(x.pk)}")
+        run.judge(h(H["hbm"]), [r.get("dram_pct") for r in rows], evidence=where, detail="; ".join(
+            dict.fromkeys(f"{kernels.COLUMNS['dram_tb_s'].show(r)}, {kernels.COLUMNS['l2_hit_pct'].show(r)}" for r in rows))
+            + (f"; of {ceilings.ceiling_text(x.pk, ceilings.DRAM_KEYS[rows[0]['dram_kind']])}" if rows else ""))
         run.fact(h(H["stall"]), [ncu.top_stall(r) == "long_scoreboard" for r in rows] or None,
                  "; ".join(dict.fromkeys(f"{r['top_stalls']}" for r in rows)) or "n/a", where)
         if be == "fa2":
@@ -444,16 +469,16 @@ def tell(x) -> str:
         kids = [(plan + (f", {s['plan_us']:.0f} us CPU [{s['plan_us_lo']:.0f}, {s['plan_us_hi']:.0f}]" if s else ""), []),
                 (f"run(): {r.kernels_per_call:.0f} kernel(s) per call: {r.kernels}", [])]
         if s:
-            kids.append((f"{s['time_us']:.1f} us -> {s['tflop_s']:.0f} TFLOP/s = {s['pct_peak_tflops']:.0f}% of the "
-                         f"bf16 ceiling, {s['flop_per_byte']:.0f} FLOP/byte", []))
+            kids.append((f"{s['time_us']:.1f} us -> {s['tflop_s']:.0f} TFLOP/s = {s['pct_bf16_ceiling']:.0f}% of the "
+                         f"bf16 ceiling, {s['flop_per_byte']:.0f} FLOP/byte; {timing.eff_text(s, x.pk)}", []))
         if x.kern is not None:
             kk = x.kern[(x.kern["kind"] == "sweep") & (x.kern["backend"] == r.backend) & (x.kern["qo_len"] == r.qo_len)
                         & (x.kern["kv_len"] == r.kv_len) & (x.kern["batch"] == r.batch) & (x.kern["model"] == x.models[0])]
-            kids += [(story.kernel_line(k) + f" [{ncu.bound(k)}]", []) for k in kk.to_dict("records")]
+            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{ncu.bound_why(k)}]") for k in kk.to_dict("records")]
         items.append((f"{r.backend}: batch {r.batch}, {r.qo_len} new tokens on {r.kv_len} KV"
                       + ("" if r.out_given else ", out=None"), kids))
     for be, g in x.ref.groupby("backend", sort=False):
-        items.append((f"{be} qo 8192 ({REPEATS} repetitions): " + ", ".join(f"{v:.0f}%" for v in g["pct_peak_tflops"])
+        items.append((f"{be} qo 8192 ({REPEATS} repetitions): " + ", ".join(f"{v:.0f}%" for v in g["pct_bf16_ceiling"])
                       + " of the bf16 ceiling", []))
     if x.xrows:
         items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))

@@ -6,20 +6,25 @@ What it measures
     70B: 64 / 8; head_dim 128, bf16, page size 16), batch 1 -> 256 x KV length 512 -> 32k, for the
     default CUDA-core kernel and for use_tensor_cores=True. Per point: plan() CPU time (common.timing.
     bench_cpu over many calls: median and its 95% interval), what plan() decided (split_kv, KV chunk, grid)
-    read from plan_info, the median kernel time (common.timing.bench: CUPTI kernel time, cold L2), TB/s from
-    the bytes decode must read (common.flops.decode_bytes) and % of this GPU's measured DRAM ceiling
-    (common.ceilings.peaks). The plan's reference point (CUDA cores, batch 32, KV 4096) is timed 3 times
+    read from plan_info, the median kernel time (common.timing.bench: CUPTI kernel time, cold L2), and the
+    effective bandwidth: the bytes decode must move (common.flops.decode_bytes) over that time. Effective bandwidth
+    is a DRAM rate only where the working set is at least 4x the L2 (common.timing.rates): there it is also given
+    as % of this GPU's measured DRAM read ceiling (decode reads; common.ceilings.peaks), elsewhere not. The plan's
+    reference point (CUDA cores, batch 32, KV 4096: 537 MB of KV, 9x a 60 MB L2) is timed 3 times
     (reference.csv) and judged on the interval of the three. A torch-profiler trace of a few shapes (3 calls
     each) counts the kernels each run() really launched (attention, plus a merge kernel when the KV was
     split) next to plan_info. Three shapes are also timed with FlashInfer's own bench_gpu_time (like for
-    like: both CUPTI, the same L2 flush; _fi.cross_check). --ncu adds Nsight Compute per kernel (DRAM %,
-    tensor pipe, occupancy and its limiter, warp stalls; the reference point profiled 3 times); --nsys
-    puts each point's decode kernels on a timeline (Nsight Systems; the torch trace where nsys is not usable).
+    like: both CUPTI, the same L2 flush; _fi.cross_check). --ncu adds Nsight Compute per kernel, caches flushed
+    before each pass as the timing flushed them (measured DRAM bytes and their TB/s as % of the ceiling of their
+    kind, L2 hit, tensor pipe, occupancy with registers/thread, shared memory/CTA, warps/CTA, CTAs/SM and the
+    limiter, warp stalls; the reference point profiled 3 times); --nsys puts each point's decode kernels on a
+    timeline (Nsight Systems; the torch trace where nsys is not usable).
 
 What the plan expected (hypotheses: H_* below, each with its range and where the range comes from;
 judged on intervals by common.verdicts: inside -> confirmed, outside -> refuted, across -> inconclusive)
-    * decode is memory-bound, ~80% of peak HBM at batch 32 x KV 4096 (judged: 70-90% of the measured DRAM
-      ceiling, 3 repetitions; the ceiling is named in the verdict: it differs between GPUs);
+    * decode is memory-bound, ~80% of peak HBM at batch 32 x KV 4096 (judged: effective bandwidth 70-90% of the
+      measured DRAM read ceiling, 3 repetitions, valid because the working set is >= 4x L2; the ceiling is named
+      in the verdict: it differs between GPUs);
     * the KV is split ("8 chunks of 512 tokens" at batch 32 / KV 4096) and merged with the LSE;
     * occupancy ~75%, tensor pipe ~15%, long_scoreboard ~65% of the stalls (ncu, 3 launches);
     * from the source (analysis.md H-03..H-07): a merge kernel runs exactly when plan_info says split_kv;
@@ -35,8 +40,9 @@ Run
     ./flashinfer/scripts/ncu_profile.sh --kernel 'BatchDecode|MergeStates' --set full --count 2 -- \\
         python flashinfer/scripts/03_profile_decode.py --ncu-target --quick --variants cuda
 Writes flashinfer/results/03_profile_decode/: sweep.csv, reference.csv, calls.csv, plan_calls.csv,
-cross_check.csv, kernels.csv + kernels_full.csv (--ncu), timeline.csv + timeline.png (--nsys), bandwidth.png,
-roofline.png, trace.json, story.txt, summary.json.
+cross_check.csv, kernels.csv + kernels_full.csv (--ncu), timeline.csv + timeline.png (--nsys), bandwidth.png
+(effective TB/s against the working set, DRAM ceilings and the L2 size drawn), roofline.png, trace.json,
+story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -49,12 +55,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, ncu, plots, stats, story, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, stats, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.timing import bench, bench_cpu, rates  # noqa: E402
+from common.timing import RATE_COLUMNS, bench, bench_cpu, eff_premise, rates  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
@@ -72,8 +78,9 @@ PAGE = 16
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §03 (A100)"
 H = declare(f"""
     bw = decode-bw: decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)
-        judged on: CUDA-core decode TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling,
-            {REPEATS} repetitions
+        judged on: CUDA-core decode effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the
+            measured DRAM read ceiling, {REPEATS} repetitions; a DRAM rate because its working set (537 MB of KV) is
+            >= 4x the L2 (else the verdict is inconclusive: common.timing.eff_premise)
         confirmed: [70, 90]%
         source: {PLAN}: '~80% of peak HBM', read as 70-90%
     split = decode-split: the KV is split into 8 chunks of 512 tokens at batch 32 / KV 4096
@@ -209,15 +216,24 @@ def ncu_target(x) -> int:
     return _fi.run_once_each(x.torch, target_points(x.args), make, label)
 
 
-def timed(x, p, fn, lay) -> dict:
-    """One timing of ``fn`` at point ``p``: CUPTI kernel time, TB/s from common.flops, % of the DRAM ceiling."""
+def work(p, lay) -> dict:
+    """Formula bytes and FLOPs of one decode call (common.flops), its traffic kind (the output row per request is
+    the only write: "read") and its working set (every byte is touched once: the formula bytes)."""
     kvs = [p["kv_len"]] * p["batch"]
+    nbytes = flops.decode_bytes(kvs, lay["hq"], lay["hkv"], lay["d"])
+    out = p["batch"] * lay["hq"] * lay["d"] * 2
+    return {"bytes": nbytes, "flops": flops.decode_flops(kvs, lay["hq"], lay["d"]),
+            "mix": ceilings.dram_kind(nbytes - out, out), "working_set": nbytes}
+
+
+def timed(x, p, fn, lay) -> dict:
+    """One timing of ``fn`` at point ``p``: CUPTI kernel time, effective TB/s from common.flops (a % of the DRAM read
+    ceiling only where the working set is >= 4x L2: common.timing.rates)."""
     with nvtx_range(label(p)):
         t = bench(fn)
-    r = rates(t.median_ms, bytes=flops.decode_bytes(kvs, lay["hq"], lay["hkv"], lay["d"]),
-              flops=flops.decode_flops(kvs, lay["hq"], lay["d"]), peaks=x.pk)
-    return {"time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": r["bytes"], "tb_s": r["tb_s"],
-            "pct_peak_dram": r.get("pct_peak_dram"), "tflop_s": r["tflop_s"], "flop_per_byte": r["flop_per_byte"]}
+    w = work(p, lay)
+    r = rates(t.median_ms, bytes=w["bytes"], flops=w["flops"], peaks=x.pk, mix=w["mix"], working_set=w["working_set"])
+    return {"time_us": t.median_us, "spread_pct": t.spread_pct, **timing.rate_row(r)}
 
 
 def sweep(run, x):
@@ -250,7 +266,7 @@ def reference(run, x):
                          "kv_chunk_tokens": facts.get("kv_chunk_tokens"), "grid_x": facts.get("padded_batch_size")})
         del keep, fn
     df = pd.DataFrame(rows, columns=["variant", "batch", "kv_len", "model", "kind", "rep", "time_us", "spread_pct",
-                                     "tb_s", "pct_peak_dram", "split_kv", "kv_chunk_tokens", "grid_x"])
+                                     *RATE_COLUMNS, "split_kv", "kv_chunk_tokens", "grid_x"])
     run.table("reference", df)
     return df
 
@@ -327,30 +343,32 @@ def profile_nsys(run, x):
 
 
 def figures(run, x):
-    run.figure("bandwidth", plots.sweep(
-        x.m0[x.m0["variant"] == x.variants[0]], x="kv_len", y="pct_peak_dram", hue="batch", logx=True,
-        of=ceilings.ceiling_text(x.pk),
+    run.figure("bandwidth", plots.effective(
+        x.m0[x.m0["variant"] == x.variants[0]], x.pk, hue="batch", mix="read",
         title=f"Decode ({x.variants[0]}), {x.models[0]}, bf16 — {x.pk['gpu']}"))
     pts = [{"label": f"{r.variant} b{r.batch} kv{r.kv_len}" if r.kv_len == 4096 else "", "series": r.variant,
             "flop_per_byte": r.flop_per_byte, "tflop_s": r.tflop_s} for r in x.m0.itertuples()]
     if x.kern is not None:
         for r in x.kern[(x.kern["role"] == "attention") & (x.kern["model"] == x.models[0])].itertuples():
             f, mb = flops.decode_flops([r.kv_len] * r.batch, x.lay0["hq"], x.lay0["d"]), r.dram_read_mb + r.dram_write_mb
-            if mb > 0 and r.time_us > 0:
+            if mb > 0 and r.ncu_time_us > 0:
                 pts.append({"label": "", "series": f"ncu {r.variant} (measured bytes)", "flop_per_byte": f / (mb * 1e6),
-                            "tflop_s": f / (r.time_us * 1e-6) / 1e12})
+                            "tflop_s": f / (r.ncu_time_us * 1e-6) / 1e12})
     run.figure("roofline", plots.roofline(pts, x.pk, title="Paged decode (bytes: common.flops; 'ncu': measured)"))
 
 
 def judge_timing(run, x):
     """H["bw"] on the reference repetitions, H["tc_speed"] over the swept shapes, the bench_gpu_time cross-check."""
     ref = x.ref[x.ref["variant"] == "cuda"]
+    read = timing.dram_ceiling_text(x.pk, "read")
     if len(ref):
         run.headline(decode_point="CUDA cores, batch 32, KV 4096", decode_us=float(ref["time_us"].median()),
-                     decode_tb_s=float(ref["tb_s"].median()), decode_pct_of_ceiling=float(ref["pct_peak_dram"].median()))
-    run.judge(H["bw"], list(ref["pct_peak_dram"]), evidence="reference.csv",
-              premise=True if len(ref) else "the CUDA-core variant was not run (--variants)",
-              detail=f"{ref['tb_s'].median():.2f} TB/s median, % of {ceilings.ceiling_text(x.pk)}" if len(ref) else "")
+                     decode_eff_tb_s=float(ref["eff_tb_s"].median()),
+                     decode_eff_pct_of_read_ceiling=float(ref["eff_pct"].median()))
+    rows = ref.to_dict("records")
+    run.judge(H["bw"], list(ref["eff_pct"]), evidence="reference.csv",
+              premise=eff_premise(rows, read) if len(ref) else "the CUDA-core variant was not run (--variants)",
+              detail=f"median {timing.eff_text(timing.median_row(rows), x.pk)}; % of {read}" if len(ref) else "")
     if {"cuda", "tc"} <= set(x.variants):
         both = x.m0.pivot_table(index=["batch", "kv_len"], columns="variant", values="time_us").dropna()
         iv = stats.over(both["tc"] / both["cuda"])
@@ -397,13 +415,14 @@ def judge_ncu(run, x):
     rows = [r for r in _fi.reference_rows(x.kern, variant="cuda") if r["role"] == "attention"]
     where = f"{len(rows)} launches of CUDA-core b32 kv4096 (kernels.csv, kind=reference)"
     run.judge(H["occ"], [r["occupancy_pct"] for r in rows], evidence=where,
-              detail=f"limiter {rows[0]['limiter']}, theoretical {rows[0]['theoretical_occupancy_pct']:.1f}%" if rows else "")
+              detail=_fi.occupancy_text(rows[0]) if rows else "")
     run.judge(H["tc_pipe"], [r["tensor_pct"] for r in rows], evidence=where)
     run.judge(H["no_tc"], [r["tensor_pct"] for r in rows], evidence=where)
     run.judge(H["lsb"], [r.get("stall_long_scoreboard_pct") for r in rows], evidence=where,
               detail=f"top stalls {rows[0]['top_stalls']}" if rows else "")
     run.fact(H["bound"], [ncu.bound(r) == "memory-bound" for r in rows] or None,
-             "; ".join(dict.fromkeys(ncu.bound_why(r) for r in rows)) or "not profiled", where)
+             "; ".join(dict.fromkeys(f"{ncu.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)}, measured by ncu)"
+                                     for r in rows)) or "not profiled", where)
 
 
 def tell(x) -> str:
@@ -417,20 +436,21 @@ def tell(x) -> str:
                 (f"run(): {r.kernels_per_call:.0f} kernel(s) per call: {r.kernels}"
                  + (f" (merge {r.merge_share_pct:.0f}% of kernel time)" if r.merge_kernel else ""), [])]
         if s:
-            kids.append((f"{s['time_us']:.1f} us -> {s['tb_s']:.2f} TB/s = {s['pct_peak_dram']:.0f}% of the DRAM "
-                         "ceiling", []))
+            kids.append((f"{s['time_us']:.1f} us -> {timing.eff_text(s, x.pk)}", []))
         if x.kern is not None:
             kk = x.kern[(x.kern["kind"] == "sweep") & (x.kern["variant"] == r.variant) & (x.kern["batch"] == r.batch)
                         & (x.kern["kv_len"] == r.kv_len) & (x.kern["model"] == x.models[0])]
-            kids += [(story.kernel_line(k) + f" [{ncu.bound(k)}]", []) for k in kk.to_dict("records")]
+            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{ncu.bound_why(k)}]") for k in kk.to_dict("records")]
         items.append((f"{'CUDA cores' if r.variant == 'cuda' else 'tensor cores'}, batch {r.batch}, KV {r.kv_len}", kids))
     if len(x.ref):
-        items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): " + ", ".join(
-            f"{v:.0f}%" for v in x.ref["pct_peak_dram"]) + f" of {ceilings.ceiling_text(x.pk)}", []))
+        items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): "
+                      + "; ".join(timing.eff_text(r, x.pk) for r in x.ref.to_dict("records")), []))
     if x.xrows:
         items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}"), []))
     text = story.tree(f"DECODE ATTENTION — {x.pk['gpu']}, {x.models[0]} heads ({x.lay0['hq']} q / {x.lay0['hkv']} kv, "
-                      f"d {x.lay0['d']}), bf16, page {PAGE}; % of {ceilings.ceiling_text(x.pk)}", items)
+                      f"d {x.lay0['d']}), bf16, page {PAGE}; effective bandwidth = formula bytes / time, a % of "
+                      f"{timing.dram_ceiling_text(x.pk, 'read', short=True)} only at working sets >= "
+                      f"{kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes", items)
     if x.tl is not None:
         tl, src = x.tl
         shown = [lab for lab in ("decode cuda b=32 kv=4096", "decode cuda b=1 kv=32768") if lab in set(tl["label"])]
@@ -451,7 +471,8 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceilings every % divides by; correctness before timing
         x.pk = ceilings.peaks()
-        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}; bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s")
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MB; bf16 {x.pk['bf16_tflops']:.0f} "
+                "TFLOP/s")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""04 · RMSNorm and fused add+RMSNorm: how close to the DRAM ceiling, and what the fusion saves in bytes and time.
+"""04 · RMSNorm and fused add+RMSNorm: how close to the DRAM copy ceiling, and what the fusion saves in bytes and time.
 
 What it measures
     flashinfer.rmsnorm and flashinfer.fused_add_rmsnorm against the same maths in plain torch (unfused:
     several elementwise/reduction kernels) and against the unfused pair (torch add, then flashinfer.rmsnorm),
     for hidden 4096 (Llama-3.1-8B) and 8192 (Llama-3.1-70B), tokens 1 -> 16k, bf16. Per point: median kernel
-    time (common.timing.bench: CUPTI, cold L2), achieved TB/s from the bytes the op must move (common.flops:
-    rmsnorm_bytes, fused_add_rmsnorm_bytes, add_then_rmsnorm_bytes) and % of this GPU's measured DRAM ceiling.
+    time (common.timing.bench: CUPTI, cold L2) and the effective bandwidth: the bytes the op must move (common.flops:
+    rmsnorm_bytes, fused_add_rmsnorm_bytes, add_then_rmsnorm_bytes) over that time. It is a DRAM rate, given as % of
+    this GPU's measured DRAM ceiling of the op's traffic (copy: one read per write; add-then-norm: mixed), only where
+    the working set is at least 4x the L2 (common.timing.rates): the sweep's largest points and the fusion point.
 
     The fusion saving is measured where writes are counted. ncu's per-kernel dram__bytes_write misses the dirty
     lines still in L2 when a kernel ends (at <= 1,024 tokens the writes read about 0; at 8k x 4096 RMSNormKernel
@@ -18,11 +20,13 @@ What it measures
     variant, 3 launches each; measured writes / formula writes shows how much was counted).
 
 What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals)
-    * RMSNorm is memory-bound: high DRAM %, low SM %, "85% of peak bandwidth" (judged: 75-95% of the measured
-      DRAM ceiling at the fusion point, 3 repetitions; the ceiling is named in the verdict);
+    * RMSNorm is memory-bound: high DRAM %, low SM %, "85% of peak bandwidth" (judged: effective bandwidth 75-95% of
+      the measured DRAM copy ceiling at the fusion point, >= 8x L2, 3 repetitions; the ceiling is named in the
+      verdict);
     * the fused residual-add variant "saves 40% memory traffic" (the byte count says 20%: add then norm
       moves 5 tensors of T x H, the fused kernel 4; analysis.md §10) — both judged, in bytes and in time;
-    * a handful of tokens cannot fill the GPU: bandwidth far below the ceiling (launch/latency bound).
+    * a handful of tokens cannot fill the GPU: launch/latency bound (judged on effective bandwidth at 1 token against
+      the same kernel's at the fusion point: an 8 KB working set has no DRAM rate).
     Reading ncu: a kernel whose SM % exceeds its DRAM % is not compute-bound when its top stall is a memory
     stall (long_scoreboard): common.ncu.bound() calls that memory-latency-bound, and the verdict says why.
 
@@ -34,7 +38,7 @@ Run
     ./flashinfer/scripts/ncu_profile.sh --kernel RMSNorm --set full -- \\
         python flashinfer/scripts/04_profile_rmsnorm.py --ncu-target --quick
 Writes flashinfer/results/04_profile_rmsnorm/: sweep.csv, reference.csv, fusion.csv, ncu_kernels.csv (--ncu),
-bandwidth.png, story.txt, summary.json.
+bandwidth.png (effective TB/s against the working set, DRAM ceilings and the L2 size drawn), story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, ncu, plots, story  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, story, timing  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.timing import bench, rates  # noqa: E402
+from common.timing import bench, eff_premise, rates  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
@@ -62,6 +66,9 @@ RMSNORM, TORCH, FUSED, ADD_NORM = VARIANTS = (
     "flashinfer.rmsnorm", "torch rmsnorm (unfused)", "flashinfer.fused_add_rmsnorm", "torch add + flashinfer.rmsnorm")
 BYTES = {RMSNORM: flops.rmsnorm_bytes, TORCH: flops.rmsnorm_bytes, FUSED: flops.fused_add_rmsnorm_bytes,
          ADD_NORM: flops.add_then_rmsnorm_bytes}     # minimum DRAM bytes of each variant (common.flops)
+# tokens x hidden tensors each variant reads, writes and touches (its working set): rmsnorm reads x, writes y; the fused
+# kernel reads x and the residual and writes both back in place; add then norm reads x, r, writes r, reads r, writes y
+TENSORS = {RMSNORM: (1, 1, 2), TORCH: (1, 1, 2), FUSED: (2, 2, 2), ADD_NORM: (3, 2, 3)}
 L2_FACTOR = 8              # the fusion point: one tokens x hidden bf16 tensor >= L2_FACTOR x the L2 size
 FUSION_HIDDEN = 4096       # Llama-3.1-8B
 SMALL_TOKENS = 1           # "a handful of tokens"
@@ -71,12 +78,15 @@ KERNELS = "RMSNorm|vectorized_elementwise|unrolled_elementwise|reduce_kernel"  #
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §04 (A100)"
 H = declare(f"""
     bw = rmsnorm-bw: RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts
-        judged on: flashinfer.rmsnorm TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at the
-            fusion point (>= {L2_FACTOR}x L2), {REPEATS} repetitions
+        judged on: flashinfer.rmsnorm effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the
+            measured DRAM copy ceiling (one read per write) at the fusion point, {REPEATS} repetitions; a DRAM rate
+            because the working set there is >= {L2_FACTOR}x L2 (common.timing.eff_premise)
         confirmed: [75, 95]%
         source: {PLAN}: '85% of peak bandwidth', read as 75-95%
     small = rmsnorm-small: a handful of tokens cannot fill the GPU (far below the ceiling)
-        judged on: % of the DRAM ceiling at {SMALL_TOKENS} token, {REPEATS} repetitions
+        judged on: flashinfer.rmsnorm effective bandwidth at {SMALL_TOKENS} token as % of its own effective bandwidth
+            at the fusion point, {REPEATS} interleaved repetitions (an 8 KB working set gives no DRAM rate: the
+            kernel's own streaming rate is the ceiling it does not reach)
         confirmed: <= 20%
         source: {PLAN}; flashinfer/reports/plan.md §04: 'launch/latency bound'; 20% read as far below
     bound = rmsnorm-memory-bound: RMSNorm is memory-bound (it waits on DRAM, not on math)
@@ -150,13 +160,21 @@ def make_call(x, p):
     return fn, (a, r, w, out)
 
 
+def work(p) -> dict:
+    """Formula bytes of one call (common.flops), the kind of its traffic (TENSORS: reads and writes) and its working
+    set (the tensors it touches, an in-place write counted once)."""
+    reads, writes, touched = TENSORS[p["variant"]]
+    one = p["tokens"] * p["hidden"] * 2
+    return {"bytes": BYTES[p["variant"]](p["tokens"], p["hidden"]), "mix": ceilings.dram_kind(reads, writes),
+            "working_set": touched * one + p["hidden"] * 2}
+
+
 def timed(x, p, fn) -> dict:
     with nvtx_range(label(p)):
         t = bench(fn)
-    nbytes = BYTES[p["variant"]](p["tokens"], p["hidden"])
-    r = rates(t.median_ms, bytes=nbytes, peaks=x.pk)
-    return {**p, "time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": nbytes, "tb_s": r["tb_s"],
-            "pct_peak_dram": r.get("pct_peak_dram")}
+    w = work(p)
+    r = rates(t.median_ms, bytes=w["bytes"], peaks=x.pk, mix=w["mix"], working_set=w["working_set"])
+    return {**p, "time_us": t.median_us, "spread_pct": t.spread_pct, **timing.rate_row(r)}
 
 
 def check_correctness(run, x):
@@ -198,7 +216,7 @@ def reference(run, x):
     import pandas as pd
     refs = reference_points(x.l2)
     run.log(f"fusion point: {refs[0]['tokens']} tokens x {FUSION_HIDDEN} x 2 B = {refs[0]['tokens'] * FUSION_HIDDEN * 2 / 1e6:.0f}"
-            f" MB per tensor = {refs[0]['tokens'] * FUSION_HIDDEN * 2 / x.l2:.1f}x the {x.l2 / 1e6:.0f} MB L2")
+            f" MB per tensor = {refs[0]['tokens'] * FUSION_HIDDEN * 2 / x.l2:.1f}x the {x.l2 / 2**20:.0f} MB L2")
     calls = [(p, *make_call(x, p)) for p in refs]
     rows = [{**timed(x, p, fn), "rep": i} for i in range(REPEATS) for p, fn, _keep in calls]
     del calls
@@ -229,7 +247,8 @@ def fusion(x):
         f = _fi.pick(ref, variant=FUSED, tokens=big, rep=i)
         u = _fi.pick(ref, variant=ADD_NORM, tokens=big, rep=i)
         row = {"rep": i, "tokens": big, "hidden": FUSION_HIDDEN, "fused_us": f["time_us"], "add_norm_us": u["time_us"],
-               "fused_tb_s": f["tb_s"], "add_norm_tb_s": u["tb_s"], "fused_bytes": f["bytes"], "add_norm_bytes": u["bytes"],
+               "fused_eff_tb_s": f["eff_tb_s"], "add_norm_eff_tb_s": u["eff_tb_s"], "fused_bytes": f["bytes"],
+               "add_norm_bytes": u["bytes"],
                "time_saving_pct": 100 * (1 - f["time_us"] / u["time_us"]),
                "formula_saving_pct": 100 * (1 - f["bytes"] / u["bytes"])}
         if x.kern is not None:
@@ -254,18 +273,22 @@ def judge(run, x):
     """Bandwidth at the fusion point and at 1 token (REPEATS timings), bound() (REPEATS launches), the fusion saving
     in time (REPEATS) and in measured bytes (REPEATS launches, with --ncu)."""
     ref, fu, big = x.ref, x.fu, reference_points(x.l2)[0]["tokens"]
-    norm = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == big)]
-    run.headline(rmsnorm_tb_s=float(norm["tb_s"].median()), rmsnorm_pct_of_ceiling=float(norm["pct_peak_dram"].median()),
+    norm = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == big)].sort_values("rep")
+    copy = timing.dram_ceiling_text(x.pk, "copy")
+    run.headline(rmsnorm_eff_tb_s=float(norm["eff_tb_s"].median()),
+                 rmsnorm_eff_pct_of_copy_ceiling=float(norm["eff_pct"].median()),
                  fusion_time_saving_pct=float(fu["time_saving_pct"].median()))
-    where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2)"
-    run.judge(H["bw"], list(norm["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{where}; {norm['tb_s'].median():.2f} TB/s, % of {ceilings.ceiling_text(x.pk)}")
-    small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)]
-    run.judge(H["small"], list(small["pct_peak_dram"]), evidence="reference.csv", digits=2,
-              detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token")
-    how = (f"time at {where} (fused {fu['fused_us'].median():.0f} us, {fu['fused_tb_s'].median():.2f} TB/s effective; "
-           f"add+norm {fu['add_norm_us'].median():.0f} us, {fu['add_norm_tb_s'].median():.2f} TB/s; formula bytes "
-           f"{fu['formula_saving_pct'].iloc[0]:.0f}% fewer)")
+    where = f"{big} tokens x {FUSION_HIDDEN} ({big * FUSION_HIDDEN * 2 / x.l2:.0f}x L2 per tensor)"
+    run.judge(H["bw"], list(norm["eff_pct"]), evidence="reference.csv", premise=eff_premise(norm.to_dict("records"), copy),
+              detail=f"{where}; median {timing.eff_text(timing.median_row(norm.to_dict('records')), x.pk)}; % of {copy}")
+    small = ref[(ref["variant"] == RMSNORM) & (ref["tokens"] == SMALL_TOKENS)].sort_values("rep")
+    run.judge(H["small"], own_share(small, norm), evidence="reference.csv", digits=2,
+              detail=f"{small['time_us'].median():.1f} us for {SMALL_TOKENS} token: "
+                     f"{timing.eff_text(timing.median_row(small.to_dict('records')), x.pk)}; at the fusion point "
+                     f"{norm['eff_tb_s'].median():.2f} TB/s effective")
+    how = (f"time at {where} (fused {fu['fused_us'].median():.0f} us, {fu['fused_eff_tb_s'].median():.2f} TB/s "
+           f"effective; add+norm {fu['add_norm_us'].median():.0f} us, {fu['add_norm_eff_tb_s'].median():.2f} TB/s; "
+           f"formula bytes {fu['formula_saving_pct'].iloc[0]:.0f}% fewer)")
     run.judge(H["fuse_time"], list(fu["time_saving_pct"]), evidence="fusion.csv", detail=how)
     if x.kern is None:
         run.judge(H["fuse_plan"], list(fu["time_saving_pct"]), evidence="fusion.csv",
@@ -283,11 +306,17 @@ def judge(run, x):
              f"ncu_kernels.csv ({len(rows)} launches, kind=reference)")
 
 
+def own_share(small, big) -> list[float]:
+    """Effective bandwidth of each repetition at the small point as % of the same repetition's at the fusion point
+    (the repetitions are interleaved, so a drift hits both alike)."""
+    return [100 * a / b for a, b in zip(small["eff_tb_s"], big["eff_tb_s"]) if b]
+
+
 def tell(x) -> str:
     big_t = x.df["tokens"].max()
     big = x.df[x.df["tokens"] == big_t]
-    items = [(f"{name}: " + ", ".join(f"h={int(r.hidden)} {r.time_us:.1f} us {r.tb_s:.2f} TB/s ({r.pct_peak_dram:.0f}%)"
-                                      for r in big[big["variant"] == name].itertuples()), []) for name in VARIANTS
+    items = [(f"{name}: " + "; ".join(f"h={int(r['hidden'])} {r['time_us']:.1f} us, {timing.eff_text(r, x.pk)}"
+                                      for r in big[big["variant"] == name].to_dict("records")), []) for name in VARIANTS
              if (big["variant"] == name).any()]
     fu = x.fu
     kids = [(f"time: fused {fu['fused_us'].median():.0f} us vs add+norm {fu['add_norm_us'].median():.0f} us -> "
@@ -300,10 +329,13 @@ def tell(x) -> str:
                      f"-> {fu['dram_saving_pct'].median():.1f}% saved; fused writes counted "
                      f"{fu['fused_writes_counted'].median():.2f}x the formula", []))
         last = x.kern[(x.kern["kind"] == "reference") & (x.kern["rep"] == 0) & (x.kern["tokens"] == fu["tokens"].iloc[0])]
-        kids += [(f"{r['variant']}: {story.kernel_line(r)} [{ncu.bound_why(r)}]", []) for r in last.to_dict("records")]
+        kids += [kernels.node(r, head=f"{r['variant']}: {r['kernel']} (ncu) [{ncu.bound_why(r)}]")
+                 for r in last.to_dict("records")]
     items.append((f"fusion point: {fu['tokens'].iloc[0]} tokens x {FUSION_HIDDEN} (one tensor "
-                  f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 1e6:.0f} MB)", kids))
-    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; % of {ceilings.ceiling_text(x.pk)}", items)
+                  f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 2**20:.0f} MB)", kids))
+    return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a "
+                      f"% of {timing.dram_ceiling_text(x.pk, 'copy', short=True)} only at working sets >= "
+                      f"{kernels.STREAM_FACTOR}x L2 (L2 {x.l2 / 2**20:.0f} MB); DRAM rates from ncu's bytes", items)
 
 
 def main(argv=None) -> int:
@@ -316,7 +348,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, the norm path, correctness before timing
         x.pk = ceilings.peaks()
-        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}")
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.l2 / 2**20:.0f} MB")
         import flashinfer.norm as fnorm
         run.note("FlashInfer norm path: " + ("CUDA JIT `norm` module" if getattr(fnorm, "_USE_CUDA_NORM", True)
                                              else "CuTe-DSL kernels"))
@@ -329,9 +361,8 @@ def main(argv=None) -> int:
         # ---- analyse
         x.fu = fusion(x)
         run.table("fusion", x.fu)
-        run.figure("bandwidth", plots.sweep(x.df[x.df["hidden"] == args.hidden[0]], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, of=ceilings.ceiling_text(x.pk),
-                                            title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
+        run.figure("bandwidth", plots.effective(x.df[x.df["hidden"] == args.hidden[0]], x.pk, hue="variant", mix="copy",
+                                                title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)
         # ---- the story

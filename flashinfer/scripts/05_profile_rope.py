@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""05 · RoPE: which kernel each API runs, how close it gets to the DRAM ceiling, and its access pattern.
+"""05 · RoPE: which kernel each API runs, how close it gets to the DRAM copy ceiling, and its access pattern.
 
 What it measures
     The RoPE entry points of FlashInfer on Llama-3.1-8B heads (32 q / 8 k heads, bf16, theta and
@@ -8,14 +8,17 @@ What it measures
     apply_llama31_rope_pos_ids, apply_rope_with_cos_sin_cache and its in-place form (what SGLang
     calls), over token counts 1 -> 32k (head_dim 64/128/256 in the full run). For each point: the
     kernel the call launched (torch-profiler trace, common.trace join), median time (common.timing.bench,
-    CUPTI, cold L2), TB/s from the bytes RoPE must move (common.flops.rope_bytes: read + write q and k,
-    plus positions / the fp32 cos-sin row) and % of the measured DRAM ceiling. The judged APIs at 32k tokens,
-    head_dim 128 are timed 3 times each, interleaved (reference.csv). With --ncu: measured DRAM bytes against
-    that formula, L2 hit rate, SM %, grid, top stalls (the reference points 3 launches each).
+    CUPTI, cold L2) and the effective bandwidth: the bytes RoPE must move (common.flops.rope_bytes: read + write
+    q and k, plus positions / the fp32 cos-sin row) over that time; as % of the measured DRAM copy ceiling only
+    where the working set (q and k, once more for an out-of-place output, the cos/sin rows) is at least 4x the L2
+    (common.timing.rates). The judged APIs at 32k tokens, head_dim 128 are timed 3 times each, interleaved
+    (reference.csv). With --ncu (caches flushed before each pass, as the timing flushed them): measured DRAM bytes
+    against that formula and as % of the ceiling of their kind, L2 hit rate, SM %, occupancy with its launch facts,
+    grid, top stalls (the reference points 3 launches each).
 
 What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals)
-    * RoPE is an in-place, memory-bound kernel at ~75% of peak HBM (judged: 65-85% of the measured DRAM
-      ceiling, 3 repetitions);
+    * RoPE is an in-place, memory-bound kernel at ~75% of peak HBM (judged: effective bandwidth 65-85% of the
+      measured DRAM copy ceiling at 32k tokens, whose working set is >= 4x L2, 3 repetitions);
     * from the source (analysis.md H-15, H-01): each API ends in its predicted kernel; the cos/sin
       cache API uses a head-parallel kernel while token blocks are fewer than the GPU can hold and
       a token-parallel one above; computing cos/sin on the fly costs issue slots; the indptr API
@@ -28,7 +31,8 @@ Run
     ./flashinfer/scripts/ncu_profile.sh --kernel Rotary --set full --count 2 -- \\
         python flashinfer/scripts/05_profile_rope.py --ncu-target --quick
 Writes flashinfer/results/05_profile_rope/: sweep.csv, reference.csv, kernels.csv + kernels_full.csv (--ncu),
-bandwidth.png, trace.json, story.txt, summary.json.
+bandwidth.png (effective TB/s against the working set, DRAM ceilings and the L2 size drawn), trace.json, story.txt,
+summary.json.
 """
 from __future__ import annotations
 
@@ -42,11 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, plots, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
-from common.timing import bench, rates  # noqa: E402
+from common.timing import bench, eff_premise, rates  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
@@ -64,8 +68,9 @@ MODEL = "llama-3.1-8b"
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §05 (A100)"
 H = declare(f"""
     bw = rope-bw: RoPE (cos/sin cache, in place) is memory-bound at ~75% of peak HBM
-        judged on: {INPLACE} TB/s (common.flops bytes / CUPTI time) as % of the measured DRAM ceiling at 32k tokens,
-            {REPEATS} repetitions
+        judged on: {INPLACE} effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the measured DRAM
+            copy ceiling (each q/k element read and written) at 32k tokens, {REPEATS} repetitions; a DRAM rate because
+            its working set (q, k, cos/sin rows: 352 MB) is >= 4x L2 (common.timing.eff_premise)
         confirmed: [65, 85]%
         source: {PLAN}: '≈ 75% of peak HBM', read as 65-85%
     switch = rope-kernel-switch: the cos/sin-cache API switches from the head-parallel kernel (few tokens) to the
@@ -136,12 +141,19 @@ def nbytes(p) -> int:
                             per_token_extra=_fi.rope_extra_bytes(api(p["variant"]), p["head_dim"]))
 
 
+def working_set(p) -> int:
+    """Bytes one call touches: q and k, once more for an out-of-place output (every API but INPLACE writes new
+    tensors), and the per-token extras (position id, cos/sin row: read only)."""
+    extra = p["tokens"] * _fi.rope_extra_bytes(api(p["variant"]), p["head_dim"])
+    qk = (nbytes(p) - extra) // 2
+    return qk + extra if p["variant"] == INPLACE else 2 * qk + extra
+
+
 def timed(x, p, fn, s) -> dict:
     with nvtx_range(label(p)):
         t = bench(fn)
-    r = rates(t.median_ms, bytes=nbytes(p), peaks=x.pk)
-    return {**p, "requests": s["batch"], "time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": r["bytes"],
-            "tb_s": r["tb_s"], "pct_peak_dram": r.get("pct_peak_dram")}
+    r = rates(t.median_ms, bytes=nbytes(p), peaks=x.pk, mix="copy", working_set=working_set(p))
+    return {**p, "requests": s["batch"], "time_us": t.median_us, "spread_pct": t.spread_pct, **timing.rate_row(r)}
 
 
 def check_correctness(run, x):
@@ -211,10 +223,12 @@ def judge(run, x):
     """Bandwidth and time ratios on the reference repetitions; kernel choices (facts); ncu on REPEATS launches."""
     ref = x.ref
     per = {v: list(ref[ref["variant"] == v].sort_values("rep")["time_us"]) for v in REF_VARIANTS}
-    inpl = ref[ref["variant"] == INPLACE]
-    run.headline(rope_inplace_tb_s=float(inpl["tb_s"].median()), rope_inplace_pct_of_ceiling=float(inpl["pct_peak_dram"].median()))
-    run.judge(H["bw"], list(inpl["pct_peak_dram"]), evidence="reference.csv",
-              detail=f"{inpl['tb_s'].median():.2f} TB/s, % of {ceilings.ceiling_text(x.pk)}")
+    inpl = ref[ref["variant"] == INPLACE].sort_values("rep")
+    copy = timing.dram_ceiling_text(x.pk, "copy")
+    run.headline(rope_inplace_eff_tb_s=float(inpl["eff_tb_s"].median()),
+                 rope_inplace_eff_pct_of_copy_ceiling=float(inpl["eff_pct"].median()))
+    run.judge(H["bw"], list(inpl["eff_pct"]), evidence="reference.csv", premise=eff_premise(inpl.to_dict("records"), copy),
+              detail=f"median {timing.eff_text(timing.median_row(inpl.to_dict('records')), x.pk)}; % of {copy}")
     run.judge(H["inplace"], [a / b for a, b in zip(per[INPLACE], per[OUT_OF_PLACE])], evidence="reference.csv")
     run.judge(H["one_req"], [a / b for a, b in zip(per[ONE_REQ], per["apply_rope"])], evidence="reference.csv",
               detail=f"requests of {x.args.req_tokens} tokens")
@@ -235,7 +249,8 @@ def judge(run, x):
                   r["top_stalls"] for r in rows["apply_rope_pos_ids"])) + " | cache " + "; ".join(dict.fromkeys(
                       r["top_stalls"] for r in rows[INPLACE])))
     run.judge(H["formula"], [r["measured_over_formula"] for r in rows[INPLACE]], evidence="kernels.csv (kind=reference)",
-              detail="L2 hit " + ", ".join(f"{r['l2_hit_pct']:.0f}%" for r in rows[INPLACE]))
+              detail="; ".join(dict.fromkeys(f"{kernels.COLUMNS['dram_tb_s'].show(r)}, {kernels.COLUMNS['l2_hit_pct'].show(r)}"
+                                             for r in rows[INPLACE])))
 
 
 def tell(x) -> str:
@@ -245,18 +260,20 @@ def tell(x) -> str:
         d = sub[sub["variant"] == v].sort_values("tokens")
         if not len(d):
             continue
-        kids = [(f"{int(r.tokens)} tokens: {r.kernel or '?'} {r.time_us:.1f} us, {r.tb_s:.2f} TB/s "
-                 f"({r.pct_peak_dram:.0f}%)", []) for r in d.itertuples() if r.tokens in (tmin, tmax)]
+        kids = [(f"{int(r['tokens'])} tokens: {r['kernel'] or '?'} {r['time_us']:.1f} us, {timing.eff_text(r, x.pk)}", [])
+                for r in d.to_dict("records") if r["tokens"] in (tmin, tmax)]
         if x.kern is not None:
             kk = x.kern[(x.kern["kind"] == "sweep") & (x.kern["variant"] == v) & (x.kern["tokens"] == tmax)
                         & (x.kern["head_dim"] == x.d0)]
-            kids += [(story.kernel_line(r) + f" | DRAM bytes / formula {r['measured_over_formula']:.2f}", [])
+            kids += [kernels.node(r, head=f"{r['kernel']} (ncu): DRAM bytes / formula {r['measured_over_formula']:.2f}")
                      for r in kk.to_dict("records")]
         items.append((f"{v} ({_fi.ROPE_APIS[api(v)][0]}, {int(d.iloc[-1]['requests'])} request(s) at {tmax} tokens)", kids))
     items.append((f"reference ({REF['tokens']} tokens, d {REF['head_dim']}, {REPEATS} repetitions): " + "; ".join(
         f"{v} {g['time_us'].median():.1f} us" for v, g in x.ref.groupby("variant", sort=False)), []))
-    return story.tree(f"ROPE — {x.pk['gpu']}, {MODEL} heads (32 q / 8 k), head_dim {x.d0}, bf16; % of "
-                      f"{ceilings.ceiling_text(x.pk)}", items)
+    return story.tree(f"ROPE — {x.pk['gpu']}, {MODEL} heads (32 q / 8 k), head_dim {x.d0}, bf16; effective bandwidth = "
+                      f"formula bytes / time, a % of {timing.dram_ceiling_text(x.pk, 'copy', short=True)} only at "
+                      f"working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes",
+                      items)
 
 
 def main(argv=None) -> int:
@@ -270,7 +287,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by; correctness before timing
         x.pk = ceilings.peaks()
-        run.log(f"{x.pk['gpu']}: % of {ceilings.ceiling_text(x.pk)}")
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MB")
         check_correctness(run, x)
         # ---- measure
         x.df = sweep(run, x)
@@ -278,9 +295,8 @@ def main(argv=None) -> int:
         if args.ncu:
             x.kern = profile_ncu(run, x)
         # ---- analyse
-        run.figure("bandwidth", plots.sweep(x.df[x.df["head_dim"] == x.d0], x="tokens", y="pct_peak_dram",
-                                            hue="variant", logx=True, of=ceilings.ceiling_text(x.pk),
-                                            title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
+        run.figure("bandwidth", plots.effective(x.df[x.df["head_dim"] == x.d0], x.pk, hue="variant", mix="copy",
+                                                title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)
         # ---- the story

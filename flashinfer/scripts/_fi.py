@@ -288,15 +288,29 @@ def grid_dims(text) -> tuple[int, ...] | None:
     return tuple(int(n) for n in nums) if nums else None
 
 
-KERNEL_COLUMNS = ("kernel", "grid", "block", "time_us", "dram_tb_s", "pct_peak_dram", "dram_pct", "sm_pct",
-                  "tensor_pct", "occupancy_pct", "theoretical_occupancy_pct", "limiter", "l2_hit_pct", "top_stalls")
+def kernel_columns() -> tuple[str, ...]:
+    """The columns of the report-sized kernel table: the launch (kernel, grid, block), then the counter columns the
+    kernel table declares (common.kernels.COUNTERS: ncu time, DRAM bytes / TB/s / kind / % of that kind's ceiling,
+    L2 hit, ncu's SOL, SM, tensor, occupancy with its launch facts and limiter, stalls) and one_cta_per_sm."""
+    from common import kernels
+    return ("kernel", "grid", "block", *kernels.names("counters"), "one_cta_per_sm")
 
 
 def compact_kernels(kern, point_cols):
-    """The report-sized view of a common.ncu.summarize() table: the point's labels, then the columns
-    a reader compares (the full table, with every stall column, is written beside it)."""
-    cols = [c for c in (*point_cols, *KERNEL_COLUMNS) if c in kern.columns]
+    """The report-sized view of a common.ncu.summarize() table: the point's labels, then kernel_columns() (the full
+    table, with every stall column, is written beside it)."""
+    cols = [c for c in (*point_cols, *kernel_columns()) if c in kern.columns]
     return kern[cols]
+
+
+def occupancy_text(r: dict) -> str:
+    """How a launch occupies the SMs, as every occupancy reading in the track gives it (issue 21.4): achieved of
+    theoretical occupancy, CTAs per SM with the limiter, warps per CTA, registers per thread, shared memory per
+    CTA (common.kernels' declared shows), and 'one CTA per SM by design' where the launch fits only one."""
+    from common import kernels
+    parts = [kernels.COLUMNS[c].show(r) for c in ("occupancy_pct", "ctas_per_sm")]
+    text = "; ".join(p for p in parts if p) or "occupancy not collected"
+    return text + ("; one CTA per SM by design" if r.get("one_cta_per_sm") else "")
 
 
 # ------------------------------------------------------------------ calls: what one FlashInfer call launched
@@ -421,12 +435,15 @@ def child_argv(argv, drop=("--ncu", "--nsys"), drop_value=("--out",)) -> list[st
 
 
 def ncu_points(run, script, argv, kernels: str, points: list, peaks: dict, timeout: float = 1200):
-    """``script --ncu-target argv`` under ncu (common.ncu.profile); one summarize() row per profiled launch,
-    labelled with the fields of the point it belongs to (``points``: what the target ran, in order)."""
+    """``script --ncu-target argv`` under ncu (common.ncu.profile); one summarize() row per profiled launch with the
+    joined columns (common.kernels.joined: one CTA per SM, the stall note), labelled with the fields of the point it
+    belongs to (``points``: what the target ran, in order). The points are timed with a cold L2
+    (common.timing.bench), so ncu flushes the caches before every pass too (cache_control="all")."""
+    from common import kernels as kt
     from common import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
                       kernel=ncu.with_marker(kernels), echo=run.log, timeout=timeout, cache_control="all")
-    kern = ncu.summarize(ncu.split_points(res.df), peaks=peaks)
+    kern = kt.joined(ncu.summarize(ncu.split_points(res.df), peaks=peaks), peaks)
     for c in dict.fromkeys(k for p in points for k in p):
         kern[c] = [points[i].get(c) if 0 <= i < len(points) else None for i in kern["point"]]
     if kern.attrs.get("missing_metrics"):

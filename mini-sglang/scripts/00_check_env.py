@@ -9,8 +9,9 @@ What it measures
     cache (~/.cache/tvm-ffi or $TVM_FFI_CACHE_DIR) with the mini-SGLang modules already built;
     FlashInfer's JIT cache; which attention backends mini-SGLang can use on this GPU; the NCCL
     version and whether `-lnccl` can link PyNCCL; ncu/nsys; and the measured ceilings every "% of
-    peak" in this track divides by (common.ceilings.peaks: DRAM = best of several streaming probes far above
-    L2, bf16 = best over a GEMM shape sweep; cached per GPU, the same set every system reads; peaks.csv).
+    peak" in this track divides by (common.ceilings.peaks: DRAM per kind of traffic, read, mixed, copy and write,
+    each the best of several streaming probes far above L2, a kernel divided by the kind its traffic matches;
+    bf16 = best over a GEMM shape sweep; cached per GPU, the same set every system reads; peaks.csv).
     Then it calls index (8 KiB rows), store (2 KiB and 256-B rows) and the radix compare once (building
     them if needed), times how 3 fresh processes load the cached index module, and (full run) builds PyNCCL.
 
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, gpu, story  # noqa: E402
+from common import ceilings, cli, gpu, kernels, story  # noqa: E402
 from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -286,9 +287,10 @@ def tell(run, x) -> str:
         ("attention backends: " + " · ".join(f"{b['backend']} {'yes' if b['usable'] else 'no'}" for b in x.backends), []),
         (f"profilers: ncu {ncu_d.get('version') or 'missing'} (counters: {ncu_d.get('counters', 'not probed')}) · "
          f"nsys {nsys_d.get('version') or 'missing -> torch.profiler fallback'}", []),
-        (f"measured ceilings ({pk.get('source')}): DRAM {pk['dram_tb_s']:.2f} TB/s · bf16 {pk['bf16_tflops']:.0f} "
-         f"TFLOP/s (datasheet {(pk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, "
-         f"{(pk.get('datasheet') or {}).get('bf16_tflops', '?')} TFLOP/s); every probe in peaks.csv", []),
+        (f"measured ceilings: {ceilings.kinds_text(pk)}", [
+            (f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s; L2 {pk.get('l2_mb')} MB: below {kernels.STREAM_FACTOR}x L2 formula bytes / time is "
+             f"effective bandwidth, not a DRAM rate (datasheet {(pk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, "
+             f"{(pk.get('datasheet') or {}).get('bf16_tflops', '?')} TFLOP/s); every probe in peaks.csv", [])]),
     ]
     return story.tree(f"ENVIRONMENT for mini-SGLang — {prov['gpu']}", items)
 
@@ -317,7 +319,8 @@ def main(argv=None) -> int:
         # ---- verdicts
         judge(run, x)
         run.headline(gpu=prov["gpu"], gpu_count=len(x.gpus), sm_count=props.multi_processor_count, nccl=x.nccl,
-                     minisgl_commit=x.commit, dram_tb_s=x.pk["dram_tb_s"], bf16_tflops=x.pk["bf16_tflops"],
+                     minisgl_commit=x.commit, **{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()},
+                     bf16_tflops=x.pk["bf16_tflops"],
                      ceilings_source=x.pk.get("source"), index_first_call_s=x.first["index"],
                      store_first_call_s=x.first[f"store {STORE_ROWS[0]}"], radix_first_call_s=x.first["radix"],
                      index_reload_ms=statistics.median(x.reload) if None not in x.reload else None)

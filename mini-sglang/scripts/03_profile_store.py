@@ -9,13 +9,16 @@ What it measures
     rows of Llama-3.1-8B per rank: 2048 B (TP1), 1024 (TP2), 512 (TP4), 256 B (TP8). Slots are
     sequential (a fresh pool) or random (a pool after churn); the full run adds reversed.
     Per point: median time (common.timing.bench: CUPTI, cold L2), bytes moved (common.flops.store_bytes:
-    K+V rows read and written, slot ids read), TB/s and % of the measured DRAM ceiling (common.ceilings.peaks).
+    K+V rows read and written, slot ids read) and the effective bandwidth (those bytes / time); as % of the measured
+    DRAM copy ceiling (common.ceilings.peaks) only where the working set is at least 4x the L2 (common.timing.rates).
     The judged points (the largest token count, 2048-B and 256-B rows, sequential and random) are timed 3
     times, interleaved. Calls at 1 and 8192 tokens, 3 each under torch.profiler (common.trace.capture_calls),
-    count the kernel launches per call and what each one copies; (--ncu / full run) ncu reads DRAM bytes,
-    L2 hit rate, sectors per request and stalls for sequential vs random, 3 launches per point.
+    count the kernel launches per call and what each one copies; (--ncu / full run) ncu reads DRAM bytes (as % of
+    the ceiling of their kind), L2 hit rate, sectors per request, occupancy with its launch facts and stalls for
+    sequential vs random, 3 launches per point, caches flushed before each pass as the timing flushed them.
 
-What the plan expected (hypotheses: H_* below; A100 figures, judged as % of the measured ceiling on 3 repetitions)
+What the plan expected (hypotheses: H_* below; A100 figures, judged as effective bandwidth in % of the measured DRAM
+copy ceiling on 3 repetitions, at 65,536 tokens of 2048-B rows: a 537 MB working set, >= 4x L2)
     * "K copy ... V copy in a separate kernel launch, 2 kernel launches, 2 sync points", "72% per
       copy", fusing both copies would reach ~85%. The code (store.cu:41-49) already copies K and V
       in ONE launch, one warp per token: then "fused would reach 85%" has no unfused kernel to compare
@@ -32,7 +35,8 @@ Run
     ./mini-sglang/scripts/ncu_profile.sh --kernel store --set full -- \\
         python mini-sglang/scripts/03_profile_store.py --ncu-target --quick
 Writes mini-sglang/results/03_profile_store/: sweep.csv, reference.csv, launches.csv, ncu_kernels.csv (with ncu),
-bandwidth.png, patterns.png, trace.json, story.txt, summary.json.
+bandwidth.png and patterns.png (effective TB/s against the working set, DRAM ceilings and the L2 size drawn),
+trace.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, ncu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -73,16 +77,19 @@ H = declare(f"""
         confirmed: [2, 2]
         source: PLAN.md session 2: 'Store launching separately for K and V (an opportunity for fusion)'
     fused = store-fused-85: the K and V copies reach ~72% of peak each; fused they would reach ~85%
-        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, sequential, {REPEATS}
-            repetitions (premise: the store is two launches)
+        judged on: effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the measured DRAM copy ceiling
+            at the largest token count, 2048-B rows, sequential, {REPEATS} repetitions (premises: the store is two
+            launches; the working set is >= 4x L2, so the bytes go through DRAM: common.timing.eff_premise)
         confirmed: [80, 90]%
         source: seed 002 / mini-sglang/reports/plan.md 03: '72% per copy; fusing would reach 85%'
     seq = store-seq-bw: sequential slots reach 70-75% of peak
-        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions
+        judged on: effective bandwidth as % of the measured DRAM copy ceiling at the largest token count, 2048-B rows,
+            {REPEATS} repetitions (premise: working set >= 4x L2)
         confirmed: [70, 75]%
         source: {PLAN}
     random = store-random-bw: random slots reach only 55-65% of peak
-        judged on: % of the measured DRAM ceiling at the largest token count, 2048-B rows, {REPEATS} repetitions
+        judged on: effective bandwidth as % of the measured DRAM copy ceiling at the largest token count, 2048-B rows,
+            {REPEATS} repetitions (premise: working set >= 4x L2)
         confirmed: [55, 65]%
         source: {PLAN}
     gap_wide = store-gap-wide-rows: random vs sequential slots differ little for rows >= 512 B (code reading)
@@ -197,12 +204,14 @@ def make_pools(run, torch, K, x):
 
 
 def timed(x, var, row, tokens, pattern, fn, b, rep=0) -> dict:
+    """One timing: CUPTI kernel time and rates (common.timing.rates: the formula bytes ``b`` of common.flops.store_bytes,
+    their read/write split as the kind of traffic, every byte touched once as the working set)."""
     with nvtx_range(f"{var} row={row} tokens={tokens} {pattern}"):
         t = bench(fn)
-    r = rates(t.median_ms, bytes=b["total"], peaks=x.pk)
+    r = rates(t.median_ms, bytes=b["total"], peaks=x.pk, mix=ceilings.dram_kind(b["read"], b["write"]),
+              working_set=b["total"])
     return {"variant": var, "row_bytes": row, "tp_shape": ROWS[row], "tokens": tokens, "pattern": pattern, "rep": rep,
-            "time_us": t.median_us, "spread_pct": t.spread_pct, "bytes": b["total"], "tb_s": r["tb_s"],
-            "pct_peak_dram": r["pct_peak_dram"]}
+            "time_us": t.median_us, "spread_pct": t.spread_pct, **timing.rate_row(r)}
 
 
 def sweep(run, torch, K, x):
@@ -261,8 +270,9 @@ def launches_per_call(j, variant: str) -> tuple[list[int], str]:
 
 def judge(run, x):
     ref, big, row0 = x.ref, x.p.big, x.p.rows[0]
-    pct = lambda row, pat: list(ref[(ref["row_bytes"] == row) & (ref["pattern"] == pat)]["pct_peak_dram"])  # noqa: E731
-    ok_ceiling = _msgl.within_ceiling(list(ref["pct_peak_dram"]))
+    at = lambda row, pat: ref[(ref["row_bytes"] == row) & (ref["pattern"] == pat)].sort_values("rep").to_dict("records")  # noqa: E731
+    copy = timing.dram_ceiling_text(x.pk, "copy")
+    ok = {pat: _msgl.eff_premise(at(row0, pat), copy) for pat in ("sequential", "random")}
     launches = None
     if x.launches is not None:
         launches, names = launches_per_call(x.launches, V_MINI)
@@ -273,11 +283,13 @@ def judge(run, x):
                True if launches and all(n == 2 for n in launches) else
                f"store_cache already copies K and V in one launch ({sorted(set(launches))} per call, launches.csv): "
                "there is no unfused store to compare")
-    detail = f"{big} tokens, {row0}-B rows; {x.ceiling}"
-    run.judge(H["fused"], pct(row0, "sequential"), evidence="reference.csv", premise=premise if ok_ceiling is True
-              else ok_ceiling, detail=detail)
-    run.judge(H["seq"], pct(row0, "sequential"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
-    run.judge(H["random"], pct(row0, "random"), evidence="reference.csv", premise=ok_ceiling, detail=detail)
+    detail = lambda pat: (f"{big} tokens, {row0}-B rows: median "  # noqa: E731
+                          f"{timing.eff_text(timing.median_row(at(row0, pat)), x.pk)}; % of {copy}")
+    pct = lambda pat: [r["eff_pct"] for r in at(row0, pat)]  # noqa: E731
+    run.judge(H["fused"], pct("sequential"), evidence="reference.csv", premise=premise if ok["sequential"] is True
+              else ok["sequential"], detail=detail("sequential"))
+    run.judge(H["seq"], pct("sequential"), evidence="reference.csv", premise=ok["sequential"], detail=detail("sequential"))
+    run.judge(H["random"], pct("random"), evidence="reference.csv", premise=ok["random"], detail=detail("random"))
     ratio = lambda row: [r / s for r, s in zip(*(ref[(ref["row_bytes"] == row) & (ref["pattern"] == p)]  # noqa: E731
                                                   .sort_values("rep")["time_us"] for p in ("random", "sequential")))]
     run.judge(H["gap_wide"], ratio(row0), evidence="reference.csv", premise=True if row0 >= 512 else
@@ -290,7 +302,8 @@ def judge(run, x):
         for (row, tok), g in km.groupby(["row_bytes", "tokens"]):
             s_, r_ = (g[g["pattern"] == p].sort_values("rep") for p in ("sequential", "random"))
             vals[(row, tok)] = [a / b for a, b in zip(r_["time_us"], s_["time_us"])]
-            lines.append(f"{row} B x {tok}: DRAM {s_['dram_pct'].median():.0f}% vs {r_['dram_pct'].median():.0f}%, L2 hit "
+            lines.append(f"{row} B x {tok}: DRAM (ncu bytes) {s_['dram_pct'].median():.0f}% vs {r_['dram_pct'].median():.0f}% "
+                         f"of the {s_['dram_kind'].iloc[0] if len(s_) else '?'} ceiling, L2 hit "
                          f"{s_['l2_hit_pct'].median():.0f}% vs {r_['l2_hit_pct'].median():.0f}%, "
                          f"{s_['st_sectors_per_request'].median():.1f} vs {r_['st_sectors_per_request'].median():.1f} "
                          "sectors/store (sequential vs random)")
@@ -314,12 +327,16 @@ def tell(x) -> str:
                   f"({g['lane_bytes']}-B lanes); {g['grid']} blocks of 128 threads at 8192 tokens", []))
     for pattern in x.p.patterns:
         s = d[d["pattern"] == pattern].sort_values("tokens")
-        items.append((f"{pattern}: " + ", ".join(f"{int(r.tokens)} tok {r.pct_peak_dram:.0f}%" for r in s.itertuples()), []))
+        items.append((pattern, [(f"{int(r['tokens'])} tokens: {r['time_us']:.1f} us, {timing.eff_text(r, x.pk)}", [])
+                                for r in s.to_dict("records")]))
     if x.kern is not None:
-        items.append(("Hardware (ncu)", [(f"{r['pattern']} row={r['row_bytes']} tok={r['tokens']}: " + story.kernel_line(r), [])
+        items.append(("Hardware (ncu)", [kernels.node(r, head=f"{r['pattern']} row={r['row_bytes']} tok={r['tokens']}: "
+                                                          f"{r['kernel']} (ncu) [{ncu.bound_why(r)}]")
                                          for r in x.kern[(x.kern["variant"] == V_MINI) & (x.kern["rep"] == 0)]
                                          .to_dict("records")][:6]))
-    return story.tree(f"STORE KERNEL — {x.pk['gpu']} (% of {x.ceiling})", items)
+    return story.tree(f"STORE KERNEL — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a % of {x.ceiling} only "
+                      f"at working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's "
+                      "bytes", items)
 
 
 def main(argv=None) -> int:
@@ -331,8 +348,8 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
         x.pk = ceilings.peaks()
-        x.ceiling = ceilings.ceiling_text(x.pk, short=True)
-        run.log(f"{x.pk['gpu']}: {x.ceiling}; pool {POOL:,} slots per cache")
+        x.ceiling = timing.dram_ceiling_text(x.pk, "copy", short=True)
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MB; pool {POOL:,} slots per cache")
         make_pools(run, torch, K, x)
         # ---- measure
         x.df, x.ref = sweep(run, torch, K, x)
@@ -346,22 +363,21 @@ def main(argv=None) -> int:
                 x.kern = run.optional("ncu pass", profile_ncu, run, x)
         # ---- analyse: the curves
         row0 = x.p.rows[0]
-        run.figure("bandwidth", plots.sweep(x.df[x.df["row_bytes"] == row0].assign(
-            series=lambda d: d["variant"] + " / " + d["pattern"]), x="tokens", y="pct_peak_dram", hue="series", logx=True,
-            of=x.ceiling,
+        run.figure("bandwidth", plots.effective(x.df[x.df["row_bytes"] == row0].assign(
+            series=lambda d: d["variant"] + " / " + d["pattern"]), x.pk, hue="series", mix="copy",
             title=f"KV store, {row0}-B rows (Llama-3.1-8B {ROWS[row0]}) — {x.pk['gpu']}"))
         dm = x.df[(x.df["variant"] == V_MINI) & (x.df["tokens"] == x.p.big)]
-        run.figure("patterns", plots.sweep(dm, x="row_bytes", y="pct_peak_dram", hue="pattern", logx=True,
-                                           ylabel="% of the measured DRAM ceiling",
-                                           title=f"store_cache at {x.p.big} tokens by KV row size — {x.pk['gpu']}"))
+        run.figure("patterns", plots.effective(dm, x.pk, hue="pattern", mix="copy",
+                                               title=f"store_cache at {x.p.big} tokens, 256 to 2048-B KV rows (left to "
+                                                     f"right) — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)
         r0 = x.ref[x.ref["row_bytes"] == row0]
         tor = x.df[(x.df["variant"] == V_TORCH) & (x.df["row_bytes"] == row0) & (x.df["tokens"] == x.p.big)
                    & (x.df["pattern"] == "random")]
-        run.headline(store_pct_peak_seq=float(r0[r0["pattern"] == "sequential"]["pct_peak_dram"].median()),
-                     store_pct_peak_random=float(r0[r0["pattern"] == "random"]["pct_peak_dram"].median()),
-                     store_tb_s_seq=float(r0[r0["pattern"] == "sequential"]["tb_s"].median()),
+        run.headline(store_eff_pct_of_copy_ceiling_seq=float(r0[r0["pattern"] == "sequential"]["eff_pct"].median()),
+                     store_eff_pct_of_copy_ceiling_random=float(r0[r0["pattern"] == "random"]["eff_pct"].median()),
+                     store_eff_tb_s_seq=float(r0[r0["pattern"] == "sequential"]["eff_tb_s"].median()),
                      speedup_vs_index_put=float(tor["time_us"].max() / r0[r0["pattern"] == "random"]["time_us"].median())
                      if len(tor) else None)
         # ---- the story

@@ -11,19 +11,24 @@ What it measures
     (MINISGL_FLASHINFER_USE_TENSOR_CORES=0: the CUDA-core decode kernel).
     --compare  fixed points (prefill 1 x 2048, prefill 8 x 512, decode 32 x 4096, decode 1 x 4096), each
                variant timed 3 times (common.timing.bench: CUPTI, cold L2): kernel time, the CPU plan() time
-               (common.timing.bench_cpu), TFLOP/s or TB/s from common.flops (prefill_flops / decode_bytes with
-               the int32 page index per key) and % of the measured ceilings (common.ceilings.peaks); one forward per
-               point 3 times under torch.profiler (common.trace.capture_calls): kernels in launch order
-               (store_kv_cache, the attention kernel(s), a merge kernel when KV is split) and the plan's
-               cudaEventSynchronize; with ncu also occupancy and its limiter, tensor-pipe %, DRAM % and the
-               top warp stalls (3 launches per point).
-    --sweep    decode batch x KV length and prefill length: time, TB/s / TFLOP/s, % of the ceilings.
+               (common.timing.bench_cpu), TFLOP/s (% of the measured bf16 ceiling) and effective TB/s from
+               common.flops (prefill_flops / decode_bytes with the int32 page index per key); effective bandwidth
+               is a % of the measured DRAM read ceiling (decode reads) only where the working set is >= 4x L2
+               (common.timing.rates: decode 32 x 4096 reads 538 MB); one forward per point 3 times under
+               torch.profiler (common.trace.capture_calls): kernels in launch order (store_kv_cache, the attention
+               kernel(s), a merge kernel when KV is split) and the plan's cudaEventSynchronize; with ncu (caches
+               flushed before each pass, as the timing flushed them) also occupancy with registers/thread, shared
+               memory/CTA, warps/CTA, CTAs/SM and the limiter, tensor-pipe %, measured DRAM bytes as % of the
+               ceiling of their kind, L2 hit and the top warp stalls (3 launches per point).
+    --sweep    decode batch x KV length and prefill length: time, effective TB/s / TFLOP/s, % of the ceilings where
+               valid.
     Correctness first: every variant's output vs a float32 torch reference (causal, GQA).
 
 What the plan expected (hypotheses: H_* below; A100 figures restated as shares of the measured ceilings,
 judged on intervals of 3 repetitions)
     * Prefill attention 50-80 TFLOP/s (16-26% of the A100's dense bf16 peak), mixed compute/memory.
-    * Decode attention 1.4-1.7 TB/s (70-85% of peak), memory-bound, long-scoreboard stalls first,
+    * Decode attention 1.4-1.7 TB/s (70-85% of peak; judged: effective bandwidth as % of the DRAM read ceiling, its
+      538 MB working set >= 4x L2), memory-bound, long-scoreboard stalls first,
       low tensor-core use. Reading fi.py: with tensor cores on, decode runs a prefill kernel; the KV
       bytes are the same either way; plan() runs on the CPU in the first layer of every step, after
       an event synchronize.
@@ -38,7 +43,8 @@ Run
     ./mini-sglang/scripts/ncu_profile.sh --kernel attention --set full -- \\
         python mini-sglang/scripts/04_profile_attention.py --ncu-target --quick
 Writes mini-sglang/results/04_profile_attention/: backends.csv, compare.csv, kernels.csv, sweep.csv,
-ncu_kernels.csv (with ncu), roofline.png, decode_sweep.png, trace.json, story.txt, summary.json.
+ncu_kernels.csv (with ncu), roofline.png, decode_sweep.png (effective TB/s against the working set, DRAM ceilings and
+the L2 size drawn), trace.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -51,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, ncu, plots, story, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, story, timing, trace  # noqa: E402
 from common.checks import require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -77,8 +83,9 @@ H = declare(f"""
         judged on: every traced call ({REPEATS} each) of fi {D32}: a BatchPrefill kernel; of fi tc=off: none
         source: analysis.md (attention/fi.py:237-242 use_tensor_cores: GQA >= 4)
     decode_bw = decode-attn-bw: decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)
-        judged on: fi decode TB/s (common.flops.decode_bytes incl. the page index) as % of the measured DRAM ceiling,
-            {REPEATS} repetitions
+        judged on: fi decode effective bandwidth (common.flops.decode_bytes incl. the page index / CUPTI time, cold L2)
+            as % of the measured DRAM read ceiling, {REPEATS} repetitions; a DRAM rate because its working set (538 MB)
+            is >= 4x L2 (common.timing.eff_premise)
         confirmed: [70, 85]%
         source: {PLAN}: '1.4-1.7 TB/s (70-85% of peak)'
     tc_diff = fi-tc-on-off: tensor cores on/off: same KV bytes, different kernel and time
@@ -221,12 +228,15 @@ class Bench:
         return torch.cat(outs)
 
 
-def work(phase, q_lens, kv_lens) -> tuple[int, int]:
-    """FLOPs and minimum bytes of one attention call (common.flops; decode reads an int32 page index per key)."""
+def work(phase, q_lens, kv_lens) -> tuple[int, int, str]:
+    """FLOPs and minimum bytes of one attention call (common.flops; decode reads an int32 page index per key), and
+    the kind of its traffic (O, one row per query, is the only write: decode "read"); every byte is touched once,
+    so the bytes are the working set too."""
     f = flops.prefill_flops(q_lens, kv_lens, HQ, HD)
     b = (flops.decode_bytes(kv_lens, HQ, HKV, HD, index_bytes_per_token=4) if phase == "decode"
          else flops.prefill_bytes(q_lens, kv_lens, HQ, HKV, HD))
-    return f, b
+    out = sum(q_lens) * HQ * HD * 2
+    return f, b, ceilings.dram_kind(b - out, out)
 
 
 def fa_usable():
@@ -290,13 +300,12 @@ def measure(x, var, phase, q, kv, part, rep=0):
     p = x.b.point(var, phase, q, kv)
     with nvtx_range(f"{var} {label(phase, q, kv)}"):
         t = bench(p.fn)
-    f, nbytes = work(phase, q, kv)
-    r = rates(t.median_ms, bytes=nbytes, flops=f, peaks=x.pk)
+    f, nbytes, mix = work(phase, q, kv)
+    r = rates(t.median_ms, bytes=nbytes, flops=f, peaks=x.pk, mix=mix, working_set=nbytes)
     plan_us = bench_cpu(p.replan, rep_ms=50).median_us if p.replan else None
     return p, {"part": part, "variant": var, "phase": phase, "point": label(phase, q, kv), "rep": rep, "batch": len(q),
                "q_len": q[0], "kv_len": kv[0], "time_us": t.median_us, "spread_pct": t.spread_pct, "plan_cpu_us": plan_us,
-               "flops": f, "bytes": nbytes, "tflop_s": r["tflop_s"], "pct_peak_tflops": r["pct_peak_tflops"],
-               "tb_s": r["tb_s"], "pct_peak_dram": r["pct_peak_dram"], "flop_per_byte": r["flop_per_byte"]}
+               **timing.rate_row(r)}
 
 
 def compare(run, torch, x):
@@ -345,6 +354,7 @@ def attention_calls(kern, name: str) -> list[list[str]]:
 def judge(run, x):
     c = x.cmp
     pts = lambda var, pt, col: list(c[(c["variant"] == var) & (c["point"] == pt)][col]) if len(c) else []  # noqa: E731
+    recs = lambda var, pt: c[(c["variant"] == var) & (c["point"] == pt)].to_dict("records") if len(c) else []  # noqa: E731
     if x.kern is not None and len(pts("fi", D32, "time_us")):
         on, off = attention_calls(x.kern, f"fi {D32}"), attention_calls(x.kern, f"fi tc=off {D32}")
         _msgl.fact(run, H["tc_kernel"], [any("Prefill" in k for k in ks) for ks in on] +
@@ -354,12 +364,14 @@ def judge(run, x):
         _msgl.fact(run, H["tc_diff"], [a != b for a, b in zip(on, off)], "kernels.csv, compare.csv",
                    detail=f"{int(pts('fi', D32, 'bytes')[0]):,} B both (common.flops); {pts('fi', D32, 'time_us')[0]:.1f} us"
                           f" (on) vs {pts('fi tc=off', D32, 'time_us')[0]:.1f} us (off), rep 0")
-    dec = pts("fi", D32, "pct_peak_dram")
-    run.judge(H["decode_bw"], dec, evidence="compare.csv",
-              premise=_msgl.within_ceiling(dec + pts("fi tc=off", D32, "pct_peak_dram")),
-              detail=f"{x.ceiling}; tc off: {', '.join(f'{v:.0f}%' for v in pts('fi tc=off', D32, 'pct_peak_dram'))}")
-    pre = pts("fi", P2048, "pct_peak_tflops")
-    run.judge(H["prefill"], pre, evidence="compare.csv", premise=_msgl.within_ceiling(pre, "the measured bf16 ceiling"),
+    read = timing.dram_ceiling_text(x.pk, "read")
+    run.judge(H["decode_bw"], pts("fi", D32, "eff_pct"), evidence="compare.csv",
+              premise=_msgl.eff_premise(recs("fi", D32) + recs("fi tc=off", D32), read),
+              detail=f"median {timing.eff_text(timing.median_row(recs('fi', D32)), x.pk)}; % of {read}; tc off: "
+                     f"{', '.join(f'{v:.0f}%' for v in pts('fi tc=off', D32, 'eff_pct'))}")
+    pre = pts("fi", P2048, "pct_bf16_ceiling")
+    run.judge(H["prefill"], pre, evidence="compare.csv", premise=_msgl.within_ceiling(
+              pre, ceilings.ceiling_text(x.pk, "bf16_tflops", short=True)),
               detail=f"{', '.join(f'{v:.0f}' for v in pts('fi', P2048, 'tflop_s'))} TFLOP/s of "
                      f"{x.pk['bf16_tflops']:.0f} ({x.pk.get('source')})")
     if x.syncs:
@@ -374,7 +386,8 @@ def judge(run, x):
     dec_rows = main_kernel[main_kernel["call"].isin([f"fi {D32}", f"fi tc=off {D32}"])].to_dict("records")
     _msgl.fact(run, H["ncu_decode"], [ncu.bound(r).startswith("memory") and ncu.top_stall(r) == "long_scoreboard"
                                    for r in dec_rows], "ncu_kernels.csv",
-               detail="; ".join(dict.fromkeys(f"{r['variant']}: {ncu.bound_why(r)}" for r in dec_rows)))
+               detail="; ".join(dict.fromkeys(f"{r['variant']}: {ncu.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)})"
+                                              for r in dec_rows)))
     pre_rows = main_kernel[main_kernel["call"] == f"fi {P2048}"]
     run.judge(H["ncu_prefill"], list(pre_rows["tensor_pct"]), evidence="ncu_kernels.csv",
               detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in pre_rows.to_dict("records"))))
@@ -384,26 +397,28 @@ def tell(x) -> str:
     items = [("backends: fi (FlashInfer fa2, page size 1), fi tc=off" + (", fa (sgl_kernel)" if x.fa_ok else "")
               + f"; not here: {'' if x.fa_ok else 'fa (' + x.fa_why + '), '}trtllm (sm100)", [])]
     if len(x.cmp):
-        med = x.cmp.groupby(["variant", "point", "phase"], sort=False)[["time_us", "plan_cpu_us", "tb_s", "pct_peak_dram",
-                                                                        "tflop_s", "pct_peak_tflops"]].median().reset_index()
-        for r in med.to_dict("records"):
-            name = f"{r['variant']} {r['point']}"
+        for (var, pt, phase), g in x.cmp.groupby(["variant", "point", "phase"], sort=False):
+            r = timing.median_row(g.to_dict("records"), "time_us")       # the median repetition, with its own rates
+            name = f"{var} {pt}"
             ks = x.kern[(x.kern["label"] == f"call: {name}") & (x.kern["call"] == 0)] if x.kern is not None else []
-            head = (f"{name}: attention {r['time_us']:.1f} us" + (f", plan {r['plan_cpu_us']:.0f} us CPU" if r["plan_cpu_us"]
-                                                                    == r["plan_cpu_us"] and r["plan_cpu_us"] else "")
-                    + (f" -> {r['tb_s']:.2f} TB/s ({r['pct_peak_dram']:.0f}%)" if r["phase"] == "decode"
-                       else f" -> {r['tflop_s']:.0f} TFLOP/s ({r['pct_peak_tflops']:.0f}%)") + f" (median of {REPEATS})")
+            plan_us = g["plan_cpu_us"].median()
+            head = (f"{name}: attention {r['time_us']:.1f} us" + (f", plan {plan_us:.0f} us CPU" if plan_us == plan_us
+                                                                    and plan_us else "")
+                    + (f" -> {timing.eff_text(r, x.pk)}" if phase == "decode"
+                       else f" -> {r['tflop_s']:.0f} TFLOP/s ({r['pct_bf16_ceiling']:.0f}% of the bf16 ceiling)")
+                    + f" (median of {REPEATS})")
             items.append((head, [(f"#{int(k['order'])} {k['gpu_kind']} {k['kernel']} grid {k['grid'] or '-'} "
                                   f"{k['dur_us']:.1f} us", []) for k in (ks.to_dict("records") if len(ks) else [])]))
     if x.ncu is not None:
-        items.append(("hardware (ncu)", [(f"{r['call']}: {story.kernel_line(r)}", [])
+        items.append(("hardware (ncu)", [kernels.node(r, head=f"{r['call']}: {r['kernel']} (ncu) [{ncu.bound_why(r)}]")
                                          for r in x.ncu[x.ncu["rep"] == 0].to_dict("records")][:8]))
     if len(x.sw):
-        items.append(("sweep", [(f"{r['variant']} {r['point']}: {r['time_us']:.1f} us " +
-                                 (f"{r['pct_peak_dram']:.0f}% BW" if r["phase"] == "decode" else f"{r['tflop_s']:.0f} TFLOP/s"),
+        items.append(("sweep", [(f"{r['variant']} {r['point']}: {r['time_us']:.1f} us, " +
+                                 (timing.eff_text(r, x.pk) if r["phase"] == "decode" else f"{r['tflop_s']:.0f} TFLOP/s"),
                                  []) for r in x.sw.to_dict("records")][:24]))
-    return story.tree(f"ATTENTION THROUGH mini-SGLang — {x.pk['gpu']} (% of {x.ceiling}, bf16 "
-                      f"{x.pk['bf16_tflops']:.0f} TFLOP/s)", items)
+    return story.tree(f"ATTENTION THROUGH mini-SGLang — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a % of "
+                      f"{x.ceiling} only at working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); bf16 "
+                      f"{x.pk['bf16_tflops']:.0f} TFLOP/s", items)
 
 
 def main(argv=None) -> int:
@@ -417,7 +432,7 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: ceilings, backends offered here, correctness before timing
         x.pk = ceilings.peaks()
-        x.ceiling = ceilings.ceiling_text(x.pk, short=True)
+        x.ceiling = timing.dram_ceiling_text(x.pk, "read", short=True)
         props = torch.cuda.get_device_properties(0)
         x.fa_ok, x.fa_why = fa_usable()
         x.fa_ok = x.fa_ok and props.major >= 9
@@ -425,7 +440,8 @@ def main(argv=None) -> int:
                                {"backend": "fa", "offered": x.fa_ok, "measured": x.fa_ok, "note": x.fa_why},
                                {"backend": "trtllm", "offered": props.major == 10, "measured": False,
                                 "note": "sm100 only; needs page size 16/32/64 (not exercised here)"}])
-        run.log(f"{x.pk['gpu']}: {x.ceiling}, bf16 {x.pk['bf16_tflops']:.0f} TFLOP/s; backends: fi, fi tc=off"
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MB; bf16 {x.pk['bf16_tflops']:.0f} "
+                "TFLOP/s; backends: fi, fi tc=off"
                 + (", fa" if x.fa_ok else ""))
         x.b = make_bench(torch, x.p, x.fa_ok)
         check_correctness(run, x.b)
@@ -447,20 +463,19 @@ def main(argv=None) -> int:
                                                   title="attention (Llama-3.1-8B heads, bf16)"))
         if len(x.sw) and (x.sw["phase"] == "decode").any():
             d = x.sw[x.sw["phase"] == "decode"].assign(series=lambda s: s["variant"] + " bs=" + s["batch"].astype(str))
-            run.figure("decode_sweep", plots.sweep(d, x="kv_len", y="pct_peak_dram", hue="series", logx=True,
-                                                   of=x.ceiling,
-                                                   title=f"decode attention — {x.pk['gpu']}"))
+            run.figure("decode_sweep", plots.effective(d, x.pk, hue="series", mix="read",
+                                                       title=f"decode attention — {x.pk['gpu']}"))
         # ---- verdicts
         judge(run, x)
         if len(x.cmp):
-            med = x.cmp.groupby(["variant", "point"])[["tb_s", "pct_peak_dram", "plan_cpu_us", "tflop_s",
-                                                       "pct_peak_tflops"]].median()
+            med = x.cmp.groupby(["variant", "point"])[["eff_tb_s", "eff_pct", "plan_cpu_us", "tflop_s",
+                                                       "pct_bf16_ceiling"]].median()
             if ("fi", D32) in med.index:
-                run.headline(decode_b32_kv4096_tb_s=med.loc[("fi", D32), "tb_s"],
-                             decode_b32_kv4096_pct_peak=med.loc[("fi", D32), "pct_peak_dram"])
+                run.headline(decode_b32_kv4096_eff_tb_s=med.loc[("fi", D32), "eff_tb_s"],
+                             decode_b32_kv4096_eff_pct_of_read_ceiling=med.loc[("fi", D32), "eff_pct"])
             if ("fi", P2048) in med.index:
                 run.headline(prefill_2048_tflop_s=med.loc[("fi", P2048), "tflop_s"],
-                             prefill_2048_pct_peak=med.loc[("fi", P2048), "pct_peak_tflops"])
+                             prefill_2048_pct_of_bf16_ceiling=med.loc[("fi", P2048), "pct_bf16_ceiling"])
         # ---- the story
         run.story(tell(x), echo=True)
     return 0

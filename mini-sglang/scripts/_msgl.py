@@ -11,6 +11,7 @@
     mirror_nvtx(torch)                                 # its Layer_i / MHA / MLP ranges into torch.profiler
     calls_in_ranges(ev, r"^step\\[", r"^cudaEventSynchronize$")   # CUDA API calls (or ranges) inside each range
     fact(run, H, [True, True, True], "trace.json")     # a deterministic fact as a verdict
+    eff_premise(rows, ceiling_text)                    # a verdict on effective bandwidth: DRAM rates, none above
     ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
 
 Everything generic comes from common/: the range -> kernel join and the captures (common.trace), FLOPs
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from common import timing
 from common.checks import SetupError, require_gpu, require_module
 from common.procs import free_port
 
@@ -225,12 +227,11 @@ def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> s
     return verdict
 
 
-def within_ceiling(pcts, what: str = "the measured DRAM ceiling"):
-    """The premise of every '% of a ceiling' verdict: no value above 100%. True, or a string saying which value beat
-    the ceiling (the probe under-measures this GPU: improve it, never cap the kernel; common.ceilings)."""
-    over = [p for p in pcts if p is not None and not math.isnan(p) and p > 100]
-    return True if not over else (f"{max(over):.0f}% of {what}: a kernel beat the ceiling, so the ceiling probe "
-                                  "under-measures this GPU (python -m common.ceilings measure --refresh after a better probe)")
+# The premise of every '% of a ceiling' verdict (no value above 100% of the named ceiling) is common.timing's
+# within_ceiling; a verdict on effective bandwidth also needs every value to be a DRAM rate (a working set >= 4x L2):
+# common.timing.eff_premise. Both are used through this module's names, so a test can hold them back in one place.
+within_ceiling = timing.within_ceiling
+eff_premise = timing.eff_premise
 
 
 # ------------------------------------------------------------------ the scripts' own ncu passes
@@ -281,16 +282,19 @@ def run_points(torch, calls) -> int:
 
 
 def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics="summary", timeout: float = 900):
-    """``script --ncu-target argv`` under Nsight Compute (common.ncu.profile, clocks left alone): (rows, raw) with one
-    common.ncu.summarize() row per profiled launch, labelled with the fields of its point (``points``: dicts in
-    the order the target ran them), and the raw metric rows (for metrics summarize() does not read)."""
+    """``script --ncu-target argv`` under Nsight Compute (common.ncu.profile, clocks left alone; caches flushed before
+    every pass, as common.timing.bench flushed them for the timings these counters sit beside): (rows, raw) with one
+    common.ncu.summarize() row per profiled launch plus the joined columns (common.kernels.joined: one CTA per SM,
+    the stall note), labelled with the fields of its point (``points``: dicts in the order the target ran them),
+    and the raw metric rows (for metrics summarize() does not read)."""
+    from common import kernels as kt
     from common import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
                       kernel=ncu.with_marker(kernels), metrics=metrics, echo=run.log, timeout=timeout,
-                      cache_control="all")      # the points are timed with a cold L2 (common.timing.bench)
+                      cache_control="all")
     raw = ncu.split_points(res.df)
     raw = raw[raw["point"] >= 0].reset_index(drop=True)
-    rows = ncu.summarize(raw, peaks=peaks)
+    rows = kt.joined(ncu.summarize(raw, peaks=peaks), peaks)
     for key in dict.fromkeys(k for p in points for k in p):
         rows[key] = [points[i].get(key) if 0 <= i < len(points) else None for i in rows["point"]]
     if rows.attrs.get("missing_metrics"):

@@ -10,7 +10,8 @@ What it measures
     sglang-kernel build has no FA3 library, and SGLang 0.5.17 picks FA3 on Hopper without
     checking), the JIT caches that decide whether a server starts in ~30 s or ~2 min, and
     whether ncu (with counter permission), nsys and the torch profiler work. It also measures
-    this GPU's ceilings (common.ceilings.peaks: best-of-probe DRAM bandwidth, bf16 GEMM sweep; cached per GPU)
+    this GPU's ceilings (common.ceilings.peaks: best-of-probe DRAM bandwidth per kind of traffic, read, mixed,
+    copy and write, a kernel divided by the kind its traffic matches; bf16 GEMM sweep; the L2 size; cached per GPU)
     that every later "% of ceiling" divides by.
 
 What the plan expected (hypotheses)
@@ -163,16 +164,18 @@ def main(argv=None) -> int:
         prow = profiler_rows(torch, args.quick)
         run.table("profilers", prow)
         pkk = ceilings.peaks()
-        run.headline(measured_copy_tb_s=pkk.get("dram_tb_s"), measured_bf16_tflops=pkk.get("bf16_tflops"))
+        run.headline(**{f"measured_{key}": pkk.get(key) for key in ceilings.DRAM_KEYS.values()},
+                     measured_bf16_tflops=pkk.get("bf16_tflops"), l2_mb=pkk.get("l2_mb"))
         verdicts(run, props, cc, default, fa3, links)
         env_keys = {k: v for k, v in prov.get("env", {}).items() if k.startswith(("NCCL_", "TORCH_SYMM", "NVSHMEM"))}
         items = [
             (f"GPU: {n_gpu}x {gpus[0]['name'] if gpus else '?'} (cc {cc}, {gpus[0]['memory_gb'] if gpus else '?'} GB), "
              f"driver {prov.get('driver')}, CUDA {torch.version.cuda}", []),
             (f"topology: {', '.join(f'{k}={v}' for k, v in list(links.items())[:6]) or 'single GPU'}", []),
-            (f"measured ceilings: DRAM {story.fmt(pkk.get('dram_tb_s'))} TB/s, bf16 GEMM "
-             f"{story.fmt(pkk.get('bf16_tflops'))} TFLOP/s (datasheet "
-             f"{(pkk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, {(pkk.get('datasheet') or {}).get('bf16_tflops', '?')})", []),
+            (f"measured ceilings: {ceilings.kinds_text(pkk)}", [
+                (f"bf16 GEMM {story.fmt(pkk.get('bf16_tflops'))} TFLOP/s; L2 {pkk.get('l2_mb')} MB (datasheet "
+                 f"{(pkk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, "
+                 f"{(pkk.get('datasheet') or {}).get('bf16_tflops', '?')} TFLOP/s)", [])]),
             (f"sglang {sgl['version'] if sgl['ok'] else 'NOT importable: ' + sgl['version']} (import {sgl['import_s']:.1f} s)"
              + ("" if sgl["server_args"] else f"; server_args: {sgl['server_args_msg']}"), []),
             ("attention backends", [(f"{b['backend']}: {'usable' if b['usable'] else 'no'} — {b['detail']}", [])
