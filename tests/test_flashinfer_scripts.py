@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import _fi  # noqa: E402
-from common import flops, kernels, ncu, plots, story, timing, trace, verdicts  # noqa: E402
+from common import flops, ncu, story, timing, trace, verdicts  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import rates  # noqa: E402
 
@@ -158,6 +158,36 @@ def test_sweeps_and_their_repetitions():
     assert len(m05.plan_points(m05.parse_args(["--quick"]))) == 4 * len(m05.VARIANTS)
     assert m05.nbytes({"variant": m05.INPLACE, "head_dim": 128, "tokens": 8192}) == flops.rope_bytes(
         8192, 32, 8, 128, per_token_extra=8 + 4 * 128)
+
+
+def test_the_merge_kernel_closer_look(run, fixture_path, monkeypatch):
+    """02 --ncu looks at the merge kernel with ncu --set full: the --ncu-target child runs only the reference points
+    (fa2 b1 qo512 first), the first MergeState launch is profiled, read by common.ncu.look; a failed look is a note.
+    The ncu CSV is the real full-set fixture (its first row stands in for the merge kernel's)."""
+    m02 = load_script("02_profile_prefill")
+    a = m02.parse_args(["--quick", "--ncu-target", "--ncu-kind", "reference"])
+    ref = m02.target_points(a, ["fa2", "fa3"])
+    assert len(ref) == 6 and ref[0] == {"model": "llama-3.1-8b", "backend": "fa2", **m02.NCU_REF, "kind": "reference",
+                                        "rep": 0}
+    seen = {}
+
+    def fake(app, out, **kw):
+        seen.update(app=app, **kw)
+        return SimpleNamespace(df=ncu.read_raw(fixture_path(NCU_FULL)).iloc[:1])
+    monkeypatch.setattr(m02.ncu, "profile", fake)
+    x = SimpleNamespace(backends=["fa2", "fa3"], child=["--quick"], pk=H200)
+    lines = m02.look_at_merge(run, x)
+    assert seen["app"][-4:] == ["--ncu-target", "--ncu-kind", "reference", "--quick"]
+    assert (seen["kernel"], seen["launch_count"], seen["section_set"], seen["metrics"]) == ("MergeState", 1, "full", None)
+    assert "us under ncu (caches flushed)" in lines[0] and lines[1].startswith("launch: ")
+    assert any(line.startswith("stalls: ") for line in lines) and (run.dir / "merge_look.csv").exists()
+    assert m02.look_at_merge(run, SimpleNamespace(backends=["fa3"])) == []          # no FA2: no merge kernel
+
+    def broken(*a, **kw):
+        raise ncu.NcuError("ncu profiled no kernel")
+    monkeypatch.setattr(m02.ncu, "profile", broken)
+    assert m02.look_at_merge(run, x) == []
+    assert any("closer look did not run (NcuError: ncu profiled no kernel)" in n for n in run.summary["notes"])
 
 
 # ------------------------------------------------------------------ 03: the decode verdicts on recorded values

@@ -139,6 +139,7 @@ def parse_args(argv=None):
     p.add_argument("--ncu", action="store_true", help="also profile every point once (qo 512 3x) under ncu")
     p.add_argument("--nsys", action="store_true", help="also put each point's kernels on a timeline (Nsight Systems)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)  # run points once, for ncu/nsys
+    p.add_argument("--ncu-kind", default=None, help=argparse.SUPPRESS)  # --ncu-target: only points of this kind
     p.add_argument("--backend", type=cli.choices_list(*BACKENDS), default=["fa2", "fa3"],
                    help="comma-separated: fa2, fa3 (sm90 only), auto; default fa2,fa3")
     p.add_argument("--models", type=cli.choices_list(*PRESETS), default=None,
@@ -156,9 +157,11 @@ def plan_points(args, backends) -> list[dict]:
 
 
 def target_points(args, backends) -> list[dict]:
-    """What --ncu-target runs: the sweep, then qo 512 (first model) REPEATS times per backend."""
+    """What --ncu-target runs: the sweep, then qo 512 (first model) REPEATS times per backend; with --ncu-kind K
+    only the points of kind K ("sweep" or "reference")."""
     m0 = (args.models or MODELS)[0]
-    return _fi.with_repeats(plan_points(args, backends), [{"model": m0, "backend": be, **NCU_REF} for be in backends])
+    pts = _fi.with_repeats(plan_points(args, backends), [{"model": m0, "backend": be, **NCU_REF} for be in backends])
+    return [p for p in pts if args.ncu_kind in (None, p["kind"])]
 
 
 def label(p) -> str:
@@ -350,6 +353,29 @@ def profile_ncu(run, x):
     return kern
 
 
+def look_at_merge(run, x) -> list[str]:
+    """A closer look at the merge kernel FA2 adds at batch 1 (issue 21.4): the first merge launch of the reference
+    points (fa2 b1 qo512) under ncu --set full (merge_full.csv), read by common.ncu.look: how the launch fills the
+    GPU, how busy the issue slots are, its pipes, instructions per DRAM byte and the stalls with what they mean.
+    Optional: a failure is one note and the run goes on."""
+    from common import kernels as kt
+    if "fa2" not in x.backends:
+        return []
+    run.log("ncu --set full: the first merge launch of fa2 b1 qo512 (a closer look)")
+    try:
+        res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target", "--ncu-kind", "reference",
+                           *x.child], run.dir / "ncu", name="merge_full", kernel="MergeState", launch_count=1,
+                          section_set="full", metrics=None, cache_control="all", echo=run.log, timeout=600)
+        raw = res.df.iloc[0].to_dict()
+        row = kt.joined(ncu.summarize(res.df, peaks=x.pk), x.pk).iloc[0].to_dict()
+    except Exception as e:  # noqa: BLE001 - the closer look is optional
+        run.note(f"the merge kernel's closer look did not run ({e.__class__.__name__}: {str(e).splitlines()[0][:160]})")
+        return []
+    run.table("merge_look", ncu.summarize(res.df, peaks=x.pk))
+    return [f"{row['kernel']}: {row['ncu_time_us']:.1f} us under ncu (caches flushed), {ncu.bound_why(row)}",
+            *ncu.look(raw, row)]
+
+
 def profile_nsys(run, x):
     """Each point's prefill kernels on a timeline: nsys over --ncu-target, else this run's torch trace."""
     tl, src = _fi.timeline(run, __file__, x.child, target_points(x.args, x.backends), KERNELS, label, x.rows)
@@ -486,6 +512,9 @@ def tell(x) -> str:
     text = story.tree(f"PREFILL ATTENTION (causal, paged) — {x.pk['gpu']}, {x.models[0]} heads ({lay['hq']} q / "
                       f"{lay['hkv']} kv, d {lay['d']}), bf16; % of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}, ridge "
                       f"{ridge:.0f} FLOP/B", items)
+    if x.look:
+        text += ("\n\nTHE MERGE KERNEL, A CLOSER LOOK (ncu --set full, fa2 b1 qo512): what a small reduction spends its "
+                 "time on\n" + "\n".join(f"  {line}" for line in x.look))
     if x.tl is not None:
         tl, src = x.tl
         text += (f"\n\nTIMELINE ({src}): the prefill kernels of each point, in launch order\n"
@@ -496,7 +525,7 @@ def tell(x) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None,
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None, look=[],
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
     if args.ncu_target:
         return ncu_target(x)
@@ -519,6 +548,7 @@ def main(argv=None) -> int:
         x.xrows = cross_check(run, x)
         if args.ncu:
             x.kern = profile_ncu(run, x)
+            x.look = look_at_merge(run, x)
         if args.nsys:
             x.tl = profile_nsys(run, x)
         # ---- analyse
