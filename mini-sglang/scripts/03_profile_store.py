@@ -301,7 +301,7 @@ def judge(run, x):
         vals, lines = {}, []
         for (row, tok), g in km.groupby(["row_bytes", "tokens"]):
             s_, r_ = (g[g["pattern"] == p].sort_values("rep") for p in ("sequential", "random"))
-            vals[(row, tok)] = [a / b for a, b in zip(r_["time_us"], s_["time_us"])]
+            vals[(row, tok)] = [a / b for a, b in zip(r_["ncu_time_us"], s_["ncu_time_us"])]
             lines.append(f"{row} B x {tok}: DRAM (ncu bytes) {s_['dram_pct'].median():.0f}% vs {r_['dram_pct'].median():.0f}% "
                          f"of the {s_['dram_kind'].iloc[0] if len(s_) else '?'} ceiling, L2 hit "
                          f"{s_['l2_hit_pct'].median():.0f}% vs {r_['l2_hit_pct'].median():.0f}%, "
