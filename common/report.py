@@ -7,7 +7,8 @@ A report is hand-written Markdown with blocks that this module owns:
     ...replaced on every refresh...
     <!-- /auto -->
 
-Block keys: ``<stem>/story``, ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
+Block keys: ``<stem>/story`` (folded to 120 characters a line; ``story:TITLE|TITLE~N``: only the top-level
+branches whose label starts with a TITLE, down to level N), ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
 ``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
 ``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
 ``index`` (INDEX.md: every numbered script with its last run), ``glossary/<section>`` (GLOSSARY.md at the
@@ -61,7 +62,7 @@ from pathlib import Path
 from . import REPO_ROOT, SYSTEMS, glossary
 from .gpu import provenance_line
 from .results import SCHEMA, SUMMARY, failed_dir, recover
-from .story import fmt
+from .story import fmt, fold, section
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
 MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
@@ -368,8 +369,17 @@ class Renderer:
         return (None, why) if body is None else (run_line(s["provenance"]) + "\n" + body, "")
 
     def _body(self, stem: str, what: str, s: dict) -> tuple[str | None, str]:
-        if what == "story":
-            return (f"```text\n{s['story'].rstrip()}\n```\n" if s.get("story") else None), "run has no story"
+        if what == "story" or what.startswith("story:"):
+            if not s.get("story"):
+                return None, "run has no story"
+            text = fold(s["story"].rstrip())
+            if what.startswith("story:"):     # story:TITLE|TITLE~DEPTH: those top-level branches, that deep
+                sel, _, depth = what.split(":", 1)[1].partition("~")
+                try:
+                    text = section(text, [t.strip() for t in sel.split("|")], int(depth) if depth else None)
+                except (KeyError, ValueError) as e:
+                    return None, f"story selection {what!r}: {e}"
+            return f"```text\n{text}\n```\n", ""
         if what == "provenance":
             return f"_Run: {provenance_line(s['provenance'])}_\n", ""
         if what == "headline":

@@ -447,6 +447,8 @@ class Run:
 
     def story(self, text: str, echo: bool = False) -> None:
         """The execution story of this run (ASCII); also written to story.txt (and printed with ``echo``)."""
+        from .story import fold
+        text = fold(text)                      # no line over story.WIDTH: it reads on a code host without scrolling
         self.summary["story"] = text
         self.path("story.txt").write_text(text + "\n")
         if echo:

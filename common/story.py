@@ -14,6 +14,7 @@ Everything returns a string; nothing here measures or reads files.
 from __future__ import annotations
 
 import math
+import re
 
 
 WIDTH = 120     # the widest line a story prints: trees wrap to it (a report read on a code host does not scroll)
@@ -26,6 +27,72 @@ def wrap(text: str, first: str, rest: str, width: int = WIDTH) -> list[str]:
     room = max(20, width - max(len(first), len(rest)))
     parts = textwrap.wrap(str(text), room, break_long_words=False, break_on_hyphens=False) or [""]
     return [first + parts[0]] + [rest + p for p in parts[1:]]
+
+
+_GUIDE = re.compile(r"^[ │├└─]*")
+
+
+def fold(text: str, width: int = WIDTH) -> str:
+    """Every line of ``text`` no longer than ``width``: a longer line continues on lines that keep its tree
+    guide (the leading ``│ ├── └──`` run, with the branch turned into ``│`` or blank) and two more spaces.
+    Lines of ``width`` or less are left byte for byte, so folding twice changes nothing. A table row whose
+    columns are padded with spaces folds at word boundaries like any line (nothing is cut off)."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        guide = _GUIDE.match(line).group(0)
+        rest = guide.replace("├──", "│  ").replace("└──", "   ").replace("─", " ")
+        body = line[len(guide):]
+        room = max(20, width - len(rest) - 2)
+        parts, cur = [], ""
+        for word in re.split(r"(?<= )", body):          # keep the spaces: padded columns stay aligned
+            if cur and len(cur) + len(word.rstrip()) > (room if parts else width - len(guide)):
+                parts.append(cur.rstrip())
+                cur = word.lstrip(" ")
+            else:
+                cur += word
+        parts.append(cur.rstrip())
+        out.append(guide + parts[0])
+        out.extend(rest + "  " + p for p in parts[1:] if p)
+    return "\n".join(out)
+
+
+def section(text: str, titles: list[str], depth: int | None = None) -> str:
+    """The part of a story tree under the top-level branches whose label starts with one of ``titles``
+    (case-insensitive), with the tree's title line; ``depth``: keep branches down to that level only
+    (1 = the top-level label, 2 = its children...) and say how many lines were left out. Raises KeyError
+    naming the branches there are when a title matches none."""
+    lines = text.split("\n")
+    top = [i for i, ln in enumerate(lines) if ln.startswith(("├── ", "└── "))]
+    head = lines[:top[0]] if top else lines
+    keep, found = [], set()
+    for n, i in enumerate(top):
+        end = top[n + 1] if n + 1 < len(top) else len(lines)
+        label = lines[i][4:].lower()
+        hit = [t for t in titles if label.startswith(t.lower())]
+        if not hit:
+            continue
+        found.update(hit)
+        block = lines[i:end]
+        if depth is not None:
+            kept, keep_it = [], True
+            for ln in block:
+                m = re.match(r"^[ │]*[├└]", ln)
+                if m:                                   # a branch: its level from where its ├/└ sits
+                    keep_it = (len(m.group(0)) - 1) // 4 + 1 <= depth
+                if keep_it:                             # a continuation line follows its branch
+                    kept.append(ln)
+            if len(kept) < len(block):
+                kept.append(f"{'│' if n + 1 < len(top) else ' '}   … {len(block) - len(kept)} deeper lines in story.txt")
+            block = kept
+        keep.extend(block)
+    missing = [t for t in titles if t not in found]
+    if missing:
+        raise KeyError(f"no branch starts with {missing}; the branches are: "
+                       + "; ".join(lines[i][4:60] for i in top))
+    return "\n".join(head + keep)
 
 
 def tree(title: str, items, indent: str = "", width: int = WIDTH) -> str:

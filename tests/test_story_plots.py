@@ -1,4 +1,5 @@
 """common.story renders what the reports show; common.plots draws without a display."""
+import pytest
 from common import kernels, ncu, plots, story
 
 
@@ -145,3 +146,25 @@ def test_a_percent_sweep_draws_and_names_its_ceiling():
     assert ax.get_ylabel() == "% of the measured DRAM ceiling"
     roof = [l for l in ax.lines if l.get_label() == of]
     assert len(roof) == 1 and list(roof[0].get_ydata()) == [100, 100]
+
+
+def test_fold_and_section_on_a_real_story(fixture_path):
+    """The H200 08 story of the --quick --ncu pipeline run (commit 224595d; tests/fixtures/README.md), as recorded
+    before stories were folded: its first line (the quick mode's changes) is over 120 characters. fold() brings every line to <= 120
+    without losing a word, and is a no-op the second time; section() picks top-level branches, cut to a depth."""
+    import gzip
+    import re
+    from common import story
+    raw = gzip.open(fixture_path("sglang_08_story_h200_g2.txt.gz"), "rt").read()
+    assert max(map(len, raw.split("\n"))) > 300
+    f = story.fold(raw)
+    assert max(map(len, f.split("\n"))) <= story.WIDTH and story.fold(f) == f
+    words = lambda t: re.sub(r"[│├└─\s]+", " ", t).split()  # noqa: E731
+    assert words(f) == words(raw)                                           # nothing cut off, nothing added
+    w = story.section(f, ["TTFT waterfall", "ITL waterfall"])
+    assert "client TTFT (median)" in w and "EXTEND step" not in w and w.startswith("NOT SGLang's default")
+    one = story.section(f, ["one request"], depth=2)
+    assert "EXTEND step (bs 1)" in one and "layer qkv_proj" not in one and "deeper lines in story.txt" in one
+    assert "layer qkv_proj" in story.section(f, ["one request"], depth=3)
+    with pytest.raises(KeyError, match="the branches are"):
+        story.section(f, ["no such branch"])
