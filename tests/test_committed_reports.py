@@ -1,7 +1,9 @@
-"""The committed reports keep the workbook's promises (issue 16.5/16.7): no "% of a ceiling" above 100
-(that would mean the ceiling probe is wrong), each verdict row in one file of its system, no "not run
-yet" block and no empty section, every page says which runs it shows, and all reports together stay
-short enough to read (<= 6,000 lines). The checks run on the files as committed (CPU only).
+"""The reports as committed keep the workbook's promises: no "% of a ceiling" above 100 (that would mean
+the ceiling probe is wrong), each verdict row in one file of its system and one verdict per hypothesis, no
+"not run yet" block and no empty section, every page says which runs it shows and links the glossary, no
+project history on a page, code blocks no wider than 120 characters, each analysis.md opening with its
+joined story, and all reports together short enough to read (<= 3,000 lines with the glossary and the
+cross-system page). The checks run on the files as committed (CPU only).
 
 Each rule is a small function that returns the offending places, so the guard can be shown to fail on a
 made-up bad report (test_each_guard_fails_on_a_bad_report)."""
@@ -12,7 +14,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("flashinfer", "mini-sglang", "sglang")
-MAX_LINES = 6000
+MAX_LINES = 3000
+WIDTH = 120
+EXTRA = [ROOT / "GLOSSARY.md", ROOT / "CROSS-SYSTEM.md"]      # pages outside the systems, counted too
+# words of how the project was made, not of what a page shows
+HISTORY = re.compile(r"\b(?:after )?the move\b|\bissues? #?\d+|\(\d{1,2}\.\d\)|\bcommitted\b|\bthis round\b|\bround \d"
+                     r"|\blent machines?\b|\boffline node\b|What changed against|Same science|\bprevious run\b"
+                     r"|\bsessions?\b", re.I)
+# the stem whose story opens each analysis.md (the joined tree: request / forward / kernels with counters)
+STORY_FIRST = {"sglang": ("08_execution_story",), "mini-sglang": ("08_forward_timeline",),
+               "flashinfer": ("02_profile_prefill", "03_profile_decode")}
 PCT = re.compile(r"(\d{3,}(?:\.\d+)?)\s?% of (?:the )?(?:measured|peak|copy|ceiling|DRAM ceiling|bf16 ceiling)", re.I)
 VERDICT_ROW = re.compile(r"^\|(?P<expected>[^|]+)\|.*\*\*(confirmed|refuted|inconclusive)\*\*", re.M)
 BLOCK = re.compile(r"<!-- auto:(?P<key>[^\s>]+) -->\n(?P<body>.*?)<!-- /auto -->", re.S)
@@ -55,6 +66,43 @@ def empty_sections(text: str) -> list[str]:
     return out
 
 
+def history(text: str) -> list[str]:
+    return sorted({m.group(0) for m in HISTORY.finditer(text)})
+
+
+def wide_code_lines(text: str, width: int = WIDTH) -> list[str]:
+    """Lines inside ``` fences longer than ``width`` characters (they scroll sideways on a code host)."""
+    out, fenced = [], False
+    for ln in text.splitlines():
+        if ln.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and len(ln) > width:
+            out.append(ln[:60])
+    return out
+
+
+def links_glossary(text: str, head: int = 20) -> bool:
+    return "GLOSSARY.md" in "\n".join(text.splitlines()[:head])
+
+
+def two_verdicts(texts: list[str]) -> dict:
+    """Hypotheses (the expected-cell of a verdict row) given different verdicts in one system's pages."""
+    seen: dict = {}
+    for t in texts:
+        for m in VERDICT_ROW.finditer(t):
+            seen.setdefault(re.sub(r"\s+", " ", m.group("expected")).strip(), set()).add(m.group(2))
+    return {k[:80]: sorted(v) for k, v in seen.items() if len(v) > 1}
+
+
+def first_block_stem(text: str) -> str | None:
+    """The stem of the first block on a page that shows a run's content (runs headers and provenance aside)."""
+    for m in BLOCK.finditer(text):
+        key = m.group("key")
+        if "/" in key and not key.endswith(("/provenance", "/headline")) and not key.startswith("versus/"):
+            return key.split("/", 1)[0]
+    return None
+
+
 def test_no_percent_of_a_ceiling_above_100():
     bad = {str(p.relative_to(ROOT)): above_ceiling(p.read_text()) for p in pages()}
     assert not {k: v for k, v in bad.items() if v}, "a % of a ceiling above 100 means the ceiling probe is wrong"
@@ -86,8 +134,40 @@ def test_every_page_with_machine_blocks_lists_its_runs():
 
 
 def test_reports_stay_readable():
-    n = sum(len(p.read_text().splitlines()) for p in pages())
+    n = sum(len(p.read_text().splitlines()) for p in pages() + [e for e in EXTRA if e.is_file()])
     assert n <= MAX_LINES, f"all reports together are {n} lines (> {MAX_LINES}): move raw listings to results CSVs"
+
+
+def test_no_project_history_on_a_page():
+    bad = {str(p.relative_to(ROOT)): history(p.read_text()) for p in pages() + [e for e in EXTRA if e.is_file()]}
+    assert not {k: v for k, v in bad.items() if v}, f"project history on the pages: { {k: v for k, v in bad.items() if v} }"
+
+
+def test_code_blocks_fit_120_characters():
+    bad = {str(p.relative_to(ROOT)): len(wide_code_lines(p.read_text())) for p in pages() + EXTRA if p.is_file()}
+    assert not {k: v for k, v in bad.items() if v}, f"code-block lines over {WIDTH} characters: {bad}"
+
+
+def test_every_page_links_the_glossary():
+    bad = [str(p.relative_to(ROOT)) for p in pages() + EXTRA[1:] if p.is_file() and not links_glossary(p.read_text())]
+    assert not bad, f"link GLOSSARY.md near the top of: {bad}"
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_one_verdict_per_hypothesis(system):
+    both = two_verdicts([p.read_text() for p in pages(system)])
+    assert not both, f"{system}: the same hypothesis with two verdicts: {both}"
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_analysis_opens_with_the_joined_story(system):
+    text = (ROOT / system / "reports" / "analysis.md").read_text()
+    assert first_block_stem(text) in STORY_FIRST[system], \
+        f"{system}/reports/analysis.md opens with {first_block_stem(text)}, not its joined story {STORY_FIRST[system]}"
+    index = (ROOT / system / "reports" / "INDEX.md").read_text()
+    assert "analysis.md" in index and index.find("analysis.md") < min(
+        (i for i in (index.find("plan.md"), index.find("experiments.md")) if i >= 0), default=len(index)), \
+        f"{system}/reports/INDEX.md: the reading order starts at the story (analysis.md), not the plan"
 
 
 def test_each_guard_fails_on_a_bad_report():
@@ -99,3 +179,12 @@ def test_each_guard_fails_on_a_bad_report():
     assert not_run_blocks(bad) == ["04_x/story"]
     assert empty_sections(bad) == ["Empty"]
     assert above_ceiling("reached 99.6% of the measured DRAM ceiling; 100.4% of peak") == []
+    assert history("Same science after the move (issue 13.8); lent machines") == [
+        "Same science", "after the move", "issue 13", "lent machines"]
+    assert history("the merge kernel takes 42.6 us; call #0 of each; 13.8 ms") == []
+    assert wide_code_lines("```text\n" + "x" * 121 + "\n```\n" + "y" * 200) == ["x" * 60]
+    assert not links_glossary("# Title\n\ntext") and links_glossary("# T\nWords: [GLOSSARY](../../GLOSSARY.md)")
+    assert two_verdicts([bad, bad.replace("**confirmed**", "**refuted**")]) == {
+        "decode is memory-bound": ["confirmed", "refuted"]}
+    assert first_block_stem("<!-- auto:runs -->\nx\n<!-- /auto -->\n<!-- auto:01_a/provenance -->\ny\n<!-- /auto -->\n"
+                            "<!-- auto:08_s/story:one~2 -->\nz\n<!-- /auto -->\n") == "08_s"
