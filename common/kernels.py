@@ -68,6 +68,16 @@ class Col:
     show: Callable | None = field(default=None, compare=False)
 
 
+L2_HIT_MAX = 100.5      # ncu's hit rate above this (rounding aside) is a mismatch of replay passes, not a rate
+
+
+def _in_pct_range(vals):
+    """ncu's hit rate where it is one (0 to 100%), NaN where ncu read it outside that range."""
+    import numpy as np
+    v = np.asarray(vals, dtype=float)
+    return np.where((v >= 0) & (v <= L2_HIT_MAX), v, np.nan)
+
+
 def _ok(v) -> bool:
     return v is not None and not (isinstance(v, float) and math.isnan(v)) and v != ""
 
@@ -252,9 +262,12 @@ COUNTERS = [
         "share of its DRAM bytes that are writes (common.ceilings.dram_kind), which picks its ceiling", (), _dram_kind),
     Col("dram_pct", "counters", "%", "DRAM bandwidth as % of this GPU's measured DRAM ceiling of the same kind of "
         "traffic (read, mixed, copy or write)", (), _dram_pct),
-    Col("l2_hit_pct", "counters", "%", "L2 hit rate of the kernel's memory requests (lts__t_sector_hit_rate.pct)",
-        ("lts__t_sector_hit_rate.pct",), lambda m: m.col("lts__t_sector_hit_rate.pct"),
-        lambda r: f"L2 hit {_f(r['l2_hit_pct'])}%" if _ok(r.get("l2_hit_pct")) else None),
+    Col("l2_hit_pct", "counters", "%", "L2 hit rate of the kernel's memory requests (lts__t_sector_hit_rate.pct); "
+        "empty where ncu reads it outside 0-100%: hits and queries come from different replay passes, and on a "
+        "kernel too small to fill the GPU (a few us) they do not match (NVIDIA: such a value was not collected "
+        "accurately)", ("lts__t_sector_hit_rate.pct",), lambda m: _in_pct_range(m.col("lts__t_sector_hit_rate.pct")),
+        lambda r: f"L2 hit {_f(r['l2_hit_pct'])}%" if _ok(r.get("l2_hit_pct")) and r["l2_hit_pct"] <= L2_HIT_MAX
+        else None),
     Col("dram_sol_pct", "counters", "%", "ncu's DRAM throughput as % of its theoretical peak (speed of light); "
         "compared only with SM % to classify the kernel (common.ncu.bound)", DRAM_SOL_METRICS,
         lambda m: m.first(DRAM_SOL_METRICS)),

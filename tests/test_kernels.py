@@ -91,3 +91,17 @@ def test_a_formula_bytes_rate_is_never_labelled_dram(fixture_path):
     assert "L2-resident" in work
     assert counters.startswith("ncu ") and "DRAM 4.15 GB/s = 0.13% of the read ceiling (0.02 MB)" in counters
     assert not LABEL.search(work) and LABEL.search("act_and_mul 3.54 TB/s = 107% DRAM")     # the old label
+
+
+def test_l2_hit_rate_out_of_range_is_no_rate(fixture_path):
+    """ncu's lts__t_sector_hit_rate.pct read 146 of the 266 kernels of the H200 08 --ncu pass (224595d, served
+    kernels, --cache-control none) above 100% (up to 1,269%): hits and queries from different replay passes of
+    small kernels. Such a value is no hit rate: the table leaves it empty and a kernel line does not print it."""
+    h200 = {"dram_tb_s": 4.70, "dram_read_tb_s": 4.60, "dram_write_tb_s": 4.70, "dram_copy_tb_s": 4.28,
+            "dram_mixed_tb_s": 4.41, "l2_mb": 60.0, "bf16_tflops": 800.0}   # that run's ceilings (its log)
+    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_l2_hit_out_of_range_h200_sglang08.csv")), peaks=h200)
+    assert len(s) == 4
+    assert s["l2_hit_pct"].isna().sum() == 2 and s["l2_hit_pct"].dropna().between(0, 100).all()
+    bad = {**s.iloc[0].to_dict(), "l2_hit_pct": 351.71}             # a recorded row from before the check
+    assert "L2 hit" not in str(kernels.node(bad, head="x"))
+    assert "L2 hit" in str(kernels.node({**bad, "l2_hit_pct": 61.0}, head="x"))
