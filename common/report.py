@@ -13,6 +13,7 @@ branches whose label starts with a TITLE, down to level N), ``/observations``, `
 ``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
 ``index`` (INDEX.md: every numbered script with its last run), ``glossary/<section>`` (GLOSSARY.md at the
 top of the repository: the words the reports use, written from the code that computes them, common.glossary),
+``cross/<shape>`` (CROSS-SYSTEM.md at the top: one shape's kernels in the three systems, common.crossview),
 ``versus/<folder>`` (the verdicts and
 machines of the runs in results/<folder>/<stem>/ -- the same experiments on another GPU -- beside
 those of results/<stem>/, see :meth:`Renderer.versus`) and ``runs`` (one per page, near its
@@ -59,7 +60,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, SYSTEMS, glossary
+from . import REPO_ROOT, SYSTEMS, crossview, glossary
 from .gpu import provenance_line
 from .results import SCHEMA, SUMMARY, failed_dir, recover
 from .story import fmt, fold, section
@@ -69,6 +70,7 @@ MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
 RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 MAX_ROWS = 40
 GLOSSARY = "GLOSSARY.md"           # the one glossary page (repository root), its blocks from common.glossary
+CROSS = "CROSS-SYSTEM.md"          # the same shapes in the three systems (repository root), common.crossview
 ACCEPT_MIXED = "ACCEPT_MIXED"      # =1: use runs that are older than their blocks or from another GPU model
 STACK = ("torch", "flashinfer-python", "sglang")
 # what pandas.read_csv reads as missing by default: tables render the same with or without pandas
@@ -624,7 +626,7 @@ def check_markers(text: str, label: str) -> None:
         raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto -->")
 
 
-def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
+def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = REPO_ROOT) -> str:
     """The page ``text`` with every block rendered (kept blocks unchanged); raises RenderError."""
     check_markers(text, label)
     matches = list(BLOCK.finditer(text))
@@ -637,8 +639,10 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome) -> str:
         try:
             if key.startswith("glossary/"):
                 body, why = glossary.render(key.split("/", 1)[1]), ""
+            elif key.startswith("cross/"):            # the three systems side by side (common.crossview)
+                body, why = crossview.render(key.split("/", 1)[1], root)
             elif r is None:
-                body, why = None, "a page outside the systems holds glossary blocks only"
+                body, why = None, "a page outside the systems holds glossary and cross/ blocks only"
             else:
                 body, why = r.render(key, old)
         except Exception as e:  # an unexpected error: the whole refresh stops, nothing written
@@ -699,12 +703,13 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
             if new != text:
                 pages.append((md, new))
         out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]
-    gl = root / GLOSSARY                             # the one glossary page, at the top: rendered from the code
-    if gl.is_file():
-        text = gl.read_text()
-        new = render_page(text, None, GLOSSARY, out)
-        if new != text:
-            pages.append((gl, new))
+    for name in (GLOSSARY, CROSS):                   # the pages at the top: the glossary (from the code) and
+        gl = root / name                             # the three systems side by side (from their results)
+        if gl.is_file():
+            text = gl.read_text()
+            new = render_page(text, None, name, out, root)
+            if new != text:
+                pages.append((gl, new))
     staged: list[tuple[Path, Path]] = []            # all rendered: every byte goes to temp files first,
     where = root                                     # so a full disk or a read-only file changes nothing
     try:
