@@ -389,6 +389,13 @@ def counters(df, peaks: dict | None = None):
 
 SATURATED = 70.0        # a pipe this busy (% of peak) is saturated: stalls feeding it are it being used
 STREAM_FACTOR = 4       # a working set >= 4 x the L2 goes through DRAM: only then is effective bandwidth a DRAM rate
+
+
+def l2_bytes(peaks: dict | None) -> float | None:
+    """The L2 size in bytes: ``l2_mb`` holds the L2 as CUDA reports it, in MiB (2**20 bytes), like every size
+    of that field (60 on an H200, 50 on an H100); None when unknown."""
+    mib = (peaks or {}).get("l2_mb")
+    return mib * 2**20 if mib else None
 L2_RESIDENT = 0.5       # DRAM bytes below half the formula bytes: the data came from L2
 
 

@@ -220,7 +220,7 @@ def effective(df, peaks: dict, *, hue: str | None = None, x: str = "working_set"
     STREAM_FACTOR x L2 (left: served from L2; right: the ceiling probe under-measures). The axes carry
     ``hands_on_above_dram``: (series, working set in bytes) of those points."""
     from .ceilings import DRAM_KEYS
-    from .kernels import STREAM_FACTOR
+    from .kernels import STREAM_FACTOR, l2_bytes
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     groups = [(None, df)] if hue is None else list(df.groupby(hue, sort=False))
@@ -249,21 +249,22 @@ def effective(df, peaks: dict, *, hue: str | None = None, x: str = "working_set"
                               label=f"DRAM {kind} ceiling {v:.2f} TB/s ({src})" + (" — these kernels' kind" if heavy
                                                                                    else ""))]
     if l2:
-        bounds += [ax.axvline(l2, color="tab:blue", ls=":", lw=1.2, label=f"working set = L2 ({l2:g} MB)"),
-                   ax.axvline(STREAM_FACTOR * l2, color="tab:blue", ls="--", lw=1.2,
+        l2x = l2_bytes(peaks) / 1e6                # the x axis is in MB (1e6 bytes); l2_mb is MiB
+        bounds += [ax.axvline(l2x, color="tab:blue", ls=":", lw=1.2, label=f"working set = L2 ({l2:g} MiB)"),
+                   ax.axvline(STREAM_FACTOR * l2x, color="tab:blue", ls="--", lw=1.2,
                               label=f"working set = {STREAM_FACTOR} x L2: right of it, effective = a DRAM rate")]
     ax.hands_on_above_dram = above
     ax.set_xscale("log")
     ax.set_ylim(0, max(ax.get_ylim()[1], 1.1 * (top or 0)))
     if l2:       # shade where L2 can serve the bytes, without widening the axis the data set
         lo, hi = ax.get_xlim()
-        ax.axvspan(lo, STREAM_FACTOR * l2, color="tab:blue", alpha=0.06, lw=0)
+        ax.axvspan(lo, STREAM_FACTOR * l2_bytes(peaks) / 1e6, color="tab:blue", alpha=0.06, lw=0)
         ax.set_xlim(lo, hi)
     ax.set_xlabel("working set (MB: bytes the call touches)")
     ax.set_ylabel("effective TB/s (formula bytes / time)")
     full = title
     if above:
-        big = sum(1 for _, ws in above if l2 and ws >= STREAM_FACTOR * l2 * 1e6)
+        big = sum(1 for _, ws in above if l2 and ws >= STREAM_FACTOR * l2_bytes(peaks))
         full += (f"\n{len(above) - big} point(s) above every DRAM ceiling below {STREAM_FACTOR} x L2 (L2 served them)"
                  + (f"; {big} at >= {STREAM_FACTOR} x L2: the ceiling probe under-measures" if big else ""))
     ax.set_title(full, fontsize=10, color="darkred" if above else "black")

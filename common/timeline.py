@@ -142,7 +142,7 @@ def add_work(kt, cfg: dict, steps: dict, ceilings: dict | None = None, tp: int =
     if read and l2:
         gemm = kt["role"].isin(GEMM_ROLES + ("lm_head",))
         weights = kt[gemm].groupby("step")["bytes"].sum()
-        big = set(weights[weights >= STREAM_FACTOR * l2 * 1e6].index)
+        big = set(weights[weights >= STREAM_FACTOR * kernels.l2_bytes(ceilings)].index)
         sel = gemm & kt["step"].isin(big)
         kt.loc[sel, "stream_pct"] = 100 * kt.loc[sel, "eff_tb_s"] / read
     return kt

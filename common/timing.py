@@ -264,7 +264,7 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
     under-measures this GPU (or ran at a lower clock: common.clocks) and must be improved
     (``python -m common.ceilings measure --refresh`` after a better probe), not that the kernel beat it.
     """
-    from .kernels import STREAM_FACTOR
+    from .kernels import STREAM_FACTOR, l2_bytes
     out: dict = {"ms": ms}
     s = ms / 1e3
     if bytes is not None and s > 0:
@@ -281,16 +281,16 @@ def rates(ms: float, *, bytes: float | None = None, flops: float | None = None, 
     notes = []
     if "eff_tb_s" in out:
         key = dram_key(peaks, mix)
-        ceil, l2 = peaks.get(key), peaks.get("l2_mb")
+        ceil, l2, l2b = peaks.get(key), peaks.get("l2_mb"), l2_bytes(peaks)
         ws = working_set if working_set is not None else bytes
-        out.update(eff_ceiling=mix, l2_resident=bool(l2 and ws < l2 * 1e6))
+        out.update(eff_ceiling=mix, l2_resident=bool(l2b and ws < l2b))
         if not ceil:
             out["eff_pct"], out["eff_pct_why"] = math.nan, "no DRAM ceiling"
         elif not l2:
             out["eff_pct"], out["eff_pct_why"] = math.nan, "L2 size unknown: cannot tell DRAM traffic from L2 traffic"
-        elif ws < STREAM_FACTOR * l2 * 1e6:
+        elif ws < STREAM_FACTOR * l2b:
             out["eff_pct"] = math.nan
-            out["eff_pct_why"] = (f"working set {ws / 1e6:.3g} MB < {STREAM_FACTOR} x L2 ({l2:g} MB): effective "
+            out["eff_pct_why"] = (f"working set {ws / 1e6:.3g} MB < {STREAM_FACTOR} x L2 ({l2:g} MiB): effective "
                                   "bandwidth, not a DRAM rate")
         else:
             out["eff_pct"] = 100.0 * out["eff_tb_s"] / ceil
@@ -354,8 +354,9 @@ def median_row(rows, key: str = "eff_tb_s") -> dict:
 
 def l2_multiple(working_set: float, peaks: dict | None) -> float:
     """The working set in units of the L2 size (NaN when the L2 size is unknown)."""
-    l2 = (peaks or {}).get("l2_mb")
-    return working_set / (l2 * 1e6) if l2 and _valid(working_set) else math.nan
+    from .kernels import l2_bytes
+    l2b = l2_bytes(peaks)
+    return working_set / l2b if l2b and _valid(working_set) else math.nan
 
 
 def eff_text(r: dict, peaks: dict | None = None) -> str:

@@ -219,7 +219,7 @@ def test_decode_bandwidth_is_judged_on_the_interval_of_repetitions_and_names_its
     assert bw["verdict"] == "refuted" and bw["interval"]["n"] == 3        # 57.3-57.8% < 70: refuted on all three
     assert 57 < bw["interval"]["lo"] < bw["interval"]["hi"] < 58
     assert "DRAM read ceiling 4.6 TB/s" in bw["observed"] and "NVIDIA H200" in bw["observed"] and "[70, 90]%" in bw["expected"]
-    assert "effective 2.66 TB/s (formula bytes / time) = 57.8% of the read ceiling, working set 537 MB = 9.0 x L2" \
+    assert "effective 2.66 TB/s (formula bytes / time) = 57.8% of the read ceiling, working set 537 MB = 8.5 x L2" \
         in bw["observed"]
     assert obs["timer-cross-check"]["verdict"] == "confirmed"
     assert run.summary["headline"]["decode_eff_pct_of_read_ceiling"] == pytest.approx(57.8, abs=0.2)
@@ -304,7 +304,7 @@ def test_rmsnorm_at_8192_tokens_is_no_dram_rate_and_a_verdict_on_it_says_why(fix
             for u in us]
     assert len(rows) == 3 and all(2.9 < r["eff_tb_s"] < 3.2 and r["eff_pct"] != r["eff_pct"] for r in rows)
     premise = timing.eff_premise(rows, "the DRAM copy ceiling")
-    assert premise == ("3 of 3 value(s) are no DRAM rate: working set 134 MB < 4 x L2 (60 MB): effective bandwidth, "
+    assert premise == ("3 of 3 value(s) are no DRAM rate: working set 134 MB < 4 x L2 (60 MiB): effective bandwidth, "
                        "not a DRAM rate")
     rec = verdicts.judge(m04.H["bw"], [r["eff_pct"] for r in rows], premise=premise)
     assert rec["verdict"] == "inconclusive" and "premise failed: 3 of 3 value(s) are no DRAM rate" in rec["observed"]
@@ -348,7 +348,7 @@ def test_04_verdicts_and_story_on_the_committed_h200_run(fixture_path, run):
     obs = {o["hypothesis"]: o for o in run.summary["observations"]}
     bw = obs["rmsnorm-bw"]
     assert bw["verdict"] == "inconclusive" and "1 sample(s)" in bw["observed"]       # one value: never judged
-    assert "= 74.0% of the copy ceiling, working set 1,074 MB = 18 x L2" in bw["observed"]
+    assert "= 74.0% of the copy ceiling, working set 1,074 MB = 17 x L2" in bw["observed"]
     assert "DRAM copy ceiling 4.27 TB/s" in bw["observed"]
     small = obs["rmsnorm-small"]
     assert "effective bandwidth at 1 token as % of its own effective bandwidth" in small["expected"]

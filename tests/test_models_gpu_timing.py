@@ -131,7 +131,7 @@ def test_effective_bandwidth_of_a_small_working_set_is_never_a_dram_percent():
     pk = {"dram_tb_s": 3.30, "dram_copy_tb_s": 3.02, "l2_mb": 50.0}
     r = timing.rates(0.001, bytes=8.4e6, peaks=pk)                       # 8.4 MB in 1 us: 8.4 TB/s
     assert r["eff_tb_s"] == pytest.approx(8.4) and math.isnan(r["eff_pct"]) and r["l2_resident"]
-    assert "working set 8.4 MB < 4 x L2 (50 MB)" in r["eff_pct_why"] and "above_ceiling" not in r
+    assert "working set 8.4 MB < 4 x L2 (50 MiB)" in r["eff_pct_why"] and "above_ceiling" not in r
     r = timing.rates(0.1, bytes=180e6, peaks=pk)                          # 180 MB < 200 MB: still no %
     assert math.isnan(r["eff_pct"]) and not r["l2_resident"]
     r = timing.rates(0.1, bytes=180e6, peaks=pk, working_set=1e9)         # the caller knows it streams 1 GB
@@ -460,3 +460,17 @@ def test_dram_ceiling_matches_the_traffic():
     assert ceilings.dram_for(pk, 0.0, 1e6) == (3.30, "write")
     assert ceilings.dram_for(pk, None, None) == (3.02, "copy")          # unknown: the lowest of the three
     assert ceilings.dram_for({"dram_tb_s": 4.7}, 1e6, 0) == (4.7, "read")   # a record from before the kinds
+
+
+def test_the_l2_size_is_mib_when_a_working_set_is_compared_with_it():
+    """l2_mb is what CUDA reports, in MiB (60 on an H200 = 62.9e6 bytes). A working set of 245e6 bytes is above
+    4 x 60e6 but below 4 x 60 MiB (251.7e6): still partly servable from L2, so no DRAM % (it was one when the
+    size was read as 1e6-byte MB)."""
+    from common import kernels, timing
+    pk = {"dram_tb_s": 4.7, "dram_read_tb_s": 4.6, "dram_copy_tb_s": 4.28, "l2_mb": 60.0}
+    assert kernels.l2_bytes(pk) == 60 * 2**20 and kernels.l2_bytes({}) is None
+    near = timing.rates(0.1, bytes=245e6, peaks=pk, mix="read")
+    assert math.isnan(near["eff_pct"]) and "MiB" in near["eff_pct_why"]
+    far = timing.rates(0.1, bytes=260e6, peaks=pk, mix="read")
+    assert far["eff_pct"] == pytest.approx(100 * far["eff_tb_s"] / 4.6)
+    assert timing.l2_multiple(60 * 2**20, pk) == 1.0
