@@ -121,12 +121,12 @@ def test_launches_per_aten_op_through_the_common_join():
 
 def test_calls_in_ranges_on_the_common_event_table():
     ev = trace.read_chrome_trace(MATMUL_TRACE)
-    assert m.calls_in_ranges(ev, r"^aten::mm$", r"^cudaMemsetAsync$", kinds=("cpu_op",)) == [("aten::mm", 1)] * 3
+    assert trace.calls_in_ranges(ev, r"^aten::mm$", r"^cudaMemsetAsync$", kinds=("cpu_op",)) == [("aten::mm", 1)] * 3
     # the SGLang extend step replays a piecewise CUDA graph: graph launches inside the step range
-    (name, n), = m.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^cudaGraphLaunch$")
+    (name, n), = trace.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^cudaGraphLaunch$")
     assert name.startswith("step[EXTEND") and n >= 8
     # ranges inside ranges (08: Layer_i inside a step): none in a graph replay
-    assert m.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^Layer_", inner=("user_annotation",)) \
+    assert trace.calls_in_ranges(trace.read_chrome_trace(SGL_TRACE), r"^step\[", r"^Layer_", inner=("user_annotation",)) \
         == [(name, 0)]
 
 

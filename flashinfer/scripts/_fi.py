@@ -482,10 +482,11 @@ def point_kernels(ev, points, pattern: str, label, marker: str | None = None):
     i; kernels whose name matches ``pattern`` are kept (not the point's set-up: randn, plan() copies);
     reference repetitions are left out. Columns as _relative: point, label, kernel, start_us, dur_us, gap_us."""
     from common.ncu import MARKER_KERNEL
+    from common.trace import split_at_marker
     k = ev.sort_values("ts_us", kind="stable").reset_index(drop=True)
-    names = k["name"].astype(str)
-    is_mark = names.str.contains(marker or MARKER_KERNEL, regex=False)
-    k = k.assign(point=(is_mark.cumsum() - 1).to_numpy())[(~is_mark & names.str.contains(pattern)).to_numpy()]
+    pts, is_mark = split_at_marker(k["name"], marker or MARKER_KERNEL)
+    keep = [not m and bool(re.search(pattern, str(n))) for m, n in zip(is_mark, k["name"])]
+    k = k.assign(point=pts)[keep]
     k = k[[0 <= i < len(points) and points[i].get("kind", "sweep") == "sweep" for i in k["point"]]]
     return _relative(k.assign(label=[label(points[i]) for i in k["point"]]))
 

@@ -327,7 +327,7 @@ def compare(run, torch, x):
                                reps=REPEATS)
     ev = trace.read_chrome_trace(path)
     kern = trace.kernels_in_ranges(ev, r"^call: ", empty_rows=False)
-    syncs = _msgl.calls_in_ranges(ev, r"^call: ", r"^cudaEventSynchronize$")
+    syncs = trace.calls_in_ranges(ev, r"^call: ", r"^cudaEventSynchronize$")
     return pd.DataFrame(rows), kern, syncs
 
 

@@ -9,7 +9,6 @@
     conversation(16, 256); shared_prefix_requests(8, 64, 1024, 64)   # radix-cache workloads
     run_ranks(worker, 2, args, outdir)                 # spawned ranks, never left behind
     mirror_nvtx(torch)                                 # its Layer_i / MHA / MLP ranges into torch.profiler
-    calls_in_ranges(ev, r"^step\\[", r"^cudaEventSynchronize$")   # CUDA API calls (or ranges) inside each range
     fact(run, H, [True, True, True], "trace.json")     # a deterministic fact as a verdict
     eff_premise(rows, ceiling_text)                    # a verdict on effective bandwidth: DRAM rates, none above
     ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
@@ -196,17 +195,6 @@ COALESCING_METRICS = ["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__
 
 
 # ------------------------------------------------------------------ traces
-
-def calls_in_ranges(ev, pattern: str, call: str, kinds=("user_annotation",), inner=("runtime",)) -> list[tuple[str, int]]:
-    """(range name, events of kind ``inner`` named like ``call`` that start inside it on the same process and thread)
-    for each range matching ``pattern`` of a common.trace event table, in time order: the cudaEventSynchronize of
-    FlashInfer's plan in a step (attention/fi.py:132), the cudaGraphLaunch of a graph replay, or (inner=
-    ("user_annotation",)) the Layer_i ranges inside a step."""
-    rng = ev[ev["kind"].isin(kinds) & ev["name"].str.contains(pattern)].sort_values("ts_us", kind="stable")
-    calls = ev[ev["kind"].isin(inner) & ev["name"].str.contains(call)]
-    return [(r.name, int(((calls["pid"] == r.pid) & (calls["tid"] == r.tid) & (calls["ts_us"] >= r.ts_us)
-                          & (calls["ts_us"] <= r.end_us)).sum())) for r in rng.itertuples()]
-
 
 # ------------------------------------------------------------------ verdicts: facts, the ceiling premise
 
