@@ -20,7 +20,7 @@ EXTRA = [ROOT / "GLOSSARY.md", ROOT / "CROSS-SYSTEM.md"]      # pages outside th
 # words of how the project was made, not of what a page shows
 HISTORY = re.compile(r"\b(?:after )?the move\b|\bissues? #?\d+|\(\d{1,2}\.\d\)|\bcommitted\b|\bthis round\b|\bround \d"
                      r"|\blent machines?\b|\boffline node\b|What changed against|Same science|\bprevious run\b"
-                     r"|\bsessions?\b", re.I)
+                     r"|\bnow 0\d\b", re.I)     # PLAN.md's own chapters are "Session N": not a history word here
 # the stem whose story opens each analysis.md (the joined tree: request / forward / kernels with counters)
 STORY_FIRST = {"sglang": ("08_execution_story",), "mini-sglang": ("08_forward_timeline",),
                "flashinfer": ("02_profile_prefill", "03_profile_decode")}
@@ -68,6 +68,23 @@ def empty_sections(text: str) -> list[str]:
 
 def history(text: str) -> list[str]:
     return sorted({m.group(0) for m in HISTORY.finditer(text)})
+
+
+def hand_written(text: str) -> str:
+    """A page without the bodies of its machine-written blocks (those are checked where they are written: the
+    hypotheses each script declares, test_no_project_history_in_declared_hypotheses)."""
+    return BLOCK.sub(lambda m: f"<!-- auto:{m.group('key')} --><!-- /auto -->", text)
+
+
+def declared_hypotheses(path: Path) -> list[tuple[int, str]]:
+    """(line number, line) of every line of the hypotheses a script declares (common.verdicts.declare): the text a
+    run writes into the observations blocks."""
+    s = path.read_text()
+    out = []
+    for m in re.finditer(r'declare\(f?"""(.*?)"""', s, re.S):
+        first = s[:m.start()].count("\n") + 1
+        out += [(first + i, ln) for i, ln in enumerate(m.group(1).split("\n"))]
+    return out
 
 
 def wide_code_lines(text: str, width: int = WIDTH) -> list[str]:
@@ -139,8 +156,15 @@ def test_reports_stay_readable():
 
 
 def test_no_project_history_on_a_page():
-    bad = {str(p.relative_to(ROOT)): history(p.read_text()) for p in pages() + [e for e in EXTRA if e.is_file()]}
+    bad = {str(p.relative_to(ROOT)): history(hand_written(p.read_text()))
+           for p in pages() + [e for e in EXTRA if e.is_file()]}
     assert not {k: v for k, v in bad.items() if v}, f"project history on the pages: { {k: v for k, v in bad.items() if v} }"
+
+
+def test_no_project_history_in_declared_hypotheses():
+    bad = [f"{p.relative_to(ROOT)}:{n}: {ln.strip()[:80]}" for p in sorted(ROOT.glob("*/scripts/*.py"))
+           for n, ln in declared_hypotheses(p) if history(ln)]
+    assert not bad, f"hypothesis texts (they land in the reports' verdict tables) with project history: {bad}"
 
 
 def test_code_blocks_fit_120_characters():
@@ -181,7 +205,11 @@ def test_each_guard_fails_on_a_bad_report():
     assert above_ceiling("reached 99.6% of the measured DRAM ceiling; 100.4% of peak") == []
     assert history("Same science after the move (issue 13.8); lent machines") == [
         "Same science", "after the move", "issue 13", "lent machines"]
-    assert history("the merge kernel takes 42.6 us; call #0 of each; 13.8 ms") == []
+    assert history("the merge kernel takes 42.6 us; call #0 of each; 13.8 ms; PLAN.md Session 1") == []
+    assert history(hand_written("<!-- auto:01_a/observations -->\nissue 14 target\n<!-- /auto -->\nok")) == []
+    assert history(hand_written("<!-- auto:01_a/observations -->\nx\n<!-- /auto -->\nafter the move")) == ["after the move"]
+    lines = [ln for _n, ln in declared_hypotheses(ROOT / "sglang/scripts/08_execution_story.py")]
+    assert any("observer budget" in ln for ln in lines) and len(lines) > 50      # the parse reads the declarations
     assert wide_code_lines("```text\n" + "x" * 121 + "\n```\n" + "y" * 200) == ["x" * 60]
     assert not links_glossary("# Title\n\ntext") and links_glossary("# T\nWords: [GLOSSARY](../../GLOSSARY.md)")
     assert two_verdicts([bad, bad.replace("**confirmed**", "**refuted**")]) == {

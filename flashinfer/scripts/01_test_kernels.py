@@ -59,7 +59,7 @@ H = declare("""
         source: analysis.md H-14
     reject = rejected-shape: a shape FlashInfer does not support is rejected with a clear error, not a wrong result
         judged on: decode CUDA cores with GQA group 5 (40 q / 8 kv heads)
-        source: analysis.md §5
+        source: analysis.md (reading the source)
 """)
 
 

@@ -85,7 +85,7 @@ H = declare(f"""
         source: {PLAN}: '~80% of peak HBM', read as 70-90%
     split = decode-split: the KV is split into 8 chunks of 512 tokens at batch 32 / KV 4096
         judged on: plan_info split_kv and KV chunk at the reference point (a planner decision: deterministic)
-        source: {PLAN}: 'split-K into 8 chunks of 512'; analysis.md §5.1 predicts 4 x 1024 on 132 SMs
+        source: {PLAN}: 'split-K into 8 chunks of 512'; analysis.md (reading the source) predicts 4 x 1024 on 132 SMs
     split_stops = decode-split-stops: splitting stops as the batch fills the GPU: the smallest batch splits, the
             largest does not
         judged on: plan_info split_kv at the smallest and largest swept batch

@@ -24,7 +24,7 @@ What the plan expected (hypotheses: H_* below with their ranges and sources; jud
       the measured DRAM copy ceiling at the fusion point, >= 8x L2, 3 repetitions; the ceiling is named in the
       verdict);
     * the fused residual-add variant "saves 40% memory traffic" (the byte count says 20%: add then norm
-      moves 5 tensors of T x H, the fused kernel 4; analysis.md §10) — both judged, in bytes and in time;
+      moves 5 tensors of T x H, the fused kernel 4; analysis.md (reading the source)) — both judged, in bytes and in time;
     * a handful of tokens cannot fill the GPU: launch/latency bound (judged on effective bandwidth at 1 token against
       the same kernel's at the fusion point: an 8 KB working set has no DRAM rate).
     Reading ncu: a kernel whose SM % exceeds its DRAM % is not compute-bound when its top stall is a memory
@@ -101,7 +101,7 @@ H = declare(f"""
     fuse_bytes = fusion-20-bytes: fusing the residual add saves ~20% of the DRAM bytes (10H -> 8H per row)
         judged on: measured DRAM bytes (ncu, reads + writes) saved at the fusion point, {REPEATS} launches each
         confirmed: [15, 25]%
-        source: flashinfer/reports/plan.md §04 (H100/H200), analysis.md §10
+        source: flashinfer/reports/plan.md §04 (H100/H200), analysis.md (reading the source)
     fuse_time = fusion-20-time: fusing the residual add saves ~20% of the time (memory-bound: time ~ bytes)
         judged on: kernel time saved at the fusion point, {REPEATS} interleaved repetitions
         confirmed: [15, 25]%

@@ -83,7 +83,7 @@ H = declare(f"""
     inplace = rope-inplace-cost: in-place RoPE costs the same as out-of-place (same bytes, outputs elsewhere)
         judged on: time in-place / out-of-place at 32k tokens, {REPEATS} interleaved repetitions
         confirmed: [0.9, 1.1]
-        source: analysis.md §11: both read and write q and k once; 10% read as 'the same'
+        source: analysis.md (reading the source): both read and write q and k once; 10% read as 'the same'
     one_req = rope-one-request: apply_rope with one long request under-fills the GPU (one CTA per request and head)
         judged on: time as 1 request / as requests of --req-tokens at 32k tokens, {REPEATS} repetitions
         confirmed: >= 2

@@ -66,7 +66,7 @@ H = declare("""
         source: analysis.md H-02
     tc_reuse = jit-tc-reuses-fa2: tensor-core decode reuses the fa2 prefill module
         judged on: what tc decode's plan() built after the fa2 prefill (cold pass)
-        source: analysis.md §6
+        source: analysis.md (reading the source)
     slowest = jit-prefill-slowest: the prefill module is the slowest to build (10 translation units)
         judged on: the module with the longest cold compile
         source: flashinfer/reports/plan.md §07

@@ -70,7 +70,7 @@ H = declare(f"""
         source: seed 002 kernel catalog ('CPU AOT', 'CUDA AOT'); kernel/utils.py:load_aot
     pynccl = pynccl-builds: PyNCCL builds here (nvcc + -lnccl; needs NCCL >= 2.27 at run time)
         judged on: the PyNCCL module builds and loads
-        source: {PLAN} (05 needs it); analysis.md §3
+        source: {PLAN} (05 needs it); analysis.md (reading the source)
 """)
 
 

@@ -25,7 +25,7 @@ the measured ceiling on intervals of 3 repetitions: effective bandwidth where th
 measured DRAM bytes where it is not)
     * 64 tokens: "64 warps (1 per token)", "vectorized 128-byte loads", "78% of peak bandwidth",
       "SM 32%", "coalescing 100%", "purely bandwidth-bound"; 70-80% across sizes.
-    Reading the code (analysis.md §6.1): num_splits warps per row (4 for 8 KiB rows) in 128-thread
+    Reading the code (analysis.md (reading the source)): num_splits warps per row (4 for 8 KiB rows) in 128-thread
     blocks, 16-B loads per lane; at 64 tokens only 64 blocks exist, fewer than the SMs (latency-bound).
 
 Run
@@ -107,7 +107,7 @@ H = declare(f"""
     ncu_grid = index-ncu-grid: ncu launch stats match the template: grid = ceil(splits x tokens / 4), block 128
         judged on: ncu Grid/Block Size of index_kernel at {STORY_TOKENS} tokens equal the prediction from
             index.py:41-47, {REPEATS} launches
-        source: analysis.md §6.1 (code reading)
+        source: analysis.md (reading the source) (code reading)
     coalesce = index-coalescing: coalescing is perfect (every byte of every sector used)
         judged on: measured / ideal store sectors per request of index_kernel at the largest ncu token count,
             {REPEATS} launches

@@ -107,7 +107,7 @@ LAYER_CLASSES = ("norm", "gemm", "rope", "kv_store", "attention", "activation")
 EXPECTED_LAYER = ["norm", "gemm", "rope", "kv_store", "attention", "gemm", "norm", "gemm", "activation", "gemm"]
 
 # ------------------------------------------------------------------ the hypotheses, as data
-PLAN = "mini-sglang/reports/plan.md, expected observations 06 (the forward timeline, now 08)"
+PLAN = "mini-sglang/reports/plan.md, expected observations 06 (the forward timeline)"
 H = declare(f"""
     order = layer-order: each layer runs ~10 kernels in a fixed order: norm, QKV GEMM, RoPE, store, attention
             (+merge), O GEMM, add-norm, gate/up GEMM, act, down GEMM
@@ -144,7 +144,7 @@ H = declare(f"""
     state = counters-every-class: per-kernel hardware state through a whole forward: every kernel class of a layer on
             the counters
         judged on: each kernel class of layer 1 in the eager prefill and decode steps has Nsight Compute counters
-        source: PLAN.md session 2 (06 row: 'per-kernel state'); issue 14 item 9
+        source: PLAN.md session 2 (06 row: 'per-kernel state')
 """)
 
 

@@ -108,11 +108,11 @@ H = declare("""
     observer = observer-effect: the torch profiler changes the decode step it watches by < 5%
         judged on: traced / untraced ITL - 1 (median per run)
         confirmed: [-5, 5]%
-        source: issue 14 target: story step times within 5% of untraced
+        source: the workbook's observer budget: a traced step within 5% of the untraced one
     observer_ttft = observer-effect-ttft: the torch profiler changes the first token's latency by < 5%
         judged on: traced / untraced TTFT - 1 (one request, per run)
         confirmed: [-5, 5]%
-        source: issue 14 target, applied to the prefill step as well
+        source: the same 5% observer budget, applied to the prefill step
     usage = pressure-usage: under pressure the KV pool fills (token usage near 1.0)
         judged on: max token usage of the scheduler's steps in the pressure run(s)
         confirmed: [0.9, 1]
