@@ -120,6 +120,16 @@ def first_block_stem(text: str) -> str | None:
     return None
 
 
+def unexplained_changes(text: str) -> list[str]:
+    """Hypotheses a versus/ block marks **changed** (another GPU gave another verdict) that the page's own
+    hand-written text never names: each changed verdict is explained in a sentence next to the block."""
+    prose = hand_written(text)
+    changed = [re.match(r"^\|[^|]*\|\s*([^|]+?)\s*\|", ln).group(1)
+               for m in BLOCK.finditer(text) if m.group("key").startswith("versus/")
+               for ln in m.group("body").splitlines() if "**changed**" in ln and ln.startswith("|")]
+    return [h for h in changed if f"`{h}`" not in prose]
+
+
 def test_no_percent_of_a_ceiling_above_100():
     bad = {str(p.relative_to(ROOT)): above_ceiling(p.read_text()) for p in pages()}
     assert not {k: v for k, v in bad.items() if v}, "a % of a ceiling above 100 means the ceiling probe is wrong"
@@ -178,6 +188,15 @@ def test_every_page_links_the_glossary():
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
+def test_every_verdict_changed_on_the_other_gpu_is_explained(system):
+    text = "\n".join(p.read_text() for p in pages(system))
+    assert "auto:versus/other-gpu" in text, f"{system}: no 'On the other GPU' block (versus/other-gpu) on its pages"
+    bad = {p.name: unexplained_changes(p.read_text()) for p in pages(system)}
+    assert not {k: v for k, v in bad.items() if v}, \
+        f"{system}: verdicts changed on the other GPU with no sentence naming them (`id`): {bad}"
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
 def test_one_verdict_per_hypothesis(system):
     both = two_verdicts([p.read_text() for p in pages(system)])
     assert not both, f"{system}: the same hypothesis with two verdicts: {both}"
@@ -208,6 +227,9 @@ def test_each_guard_fails_on_a_bad_report():
     assert history("the merge kernel takes 42.6 us; call #0 of each; 13.8 ms; PLAN.md Session 1") == []
     assert history(hand_written("<!-- auto:01_a/observations -->\nissue 14 target\n<!-- /auto -->\nok")) == []
     assert history(hand_written("<!-- auto:01_a/observations -->\nx\n<!-- /auto -->\nafter the move")) == ["after the move"]
+    vs = ("<!-- auto:versus/other-gpu -->\n| exp | decode-bw | **refuted** 57.8 | **confirmed** 80.0 | **changed** |\n"
+          "| exp | rope-x | **confirmed** | — | judged on one only |\n<!-- /auto -->\n")
+    assert unexplained_changes(vs) == ["decode-bw"] and unexplained_changes(vs + "`decode-bw`: the H100 ...") == []
     lines = [ln for _n, ln in declared_hypotheses(ROOT / "sglang/scripts/08_execution_story.py")]
     assert any("observer budget" in ln for ln in lines) and len(lines) > 20      # the parse reads the declarations
     assert wide_code_lines("```text\n" + "x" * 121 + "\n```\n" + "y" * 200) == ["x" * 60]

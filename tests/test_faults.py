@@ -275,7 +275,7 @@ class World:
 
     def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
              commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None,
-             date: str | None = None) -> Path:
+             date: str | None = None, story: str | None = None) -> Path:
         """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
         ``script`` (default <system>/scripts/<stem>.py): a later run replaces only a folder of its script.
         Dated when this module was loaded (``date``: an ISO time), so newer than the committed blocks it may
@@ -290,7 +290,7 @@ class World:
                     r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
                 else:
                     r.path(f).write_text("seeded\n")
-            r.story(f"STORY of {stem} on {gpu}")
+            r.story(story or f"STORY of {stem} on {gpu}")
             r.headline(tb_s=2.5)
         if keep:
             self.kept[r.final_dir] = snapshot(r.final_dir)
@@ -547,7 +547,8 @@ def bodies_outside(text: str, stems: tuple) -> str:
 def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
     pages0 = {p.name: p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md")}
-    w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234", keep=False)
+    w.seed("flashinfer", "03_profile_decode", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0", commit="abc1234", keep=False,
+           story="STORY of 03 on the H100\n└── CUDA cores, batch 32\n    └── a kernel")   # the branch the page shows
     out = make_reports(w, env_for(tmp_path), "ACCEPT_MIXED=1")      # asked for (else skipped: the case below)
     assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
     # the pages where this run's blocks sit beside blocks of other runs that the committed pages place on an H200
