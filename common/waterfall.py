@@ -215,7 +215,8 @@ def _ms(v) -> str:
 
 def render(wf: dict, traced: dict | None = None, title: str = "", total_name: str = "total",
            width: int = 120) -> list[str]:
-    """Text lines (each <= ``width`` characters): one per part with ms, share of the total, a bar, the traced ms
+    """Text lines (the table's lines <= ``width`` characters; a split part's free-text source is left whole for
+    the story to fold, story.fold): one per part with ms, share of the total, a bar, the traced ms
     and traced/untraced; a split part's sub-parts indented with their own source; the sum, the total and the
     unattributed remainder with the verdict (✓ adds up within 5% / ✗ does not: never shown as fine)."""
     total = wf.get("total_ms")
@@ -241,9 +242,9 @@ def render(wf: dict, traced: dict | None = None, title: str = "", total_name: st
         sp = p.get("split")
         if sp:
             lines.append(f"  └ split ({sp.get('source') or 'traced'}; {sp.get('label') or ''}): parts of "
-                         f"{sp['total_ms']:.2f} ms"[:width])
+                         f"{sp['total_ms']:.2f} ms")          # free text: folded by the story (story.fold), never cut
             for q in sp["parts"]:
-                lines.append(f"     {q['name'][:29]:29s} {_ms(q.get('ms'))}  {q.get('what') or ''}"[:width])
+                lines.append(f"     {q['name'][:29]:29s} {_ms(q.get('ms'))}  {q.get('what') or ''}")
             lines.append(f"     {'unattributed in the split':29s} {_ms(sp['remainder_ms'])}  "
                          f"{'✓' if sp['ok'] else '✗ does not add up'}"[:width])
     lines.append(f"{'sum of the parts':34s} {_ms(wf['sum_ms'])}"[:width])

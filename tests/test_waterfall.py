@@ -127,7 +127,12 @@ def test_split_and_traced_vs_untraced_per_part(wfs, rec, ev):
     r = waterfall.ratios(u, t)
     assert r["queue wait"] > 3                     # the profiled scheduler loop takes longer to pick the request up
     lines = waterfall.render(u, traced=t, title="TTFT")
-    assert all(len(ln) <= 120 for ln in lines)
+    from common import story
+    tree = story.tree("S", [("TTFT", [(ln, []) for ln in waterfall.render(u, traced=t, width=110)])])  # as 08 does
+    folded = story.fold(tree).split("\n")
+    assert all(len(ln) <= 120 for ln in folded)
+    flat = " ".join(" ".join(folded).replace("│", " ").split())
+    assert "after the request joined the batch" in flat and "copies to the GPU" in flat   # folded, never cut
     assert any("GPU forward" in ln for ln in lines) and any("x" in ln and "prefill forward" in ln for ln in lines)
     rows = waterfall.rows(u, traced=t)
     assert rows[-1]["part"] == "(unattributed)" and any(x["level"] == 1 for x in rows)
