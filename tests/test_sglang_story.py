@@ -261,3 +261,21 @@ def test_the_perfetto_trace_processor_opens_the_story(redone_new):
                            config=tp.TraceProcessorConfig(bin_path=binp)) as t:
         tracks = set(t.query("select name from counter_track").as_pandas_dataframe()["name"])
         assert {"KV pool (GB)", "rest (GB)", "running"} <= tracks
+
+
+def test_prefill_to_decode_names_the_counters_when_they_were_joined(redone_new):
+    """The transition is written after the counters are joined: with ncu's tensor and DRAM % on the kernels (here
+    set on the recording's real joined table), it names their change instead of 'run with --ncu'."""
+    import pandas as pd
+    s = _script()
+    kt = pd.read_csv(redone_new / "kernels_one.csv")
+    kt["layer"] = kt["layer"].fillna(-1).astype(int) if "layer" in kt else -1
+    plain = s.transitions({"kt_one": kt, "base_one": 0.0, "cache": [], "pressure": []})[0]["text"]
+    assert "counters: run with --ncu" in plain
+    kt["tensor_pct"] = [40.0 if m == "EXTEND" else 5.0 for m in kt["mode"]]
+    kt["dram_pct"] = [10.0 if m == "EXTEND" else 60.0 for m in kt["mode"]]
+    text = s.transitions({"kt_one": kt, "base_one": 0.0, "cache": [], "pressure": []})[0]["text"]
+    assert "tensor pipe 40.0% -> 5.00%, DRAM 10.0% -> 60.0% (ncu, time-weighted)" in text
+    src = (ROOT / "sglang/scripts/08_execution_story.py").read_text()   # and analyse() calls it after the join
+    body = src[src.index("def analyse("):src.index("SAME_TIME =")]
+    assert body.index("attach_counters") < body.index('data["transitions"] = transitions(data)')

@@ -835,7 +835,6 @@ def analyse(run, data, cfg) -> None:
         shares.append(100 * pre[pre["cls"] == "attention"]["dur_us"].sum() / pre["dur_us"].sum())
     data["attention_shares"] = shares
     data["wf"] = waterfalls(data, cfg)
-    data["transitions"] = transitions(data)
     if data.get("windows"):
         rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
@@ -847,6 +846,7 @@ def analyse(run, data, cfg) -> None:
             run.log(f"counters on {name}: " + ", ".join(f"{i['window']} {i['matched']}/{i['expected']} by name, "
                                                         f"{i['same_grid_pct']:.0f}% same grid, ncu/traced median "
                                                         f"{i['ncu_over_traced']:.2f}" for i in info))
+    data["transitions"] = transitions(data)     # after the counters: prefill -> decode names their change
 
 
 SAME_TIME = 0.25      # the 2-layer server runs the same kernel when its ncu time is within 25% of the traced time
