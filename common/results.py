@@ -417,6 +417,9 @@ class Run:
     def judge(self, h, values, evidence: str = "", premise=True, **kw) -> dict:
         """Judge hypothesis ``h`` (common.verdicts.Hypothesis) on repeated measurements ``values``;
         the record (verdict from the interval, see common.verdicts) joins the observations."""
+        if "noise" not in kw:        # this quantity's run-to-run noise, where two runs measured it (common.noise)
+            from .noise import lookup
+            kw["noise"] = lookup(self.system, self.stem, h.id)
         rec = {**_judge(h, values, premise=premise, **kw), "evidence": evidence}
         self.summary["observations"].append(rec)
         return rec

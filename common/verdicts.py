@@ -18,7 +18,9 @@ and judges it on repeated measurements::
 Rule (the same everywhere): the interval of the measurement (common.stats.interval: the range of
 3-9 repetitions, a bootstrap 95% interval of more samples) lies inside [low, high] -> confirmed;
 entirely outside -> refuted; across a bound -> inconclusive. Fewer than 3 repetitions -> inconclusive
-(one sample is never judged). A failed premise (the condition the hypothesis depends on did not hold,
+(one sample is never judged). Where two runs measured a quantity's run-to-run noise (common.noise: how far
+the second run's point landed from the first's), the point moved by that much must stay on the same side of
+each bound as well; a verdict that would flip is inconclusive and says so. A failed premise (the condition the hypothesis depends on did not hold,
 e.g. "the split happened") makes the verdict inconclusive, whatever the number says.
 '''
 from __future__ import annotations
@@ -126,33 +128,45 @@ def declare(text: str) -> dict[str, Hypothesis]:
     return out
 
 
-def verdict_for(h: Hypothesis, iv: Interval, premise: bool = True) -> str:
-    """confirmed / refuted / inconclusive for interval ``iv`` against the range of ``h``."""
+def verdict_for(h: Hypothesis, iv: Interval, premise: bool = True, margin: float = 0.0) -> str:
+    """confirmed / refuted / inconclusive for interval ``iv`` against the range of ``h``. ``margin``: the
+    run-to-run noise of the quantity (common.noise: how far a second run's point landed from the first's, in
+    the quantity's unit); the point moved by that much must still sit on the same side of each bound."""
     if not premise or not iv.enough or math.isnan(iv.lo) or math.isnan(iv.hi):
         return "inconclusive"
     lo = -math.inf if h.low is None else h.low
     hi = math.inf if h.high is None else h.high
-    if iv.lo >= lo and iv.hi <= hi:
+    p = iv.point
+    if iv.lo >= lo and iv.hi <= hi and p - margin >= lo and p + margin <= hi:
         return "confirmed"
-    if iv.hi < lo or iv.lo > hi:
+    if (iv.hi < lo or iv.lo > hi) and (p + margin < lo or p - margin > hi):
         return "refuted"
     return "inconclusive"
 
 
 def judge(h: Hypothesis, values, *, premise: bool | str = True, stat: str = "median",
-          digits: int = 3, detail: str = "") -> dict:
+          digits: int = 3, detail: str = "", noise: dict | None = None) -> dict:
     """The observation record for hypothesis ``h`` measured as ``values`` (repetitions or samples,
-    or an Interval already computed). ``premise``: True, or a string saying which premise failed."""
+    or an Interval already computed). ``premise``: True, or a string saying which premise failed.
+    ``noise``: this quantity's run-to-run noise (common.noise: {"spread": |a - b| of two runs, "runs": text}); the
+    point moved by that spread must then stay on the same side of each bound, and the record says so."""
     iv = values if isinstance(values, Interval) else interval(values, stat=stat)
     ok = premise is True
-    v = verdict_for(h, iv, premise=ok)
+    m = (noise or {}).get("spread")
+    margin = float(m) if isinstance(m, (int, float)) and math.isfinite(m) else 0.0
+    v = verdict_for(h, iv, premise=ok, margin=margin)
     why = ""
     if not ok:
         why = f"; premise failed: {premise if isinstance(premise, str) else 'see evidence'}"
     elif not iv.enough:
         why = f"; {iv.n} sample(s): at least 3 repetitions are needed to judge"
+    elif v == "inconclusive" and verdict_for(h, iv, premise=ok) != "inconclusive":
+        why = (f"; within the run-to-run noise of {h.range_text()}: a second run's point moved by {margin:.3g} "
+               f"({noise.get('runs', '?')}), which would cross the bound")
     elif v == "inconclusive":
         why = f"; the interval straddles {h.range_text()}"
+    elif margin:
+        why = f"; holds with the run-to-run noise too (a second run moved the point by {margin:.3g})"
     observed = f"{h.quantity}: {iv.fmt(digits, h.unit)}" + (f"; {detail}" if detail else "") + why
     return {"hypothesis": h.id, "expected": h.expected(), "observed": observed, "verdict": v,
             "interval": iv.to_dict(), "range": [h.low, h.high], "source": h.source}

@@ -58,7 +58,7 @@ def test_the_record_names_threshold_source_and_interval():
 
 def test_the_guard_fails_when_the_rule_is_broken(monkeypatch):
     """Proof that the straddle test can fail: judging on the point value alone would confirm [88, 91]."""
-    broken = lambda h, iv, premise=True: "confirmed" if h.low <= iv.point <= h.high else "refuted"  # noqa: E731
+    broken = lambda h, iv, premise=True, margin=0.0: "confirmed" if h.low <= iv.point <= h.high else "refuted"  # noqa: E731
     monkeypatch.setattr(verdicts, "verdict_for", broken)
     assert verdicts.judge(H, [88, 91, 89])["verdict"] == "confirmed"          # what a point-only rule says
     monkeypatch.undo()
@@ -121,3 +121,30 @@ def test_hypotheses_declared_as_text_read_back_as_the_report_writes_them():
 def test_a_malformed_hypothesis_block_fails_at_import_naming_the_line(text, why):
     with pytest.raises(ValueError, match=why):
         verdicts.declare(text)
+
+
+def test_run_to_run_noise_from_two_real_runs_and_the_margin_it_sets(fixture_path, tmp_path):
+    """tests/fixtures/noise_h200/{a,b}: the observations of SGLang 02 and 08 from two pipeline runs on one H200
+    (224595d --quick --ncu, a5d3c27 --quick; 2026-11-25). The LPM-over-FCFS hit-rate lead read 0.0349 and 0.0478:
+    a spread of 0.0129, against a bound of 0.02."""
+    from common import noise, verdicts
+    from common.stats import Interval
+    rows = {r["hypothesis"]: r for r in noise.compare(fixture_path("noise_h200/a"), fixture_path("noise_h200/b"))}
+    lpm = rows["lpm-beats-fcfs-hit-rate"]
+    assert lpm["a"] == pytest.approx(0.0349, abs=1e-4) and lpm["spread"] == pytest.approx(0.0129, abs=1e-4)
+    assert rows["pressure-usage"]["spread"] == 0                    # a quantity that did not move
+    path = noise.write(list(rows.values()), tmp_path / "noise.json")
+    assert noise.lookup("sglang", "02_radix_cache_analysis", "lpm-beats-fcfs-hit-rate", path)["spread"] == lpm["spread"]
+    h = verdicts.declare("""
+    lead = lead: LPM leads FCFS on hit rate
+        judged on: hit-rate lead
+        confirmed: >= 0.02
+        source: test
+    """)["lead"]
+    iv = Interval(0.0349, 0.0239, 0.0349, 3, "range")               # that run's interval
+    assert verdicts.verdict_for(h, iv) == "confirmed"
+    assert verdicts.verdict_for(h, iv, margin=lpm["spread"]) == "confirmed"     # 0.0349 - 0.0129 = 0.022 >= 0.02
+    rec = verdicts.judge(h, iv, noise={"spread": 0.016, "runs": "x vs y"})      # a noisier quantity: would flip
+    assert rec["verdict"] == "inconclusive" and "within the run-to-run noise" in rec["observed"]
+    far = verdicts.judge(h, Interval(0.01, 0.009, 0.011, 3, "range"), noise={"spread": 0.005, "runs": "x"})
+    assert far["verdict"] == "refuted" and "holds with the run-to-run noise" in far["observed"]
