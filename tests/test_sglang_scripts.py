@@ -605,3 +605,25 @@ def test_07_merge_keeps_earlier_rows_marked_and_replaces_remeasured(tmp_path, fi
     assert "this run" not in set(again["measured"]) and set(again["measured"]) == {"2026-11-21T13:40 @ fea9650"}
     with pytest.raises(m.SetupError, match="no tp_runs.csv"):
         m.load_merge(tmp_path / "none", pd)
+
+
+def test_itl_linear_in_kv_is_not_judged_where_the_kv_range_cannot_show_a_line(fixture_path):
+    """tests/fixtures/sglang_01_itl_vs_kv_b16_h200.csv: the batch-16 ITL rows of 01 --quick on an H200 (224595d):
+    KV 8,208-10,736 tokens, 1.9% of the bytes a step reads (16 GB of weights). Its R^2 of ~0.005 was 'refuted';
+    the sweep cannot test the claim, so the verdict is inconclusive with that reason."""
+    import pandas as pd
+    m = load("01_baseline_perf.py")
+    big = pd.read_csv(fixture_path("sglang_01_itl_vs_kv_b16_h200.csv"))
+    wbytes, kvb = 16.06e9, 128 * 1024                               # Llama-3.1-8B: bf16 weights, K+V per token
+    lo, hi, share = m.kv_span(big, wbytes, kvb)
+    assert (lo, hi) == (8208, 10736) and 0.015 < share < 0.025
+    got = []
+    run = type("R", (), {"judge": lambda self, h, v, **kw: got.append((h.id, kw.get("premise"))),
+                         "headline": lambda self, **kw: None})()
+    a = {"req": [], "classes": [], "rise": [], "b1_pct": [], "fits": [(5e-5, 0.005)] * 3, "kv_span": (lo, hi, share),
+         "top_loads": []}
+    m.verdicts(run, {"loads": [], "bar": []}, a)
+    (hid, premise), = [g for g in got if g[0] == "itl-linear-kv"]
+    assert isinstance(premise, str) and "changes the bytes a step reads by 1.9%" in premise
+    m.verdicts(run, {"loads": [], "bar": []}, {**a, "kv_span": (512, 65536, 0.3)})
+    assert got[-1] == ("itl-linear-kv", True)                       # a sweep that can show a line is judged
