@@ -290,11 +290,21 @@ class World:
                     r.table(f[:-4], [{"batch": 1, "tb_s": 2.5}])
                 else:
                     r.path(f).write_text("seeded\n")
-            r.story(story or f"STORY of {stem} on {gpu}")
+            r.story(story or self._story(system, stem, gpu))
             r.headline(tb_s=2.5)
         if keep:
             self.kept[r.final_dir] = snapshot(r.final_dir)
         return r.final_dir
+
+    def _story(self, system: str, stem: str, gpu: str) -> str:
+        """A seeded story with a branch for every part of it the pages show (story:TITLE|TITLE~N blocks), so a
+        seeded run refreshes its story blocks as a real one would."""
+        titles = [t for p in sorted((self.root / system / "reports").glob("*.md"))
+                  for m in re.finditer(rf"<!-- auto:{re.escape(stem)}/story:([^~\s>]+)", p.read_text())
+                  for t in m.group(1).split("|")]
+        titles = list(dict.fromkeys(titles))
+        return "\n".join([f"STORY of {stem} on {gpu}"] + [f"{'└' if i == len(titles) - 1 else '├'}── {t} (seeded)"
+                                                         for i, t in enumerate(titles)])
 
     def check(self, reports=True, partials=True) -> None:
         if reports:
@@ -628,20 +638,19 @@ def test_a_bad_summary_is_one_line_and_changes_nothing(tmp_path, pids, fault):
 @covers("report-binary-table")
 def test_a_table_that_is_not_text_keeps_its_blocks(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
-    md = next(p for p in sorted((w.root / "flashinfer" / "reports").glob("*.md"))
-              if "<!-- auto:03_profile_decode/table:cross_check" in p.read_text())
-    key = re.search(r"<!-- auto:03_profile_decode/table:cross_check[^>]*-->", md.read_text()).group(0)
-    story = next(p for p in sorted((w.root / "flashinfer" / "reports").glob("*.md"))
-                 if "<!-- auto:03_profile_decode/story -->" in p.read_text())
+    md, m = next((p, m) for p in sorted((w.root / "flashinfer" / "reports").glob("*.md"))
+                 for m in [re.search(r"<!-- auto:(\d\d_\w+)/table:(\w+)[^>]*-->", p.read_text())] if m)
+    key, stem, name = m.group(0), m.group(1), m.group(2)
     before = md.read_text()
-    d = w.seed("flashinfer", "03_profile_decode", files=("cross_check.csv",), keep=False)
-    (d / "cross_check.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    d = w.seed("flashinfer", stem, files=(f"{name}.csv",), keep=False)
+    (d / f"{name}.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     out = report_cmd(w, env_for(tmp_path), "--quiet")
     assert out.returncode == 0 and TB not in out.stdout + out.stderr
-    assert ("skipped flashinfer/results/03_profile_decode/cross_check.csv: not text (undecodable byte 0x89 at "
+    assert (f"skipped flashinfer/results/{stem}/{name}.csv: not text (undecodable byte 0x89 at "
             "offset 0)") in lines(out.stdout)
     assert md.read_text().split(key)[1].split("<!-- /auto -->")[0] == before.split(key)[1].split("<!-- /auto -->")[0]
-    assert "STORY of 03_profile_decode" in story.read_text()        # the rest of that run refreshed
+    pages = "".join(p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md"))
+    assert f"STORY of {stem}" in pages                             # the rest of that run refreshed
     w.check(reports=False)
 
 
@@ -755,7 +764,7 @@ run_main(report.main)
 @covers("report-disk-full")
 def test_a_full_disk_while_writing_the_reports_writes_no_file(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
-    w.seed("flashinfer", "03_profile_decode", files=("roofline.png",))
+    w.seed("flashinfer", "02_profile_prefill", files=("roofline.png",))   # a page and a figure to write
     out = run([PY, "-c", REPORT_DISK_FULL], env_for(tmp_path), cwd=w.root)
     assert out.returncode == 1 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
     (line,) = lines(out.stdout)

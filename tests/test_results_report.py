@@ -196,7 +196,7 @@ def test_committed_reports_are_well_formed():
                 continue
             stem, what = key.split("/", 1)
             assert stem[:2].isdigit(), (md, key)
-            assert what in kinds or what.split(":")[0] in ("table", "figure"), (md, key)
+            assert what in kinds or what.split(":")[0] in ("table", "figure", "story"), (md, key)
     assert n > 0
 
 
