@@ -146,10 +146,12 @@ class GpuMetrics:
         except ProcError as e:
             self.why = str(e)
             return self
+        from .procs import cmdline, descendants
         t_end = time.time() + 60
-        while time.time() < t_end:
-            text = self.log.read_text(errors="replace") if self.log.is_file() else ""
-            if "Collecting data" in text:
+        while time.time() < t_end:     # nsys starts the stand-in once it samples; its own "Collecting data..."
+            text = self.log.read_text(errors="replace") if self.log.is_file() else ""   # sits in a buffer
+            if "Collecting data" in text or any("time.sleep" in " ".join(cmdline(c))   # until it exits
+                                                for c in descendants(self.group.pid)):
                 self.t0 = time.time()
                 return self
             if self.group.poll() is not None:
