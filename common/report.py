@@ -459,7 +459,7 @@ class Renderer:
             va, vb = get(pa, env[0]), get(pb, env[1])
             ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
             machine.append({"": label, ga: va, gb: vb, f"{gb.split(' (')[0]} / {ga.split(' (')[0]}": ratio})
-        rows, changed, judged, kept = [], 0, 0, []
+        rows, changed, judged, kept, one_only = [], 0, 0, [], []
         for st, a, b in pairs:
             oa = {o["hypothesis"]: o for o in a.get("observations") or [] if o.get("hypothesis")}
             ob = {o["hypothesis"]: o for o in b.get("observations") or [] if o.get("hypothesis")}
@@ -469,9 +469,11 @@ class Renderer:
                 diff = bool(va and vb and va["verdict"] != vb["verdict"])
                 n_both += bool(va and vb)
                 n_same += bool(va and vb) and not diff
-                if diff or every or not (va and vb):
+                if diff or every:
                     rows.append({"experiment": st, "hypothesis": hid, ga: _verdict_cell(va), gb: _verdict_cell(vb),
                                  "changed": "**changed**" if diff else ("" if va and vb else "judged on one only")})
+                elif not (va and vb):
+                    one_only.append(hid)
             judged += n_both
             changed += n_both - n_same
             kept.append(f"{st} {n_same}/{n_both}")
@@ -479,6 +481,9 @@ class Renderer:
                        f"{changed} of {judged} hypotheses judged on both GPUs changed verdict "
                        f"(same verdict: {', '.join(kept)}).", ""]
         out.append(md_table(rows, max_rows=200) if rows else "_No verdict changed._")
+        if one_only:     # a hypothesis one side's code did not judge: counted, listed in versus/<folder>:all
+            out += ["", f"{len(one_only)} hypotheses were judged on one GPU only (the two runs' code differs there; "
+                        f"`versus/{folder}:all` lists them)."]
         return "\n".join(out) + "\n", ""
 
     def index(self, old: str = "") -> tuple[str | None, str]:
