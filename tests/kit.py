@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -16,6 +17,7 @@ def load_script(path: Path, name: str | None = None):
     path = Path(path)
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # a dataclass of the script looks its module up there
     spec.loader.exec_module(mod)
     return mod
 

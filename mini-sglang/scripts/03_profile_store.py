@@ -31,6 +31,7 @@ Run
     python mini-sglang/scripts/03_profile_store.py --quick --ncu        # + ncu: sequential vs random
     python mini-sglang/scripts/03_profile_store.py                      # full: 4 row sizes, 3 patterns, ncu
     python mini-sglang/scripts/03_profile_store.py --compare-patterns   # only the pattern sweep (no trace, no ncu)
+    python mini-sglang/scripts/03_profile_store.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     python mini-sglang/scripts/03_profile_store.py --rows 2048,512 --tokens 64,65536
     ./mini-sglang/scripts/ncu_profile.sh --kernel store --set full -- \\
         python mini-sglang/scripts/03_profile_store.py --ncu-target --quick
@@ -42,14 +43,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, story, timing, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -119,6 +122,7 @@ def parse_args(argv=None):
     p.add_argument("--patterns", type=cli.choices_list(*PATTERNS), default=None,
                    help="slot patterns (default sequential,random with --quick, all three otherwise)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -339,17 +343,68 @@ def tell(x) -> str:
                       "bytes", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, the ceilings, and the tables the GPU phase measured (the
+    same tables a --reanalyse reads back from a recording)."""
+    args: argparse.Namespace
+    p: SimpleNamespace
+    pk: dict
+    df: Any = None                # sweep.csv
+    ref: Any = None               # reference.csv
+    launches: Any = None          # launches.csv (None with --compare-patterns)
+    kern: Any = None              # ncu_kernels.csv (None without the ncu pass)
+    pools: dict = field(default_factory=dict)
+
+    @property
+    def ceiling(self) -> str:
+        return timing.dram_ceiling_text(self.pk, "copy", short=True)
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts, headline and story from the measured tables (a GPU run and --reanalyse alike)."""
+    row0 = x.p.rows[0]
+    run.figure("bandwidth", plots.effective(x.df[x.df["row_bytes"] == row0].assign(
+        series=lambda d: d["variant"] + " / " + d["pattern"]), x.pk, hue="series", mix="copy",
+        title=f"KV store, {row0}-B rows (Llama-3.1-8B {ROWS[row0]}) — {x.pk['gpu']}"))
+    dm = x.df[(x.df["variant"] == V_MINI) & (x.df["tokens"] == x.p.big)]
+    run.figure("patterns", plots.effective(dm, x.pk, hue="pattern", mix="copy",
+                                           title=f"store_cache at {x.p.big} tokens, 256 to 2048-B KV rows (left to "
+                                                 f"right) — {x.pk['gpu']}"))
+    judge(run, x)
+    r0 = x.ref[x.ref["row_bytes"] == row0]
+    tor = x.df[(x.df["variant"] == V_TORCH) & (x.df["row_bytes"] == row0) & (x.df["tokens"] == x.p.big)
+               & (x.df["pattern"] == "random")]
+    run.headline(store_eff_pct_of_copy_ceiling_seq=float(r0[r0["pattern"] == "sequential"]["eff_pct"].median()),
+                 store_eff_pct_of_copy_ceiling_random=float(r0[r0["pattern"] == "random"]["eff_pct"].median()),
+                 store_eff_tb_s_seq=float(r0[r0["pattern"] == "sequential"]["eff_tb_s"].median()),
+                 speedup_vs_index_put=float(tor["time_us"].max() / r0[r0["pattern"] == "random"]["time_us"].median())
+                 if len(tor) else None)
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference"),
+                         optional=("launches", "ncu_kernels"), copy=("trace.json",))
+    a = rec.args_like(args)
+    x = Record(args=a, p=plan(a), pk=rec.peaks, df=rec.tables["sweep"], ref=rec.tables["reference"],
+               launches=rec.tables["launches"], kern=rec.tables["ncu_kernels"])
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     K, torch = _msgl.require_gpu_stack("minisgl.kernel")
     if args.ncu_target:
         return ncu_target(args)
-    x = SimpleNamespace(args=args, p=plan(args), launches=None, kern=None)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
-        x.pk = ceilings.peaks()
-        x.ceiling = timing.dram_ceiling_text(x.pk, "copy", short=True)
-        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MB; pool {POOL:,} slots per cache")
+        x = Record(args=args, p=plan(args), pk=ceilings.peaks())
+        run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)}; L2 {x.pk.get('l2_mb')} MiB; pool {POOL:,} slots per cache")
         make_pools(run, torch, K, x)
         # ---- measure
         x.df, x.ref = sweep(run, torch, K, x)
@@ -361,27 +416,8 @@ def main(argv=None) -> int:
             run.table("launches", x.launches)
             if not args.quick or args.ncu:
                 x.kern = run.optional("ncu pass", profile_ncu, run, x)
-        # ---- analyse: the curves
-        row0 = x.p.rows[0]
-        run.figure("bandwidth", plots.effective(x.df[x.df["row_bytes"] == row0].assign(
-            series=lambda d: d["variant"] + " / " + d["pattern"]), x.pk, hue="series", mix="copy",
-            title=f"KV store, {row0}-B rows (Llama-3.1-8B {ROWS[row0]}) — {x.pk['gpu']}"))
-        dm = x.df[(x.df["variant"] == V_MINI) & (x.df["tokens"] == x.p.big)]
-        run.figure("patterns", plots.effective(dm, x.pk, hue="pattern", mix="copy",
-                                               title=f"store_cache at {x.p.big} tokens, 256 to 2048-B KV rows (left to "
-                                                     f"right) — {x.pk['gpu']}"))
-        # ---- verdicts
-        judge(run, x)
-        r0 = x.ref[x.ref["row_bytes"] == row0]
-        tor = x.df[(x.df["variant"] == V_TORCH) & (x.df["row_bytes"] == row0) & (x.df["tokens"] == x.p.big)
-                   & (x.df["pattern"] == "random")]
-        run.headline(store_eff_pct_of_copy_ceiling_seq=float(r0[r0["pattern"] == "sequential"]["eff_pct"].median()),
-                     store_eff_pct_of_copy_ceiling_random=float(r0[r0["pattern"] == "random"]["eff_pct"].median()),
-                     store_eff_tb_s_seq=float(r0[r0["pattern"] == "sequential"]["eff_tb_s"].median()),
-                     speedup_vs_index_put=float(tor["time_us"].max() / r0[r0["pattern"] == "random"]["time_us"].median())
-                     if len(tor) else None)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: curves, verdicts, story
+        analyse(run, x)
     return 0
 
 

@@ -1,0 +1,50 @@
+"""`--reanalyse DIR` (common.recording): each numbered script's analysis again, on a CPU, from a real recording.
+
+tests/fixtures/recordings_h200/<system>/<stem>/: the summary.json and tables of a real run on one H200
+(tests/fixtures/README.md says which run). A re-analysis must give the same verdict for every hypothesis as the
+run that recorded the files, keep the recording's hardware provenance, and write its story."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import kit  # tests/kit.py
+
+ROOT = Path(__file__).resolve().parents[1]
+REC = Path(__file__).parent / "fixtures" / "recordings_h200"
+# (system, script stem): scripts whose --reanalyse is proven on a recording here
+REANALYSED = [("mini-sglang", "03_profile_store")]
+
+
+def _verdicts(summary: dict) -> dict:
+    return {o.get("hypothesis") or o["expected"]: o["verdict"] for o in summary["observations"]}
+
+
+@pytest.mark.parametrize("system,stem", REANALYSED, ids=[f"{s}/{t}" for s, t in REANALYSED])
+def test_reanalysis_gives_the_recordings_verdicts(system, stem, tmp_path):
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    scripts = ROOT / system / "scripts"
+    sys.path.insert(0, str(scripts))
+    mod = kit.load_script(scripts / f"{stem}.py", f"re_{system}_{stem}".replace("-", "_"))
+    src = REC / system / stem
+    out = tmp_path / stem
+    assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
+    assert _verdicts(after) == _verdicts(before) and len(_verdicts(after)) >= 3
+    assert after["provenance"]["gpu"] == before["provenance"]["gpu"] and "reanalysed" in after["provenance"]
+    assert (out / "story.txt").read_text().strip()
+
+
+def test_a_folder_that_is_no_recording_is_one_line(tmp_path, capsys):
+    from common import recording
+    from common.checks import SetupError
+    with pytest.raises(SetupError, match="no readable summary.json"):
+        recording.open(tmp_path, ROOT / "mini-sglang/scripts/03_profile_store.py", tables=("sweep",))
+    (tmp_path / "summary.json").write_text(json.dumps({"stem": "02_profile_index"}))
+    with pytest.raises(SetupError, match="a recording of 02_profile_index.py, not of 03_profile_store.py"):
+        recording.open(tmp_path, ROOT / "mini-sglang/scripts/03_profile_store.py", tables=("sweep",))
+    (tmp_path / "summary.json").write_text(json.dumps({"stem": "03_profile_store"}))
+    with pytest.raises(SetupError, match="no sweep.csv to re-analyse"):
+        recording.open(tmp_path, ROOT / "mini-sglang/scripts/03_profile_store.py", tables=("sweep",))
