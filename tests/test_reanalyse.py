@@ -21,8 +21,9 @@ def _verdicts(summary: dict) -> dict:
     return {o.get("hypothesis") or o["expected"]: o["verdict"] for o in summary["observations"]}
 
 
-@pytest.mark.parametrize("system,stem", REANALYSED, ids=[f"{s}/{t}" for s, t in REANALYSED])
-def test_reanalysis_gives_the_recordings_verdicts(system, stem, tmp_path):
+def check_reanalysis(system: str, stem: str, tmp_path: Path) -> Path:
+    """Re-analyse tests/fixtures/recordings_h200/<system>/<stem>/ with the script's --reanalyse; assert the same
+    verdicts, the recording's provenance and a story. Returns the new run's folder (for further checks)."""
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
     scripts = ROOT / system / "scripts"
@@ -35,6 +36,12 @@ def test_reanalysis_gives_the_recordings_verdicts(system, stem, tmp_path):
     assert _verdicts(after) == _verdicts(before) and len(_verdicts(after)) >= 3
     assert after["provenance"]["gpu"] == before["provenance"]["gpu"] and "reanalysed" in after["provenance"]
     assert (out / "story.txt").read_text().strip()
+    return out
+
+
+@pytest.mark.parametrize("system,stem", REANALYSED, ids=[f"{s}/{t}" for s, t in REANALYSED])
+def test_reanalysis_gives_the_recordings_verdicts(system, stem, tmp_path):
+    check_reanalysis(system, stem, tmp_path)
 
 
 def test_a_folder_that_is_no_recording_is_one_line(tmp_path, capsys):
