@@ -355,7 +355,7 @@ def test_the_premise_guard_fails_when_broken(fixture_path, run, monkeypatch):
     the same recorded rows (all within 3%) would be 'confirmed'."""
     rows = _rows(fixture_path, "fi_cross_check_decode_h200.csv")
     real = verdicts.verdict_for
-    monkeypatch.setattr(verdicts, "verdict_for", lambda h, iv, premise=True: real(h, iv, premise=True))
+    monkeypatch.setattr(verdicts, "verdict_for", lambda h, iv, premise=True, margin=0.0: real(h, iv, premise=True, margin=margin))
     assert _fi.judge_cross_check(run, rows, label)["verdict"] == "confirmed"
     monkeypatch.undo()
     assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"
