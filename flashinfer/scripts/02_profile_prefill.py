@@ -33,25 +33,30 @@ Run
     python flashinfer/scripts/02_profile_prefill.py --quick --ncu    # + per-kernel hardware table
     python flashinfer/scripts/02_profile_prefill.py --quick --nsys   # + each point's kernels on a timeline
     python flashinfer/scripts/02_profile_prefill.py --backend fa2 --batch 8 --prefix 3584 --qo-lens 512
+    python flashinfer/scripts/02_profile_prefill.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     ./flashinfer/scripts/ncu_profile.sh --kernel 'BatchPrefillWithPagedKVCacheKernel|PrefillWithKVCacheKernel' \\
         --set full --count 2 -- python flashinfer/scripts/02_profile_prefill.py --ncu-target --quick
 Writes flashinfer/results/02_profile_prefill/: sweep.csv, reference.csv, calls.csv, cross_check.csv,
 kernels.csv + kernels_full.csv (--ncu), timeline.csv + timeline.png (--nsys), throughput.png, roofline.png,
-trace.json, story.txt, summary.json.
+trace.json, story.txt, summary.json (and ncu/: the raw ncu CSVs; merge_look.csv reads ncu/merge_full.csv).
+--reanalyse DIR reads back the tables, trace.json (the kernels of each traced call) and ncu/merge_full.csv.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, stats, story, timing, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, recording, stats, story, timing, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
@@ -147,6 +152,7 @@ def parse_args(argv=None):
     p.add_argument("--qo-lens", type=cli.positive_ints, default=None, help="comma-separated query lengths")
     p.add_argument("--batch", type=cli.positive_int, default=1, help="requests per call (default 1)")
     p.add_argument("--prefix", type=cli.non_negative_int, default=0, help="cached tokens before the new ones")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -372,6 +378,12 @@ def look_at_merge(run, x) -> list[str]:
         run.note(f"the merge kernel's closer look did not run ({e.__class__.__name__}: {str(e).splitlines()[0][:160]})")
         return []
     run.table("merge_look", ncu.summarize(res.df, peaks=x.pk))
+    return look_lines(raw, row)
+
+
+def look_lines(raw: dict, row: dict) -> list[str]:
+    """The closer look's story lines: the merge launch's summary (``row``: common.kernels.joined of its summarize()
+    row, merge_look.csv) and what common.ncu.look reads in its --set full metrics (``raw``: ncu/merge_full.csv)."""
     return [f"{row['kernel']}: {row['ncu_time_us']:.1f} us under ncu (caches flushed), {ncu.bound_why(row)}",
             *ncu.look(raw, row)]
 
@@ -405,7 +417,7 @@ def figures(run, x):
 
 def judge_timing(run, x):
     """auto -> FA3, the ridge (arithmetic), tensor-bound at qo 8192 (REPEATS timings), FA3 vs FA2 over shapes."""
-    cc = x.torch.cuda.get_device_capability()
+    cc = x.cc
     run.fact(H["auto"], x.auto == "fa3", f"auto -> {x.auto} on compute capability {cc[0]}.{cc[1]}", "summary.json notes",
              premise=True if cc[0] == 9 else f"compute capability {cc[0]}.{cc[1]} is not sm90")
     lay, ridge = x.lay0, x.pk["bf16_tflops"] / x.pk["dram_tb_s"]
@@ -461,7 +473,7 @@ def smem_alone(r: dict) -> bool:
 
 def judge_ncu(run, x):
     """The plan's hardware figures on the REPEATS ncu launches of qo 512 per backend."""
-    sms = x.torch.cuda.get_device_properties(0).multi_processor_count
+    sms = x.sms
     for be in x.backends:
         rows = [r for r in _fi.reference_rows(x.kern, backend=be) if r["role"] == "attention"]
         where, h = f"{len(rows)} launches of {be} b1 qo512 (kernels.csv, kind=reference)", lambda hh: for_backend(hh, be)
@@ -522,8 +534,78 @@ def tell(x) -> str:
     return text
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, the ceilings and the GPU's facts, and what the GPU phase measured
+    (the same a --reanalyse reads back from a recording: its tables, trace.json and ncu/merge_full.csv)."""
+    args: argparse.Namespace
+    pk: dict
+    cc: tuple                     # compute capability
+    sms: int                      # SM count
+    backends: list
+    models: list
+    auto: str                     # what backend="auto" resolved to (the run's note)
+    df: Any                       # sweep.csv
+    ref: Any                      # reference.csv
+    cs: Any                       # calls.csv
+    pc: Any                       # per traced call: trace.json's kernels joined with calls.csv's plan facts
+    xrows: list = field(default_factory=list)   # cross_check.csv
+    kern: Any = None              # kernels_full.csv (--ncu)
+    look: list = field(default_factory=list)    # merge_look.csv + ncu/merge_full.csv (--ncu)
+    tl: Any = None                # (timeline.csv, its source) (--nsys)
+
+    @property
+    def lay0(self) -> dict:
+        return _fi.head_layout(self.models[0])
+
+    @property
+    def m0(self):
+        return self.df[self.df["model"] == self.models[0]]
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts and story from the measured tables (a GPU run and --reanalyse alike)."""
+    figures(run, x)
+    # ---- verdicts: the plan's hypotheses against this run
+    judge_timing(run, x)
+    judge_calls(run, x)
+    if x.kern is not None:
+        judge_ncu(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference", "calls"),
+                         optional=("cross_check", "kernels_full", "merge_look", "timeline"),
+                         copy=("trace.json", "trace.json.gz"))
+    a = rec.args_like(args)
+    cc, sms = _fi.device_of(rec.summary)
+    models = list(dict.fromkeys(p["model"] for p in plan_points(a, a.backend)))
+    auto = next((m.group(1) for n in rec.summary.get("notes", [])
+                 for m in [re.match(r'backend="auto" resolved to (\S+)', n)] if m), "error")
+    cs, look = _fi.as_recorded(rec.tables["calls"]), []
+    if rec.tables["merge_look"] is not None:   # the closer look: its summary row and its --set full metrics
+        look = look_lines(_fi.recorded_ncu_row(rec.src, "merge_full.csv"),
+                          kernels.joined(_fi.as_recorded(rec.tables["merge_look"]), rec.peaks).iloc[0].to_dict())
+    xc = rec.tables["cross_check"]
+    x = Record(args=a, pk=rec.peaks, cc=cc, sms=sms, backends=[be for be in a.backend if be != "fa3" or cc[0] == 9],
+               models=models, auto=auto, df=rec.tables["sweep"], ref=rec.tables["reference"], cs=cs,
+               pc=_fi.per_call_from(_fi.recorded_trace(rec.src, "the kernels of each traced call"), r"^prefill ", cs),
+               xrows=xc.to_dict("records") if xc is not None else [], kern=_fi.as_recorded(rec.tables["kernels_full"]), look=look,
+               tl=_fi.recorded_timeline(rec))
+    with recording.run(__file__, args, rec) as run:
+        if x.tl is not None and len(x.tl[0]):
+            run.figure("timeline", _fi.timeline_figure(x.tl[0], f"Prefill kernels of each point ({x.tl[1]}) — "
+                                                                f"{x.pk['gpu']}"))
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None, look=[],
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
@@ -551,15 +633,11 @@ def main(argv=None) -> int:
             x.look = look_at_merge(run, x)
         if args.nsys:
             x.tl = profile_nsys(run, x)
-        # ---- analyse
-        figures(run, x)
-        # ---- verdicts: the plan's hypotheses against this run
-        judge_timing(run, x)
-        judge_calls(run, x)
-        if x.kern is not None:
-            judge_ncu(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: figures, verdicts, story (the same as --reanalyse)
+        analyse(run, Record(args=args, pk=x.pk, cc=tuple(torch.cuda.get_device_capability()),
+                            sms=torch.cuda.get_device_properties(0).multi_processor_count, backends=x.backends,
+                            models=x.models, auto=x.auto, df=x.df, ref=x.ref, cs=x.cs, pc=x.pc, xrows=x.xrows,
+                            kern=x.kern, look=x.look, tl=x.tl))
     return 0
 
 

@@ -37,25 +37,28 @@ Run
     python flashinfer/scripts/03_profile_decode.py --quick --ncu    # + per-kernel hardware table (kernels.csv)
     python flashinfer/scripts/03_profile_decode.py --quick --nsys   # + the kernels of each point on a timeline
     python flashinfer/scripts/03_profile_decode.py --variants cuda --batches 32 --kv-lens 4096   # one point
+    python flashinfer/scripts/03_profile_decode.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     ./flashinfer/scripts/ncu_profile.sh --kernel 'BatchDecode|MergeStates' --set full --count 2 -- \\
         python flashinfer/scripts/03_profile_decode.py --ncu-target --quick --variants cuda
 Writes flashinfer/results/03_profile_decode/: sweep.csv, reference.csv, calls.csv, plan_calls.csv,
 cross_check.csv, kernels.csv + kernels_full.csv (--ncu), timeline.csv + timeline.png (--nsys), bandwidth.png
 (effective TB/s against the working set, DRAM ceilings and the L2 size drawn), roofline.png, trace.json,
-story.txt, summary.json.
+story.txt, summary.json. --reanalyse DIR reads back the tables and trace.json (the kernels of each traced call).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, stats, story, timing, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, recording, stats, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.models import PRESETS  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
@@ -146,6 +149,7 @@ def parse_args(argv=None):
                    help="cuda (CUDA cores, the default kernel), tc (use_tensor_cores); default both")
     p.add_argument("--batches", type=cli.positive_ints, default=None, help="comma-separated batch sizes")
     p.add_argument("--kv-lens", type=cli.positive_ints, default=None, help="comma-separated KV lengths")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -391,7 +395,7 @@ def judge_plan_and_calls(run, x):
              f"{hi['batch']} split_kv={hi['split_kv']}" if lo is not None else "-", "sweep.csv",
              premise=True if lo is not None else "fewer than 2 batch sizes swept at KV 4096")
     if x.ps is not None and len(x.ps):
-        run.fact(H["plan_cpu"], [r.kernels == 0 and r.copies >= 1 for r in _fi.per_call(x.prows).itertuples()],
+        run.fact(H["plan_cpu"], [r.kernels == 0 and r.copies >= 1 for r in x.plan_pc.itertuples()],
                  "; ".join(f"{r.label}: {r.kernels_per_call:.0f} kernels, {r.copies_per_call:.0f} copies per call "
                            f"({r.copies or '-'})" for r in x.ps.itertuples()), "plan_calls.csv")
     agree = [(r.merge_us > 0) == bool(r.plan_split_kv) for r in x.pc.itertuples()]
@@ -459,8 +463,70 @@ def tell(x) -> str:
     return text
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, the ceilings and what the GPU phase measured (the same a
+    --reanalyse reads back from a recording: its tables and trace.json)."""
+    args: argparse.Namespace
+    pk: dict
+    models: list
+    variants: list
+    df: Any                       # sweep.csv
+    ref: Any                      # reference.csv
+    cs: Any                       # calls.csv
+    pc: Any                       # per traced call: trace.json's kernels joined with calls.csv's plan facts
+    ps: Any = None                # plan_calls.csv
+    plan_pc: Any = None           # per traced plan() call (trace.json)
+    xrows: list = field(default_factory=list)   # cross_check.csv
+    kern: Any = None              # kernels_full.csv (--ncu)
+    tl: Any = None                # (timeline.csv, its source) (--nsys)
+
+    @property
+    def lay0(self) -> dict:
+        return _fi.head_layout(self.models[0])
+
+    @property
+    def m0(self):
+        return self.df[self.df["model"] == self.models[0]]
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts and story from the measured tables (a GPU run and --reanalyse alike)."""
+    figures(run, x)
+    # ---- verdicts: the plan's hypotheses against this run
+    judge_timing(run, x)
+    judge_plan_and_calls(run, x)
+    if x.kern is not None:
+        judge_ncu(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference", "calls"),
+                         optional=("plan_calls", "cross_check", "kernels_full", "timeline"),
+                         copy=("trace.json", "trace.json.gz"))
+    a = rec.args_like(args)
+    ev = _fi.recorded_trace(rec.src, "the kernels of each traced call and plan() call")
+    cs, ps, xc = _fi.as_recorded(rec.tables["calls"]), _fi.as_recorded(rec.tables["plan_calls"]), rec.tables["cross_check"]
+    x = Record(args=a, pk=rec.peaks, models=list(dict.fromkeys(p["model"] for p in plan_points(a))),
+               variants=list(a.variants), df=rec.tables["sweep"], ref=rec.tables["reference"], cs=cs,
+               pc=_fi.per_call_from(ev, r"^decode ", cs), ps=ps,
+               plan_pc=_fi.per_call(trace.kernels_in_ranges(ev, r"^plan ")) if ps is not None else None,
+               xrows=xc.to_dict("records") if xc is not None else [], kern=_fi.as_recorded(rec.tables["kernels_full"]),
+               tl=_fi.recorded_timeline(rec))
+    with recording.run(__file__, args, rec) as run:
+        if x.tl is not None and len(x.tl[0]):
+            run.figure("timeline", _fi.timeline_figure(x.tl[0], f"Decode kernels of each point ({x.tl[1]}) — "
+                                                                f"{x.pk['gpu']}"))
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
     x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv),
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), kern=None, tl=None)
@@ -484,15 +550,10 @@ def main(argv=None) -> int:
             x.kern = profile_ncu(run, x)
         if args.nsys:
             x.tl = profile_nsys(run, x)
-        # ---- analyse
-        figures(run, x)
-        # ---- verdicts: the plan's hypotheses against this run
-        judge_timing(run, x)
-        judge_plan_and_calls(run, x)
-        if x.kern is not None:
-            judge_ncu(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: figures, verdicts, story (the same as --reanalyse)
+        analyse(run, Record(args=args, pk=x.pk, models=x.models, variants=x.variants, df=x.df, ref=x.ref, cs=x.cs,
+                            pc=x.pc, ps=x.ps, plan_pc=_fi.per_call(x.prows) if x.prows is not None else None,
+                            xrows=x.xrows, kern=x.kern, tl=x.tl))
     return 0
 
 

@@ -874,3 +874,75 @@ def cross_check_line(xrows: list, label) -> str:
     return ("bench_gpu_time cross-check (CUPTI both sides, same write-only L2 flush; workbook / FlashInfer, "
             f"medians): {like}; with the workbook's clean-L2 default: " +
             ", ".join(f"{label(x)} {x['ratio_default']:.3f}" for x in xrows))
+
+
+# ------------------------------------------------------------------ --reanalyse: what a recording gives back
+# (common.recording reads summary.json and the tables; what the attention scripts' analysis reads besides them)
+
+CALLS_COLUMNS = ("label", "calls", "kernels_per_call", "kernels", "copies_per_call", "copies", "merge_kernel",
+                 "merge_share_pct", "fill_kernel", "kernel_us_per_call")   # calls_summary(); calls.csv adds plan facts
+
+
+def device_of(summary: dict) -> tuple[tuple[int, int], int | None]:
+    """(compute capability, SM count) of the GPU a recording ran on, from its provenance."""
+    prov = summary.get("provenance") or {}
+    cc = tuple(int(v) for v in str(prov.get("compute_capability") or "0.0").split(".")[:2])
+    return cc, prov.get("sm_count")
+
+
+def _recorded(src: Path, name: str) -> Path | None:
+    """``name`` in a recording, or its gzipped copy (``name``.gz, as the test fixtures keep large raw files)."""
+    return next((p for p in (src / name, src / f"{name}.gz") if p.is_file()), None)
+
+
+def recorded_trace(src: Path, why: str):
+    """The torch-profiler trace a run wrote (trace.json or trace.json.gz), as common.trace's event table; one [setup]
+    line when the recording has none (``why``: what the analysis reads from it)."""
+    from common import trace
+    from common.checks import SetupError
+    path = _recorded(Path(src), "trace.json")
+    if path is None:
+        raise SetupError(f"--reanalyse {src}: no trace.json to re-analyse ({why})")
+    return trace.read_chrome_trace(path)
+
+
+def as_recorded(df):
+    """A table read back from its CSV with the empty cells of its text and flag columns as the GPU run held them
+    (None, not NaN: a NaN stall note or split_kv reads as true); numeric columns stay as read. None stays None."""
+    if df is None:
+        return None
+    df = df.copy()
+    for c in df.select_dtypes(exclude="number").columns:
+        if df[c].isna().any():
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    return df
+
+
+def per_call_from(ev, pattern: str, cs):
+    """per_call() of the traced calls whose range matches ``pattern``, joined by label with the plan facts the calls
+    table holds (calls.csv: calls_summary() columns, then what plan() decided): the per-call table of the GPU run."""
+    from common import trace
+    facts = [c for c in cs.columns if c not in CALLS_COLUMNS]
+    return per_call(trace.kernels_in_ranges(ev, pattern)).join(cs.set_index("label")[facts], on="label")
+
+
+def recorded_ncu_row(src: Path, name: str) -> dict:
+    """The first launch of a raw ncu CSV a run kept under ncu/ (``name``, or ``name``.gz), as a dict; {} when absent."""
+    import gzip
+
+    from common import ncu
+    path = _recorded(Path(src) / "ncu", name)
+    if path is None:
+        return {}
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text(errors="replace")
+    return ncu.read_raw(text).iloc[0].to_dict()
+
+
+def recorded_timeline(rec):
+    """(timeline table, its source) of a recording made with --nsys (None without timeline.csv): the source is the
+    torch trace where a note says the timeline fell back to it (timeline()), else nsys."""
+    tl = rec.tables.get("timeline")
+    if tl is None:
+        return None
+    torch_trace = any("the timeline comes from the torch-profiler trace" in n for n in rec.summary.get("notes", []))
+    return tl, "torch.profiler (trace.json)" if torch_trace else "nsys (timeline.nsys-rep)"
