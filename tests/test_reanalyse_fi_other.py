@@ -6,7 +6,7 @@ import pytest
 from test_reanalyse import check_reanalysis
 
 # script stems whose --reanalyse is proven on their recording
-STEMS = ["04_profile_rmsnorm"]
+STEMS = ["04_profile_rmsnorm", "05_profile_rope"]
 
 
 @pytest.mark.parametrize("stem", STEMS)
