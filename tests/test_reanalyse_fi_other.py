@@ -6,9 +6,39 @@ import pytest
 from test_reanalyse import check_reanalysis
 
 # script stems whose --reanalyse is proven on their recording
-STEMS = ["04_profile_rmsnorm", "05_profile_rope"]
+STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels"]
 
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_flashinfer_reanalysis_gives_the_recordings_verdicts(stem, tmp_path):
     check_reanalysis("flashinfer", stem, tmp_path)
+
+
+def test_01_reads_its_probes_table_like_the_facts_it_derives(tmp_path):
+    """01's verdicts read facts the GPU phase probes (the norm path, the rejected shape, the GPU); a run from now on
+    records them in probes.csv. The a5d3c27 recording predates it: its facts are read back from its provenance and
+    observations. Written as probes.csv beside that recording (the columns the GPU phase writes), the re-analysis
+    reads the table instead and gives the same verdicts."""
+    import json
+    import shutil
+    import sys
+    pd = pytest.importorskip("pandas")
+    import kit
+    from test_reanalyse import REC, ROOT
+    from common import recording
+    scripts = ROOT / "flashinfer" / "scripts"
+    sys.path.insert(0, str(scripts))
+    m01 = kit.load_script(scripts / "01_test_kernels.py", "re_fi_01_probes")
+    src = tmp_path / "rec"
+    shutil.copytree(REC / "flashinfer" / "01_test_kernels", src)
+    facts, how = m01.probes_of(recording.open(src, m01.__file__, tables=("checks", "modules"), optional=("probes",)))
+    assert how and facts["cuda_norm"] is True and facts["cutlass_dsl_importable"] is False and facts["rejected"] is True
+    assert facts["compute_major"] == 9 and facts["gpu_name"] == "NVIDIA H200" and facts["failures"] == ""
+    pd.DataFrame([facts], columns=m01.PROBE_COLUMNS).to_csv(src / "probes.csv", index=False)
+    again, how = m01.probes_of(recording.open(src, m01.__file__, tables=("checks", "modules"), optional=("probes",)))
+    assert how is None and again == facts
+    out = tmp_path / "out"
+    assert m01.main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    verdicts = [{o["hypothesis"]: o["verdict"] for o in json.loads((d / "summary.json").read_text())["observations"]}
+                for d in (src, out)]
+    assert verdicts[0] == verdicts[1]
