@@ -6,7 +6,7 @@ import pytest
 from test_reanalyse import check_reanalysis
 
 # script stems whose --reanalyse is proven on their recording
-STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels"]
+STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels", "07_jit_analysis"]
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -42,3 +42,33 @@ def test_01_reads_its_probes_table_like_the_facts_it_derives(tmp_path):
     verdicts = [{o["hypothesis"]: o["verdict"] for o in json.loads((d / "summary.json").read_text())["observations"]}
                 for d in (src, out)]
     assert verdicts[0] == verdicts[1]
+
+
+def test_07_reads_its_passes_table_and_each_cli_calls_text(tmp_path):
+    """07's story prints each pass's wall time, CPUs, MAX_JOBS and your cache's folder, which no table of the a5d3c27
+    recording held: from now on passes.csv; that recording's are read from its story. Written as passes.csv beside
+    it, the re-analysis reads the table and tells the same story. The jit-cli verdict reads the CLI's output, kept in
+    cli_module_status.txt: a full run makes two calls of the same command, each output with blank lines in it."""
+    import shutil
+    import sys
+    import kit
+    from test_reanalyse import REC, ROOT
+    scripts = ROOT / "flashinfer" / "scripts"
+    sys.path.insert(0, str(scripts))
+    m07 = kit.load_script(scripts / "07_jit_analysis.py", "re_fi_07_passes")
+    src = tmp_path / "rec"
+    shutil.copytree(REC / "flashinfer" / "07_jit_analysis", src)
+    import json
+    summary = json.loads((src / "summary.json").read_text())
+    passes = m07.passes_from_story(summary["story"])
+    assert list(passes["wall_s"].iloc[:2]) == [18.5, 5.6] and passes["module_folders"].iloc[2] == 7
+    passes.to_csv(src / "passes.csv", index=False)
+    out = tmp_path / "out"
+    assert m07.main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    after = json.loads((out / "summary.json").read_text())
+    assert (out / "story.txt").read_text() == summary["story"] + "\n"
+    assert not any("passes" in n for n in after["notes"])
+    cmd = "python -m flashinfer module-status --filter compiled"
+    text = "\n\n".join(f"$ {cmd}\n{body}" for body in ("A\n\n=== Summary ===\nCompiled: 1", "B\n\nCompiled: 5"))
+    assert m07.cli_texts(text, [cmd, cmd]) == ["A\n\n=== Summary ===\nCompiled: 1", "B\n\nCompiled: 5"]
+    assert m07.cli_texts(text, [cmd, cmd, cmd]) == [None] * 3
