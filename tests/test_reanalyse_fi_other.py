@@ -6,7 +6,7 @@ import pytest
 from test_reanalyse import check_reanalysis
 
 # script stems whose --reanalyse is proven on their recording
-STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels", "07_jit_analysis"]
+STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels", "07_jit_analysis", "00_check_env"]
 
 
 @pytest.mark.parametrize("stem", STEMS)
@@ -72,3 +72,35 @@ def test_07_reads_its_passes_table_and_each_cli_calls_text(tmp_path):
     text = "\n\n".join(f"$ {cmd}\n{body}" for body in ("A\n\n=== Summary ===\nCompiled: 1", "B\n\nCompiled: 5"))
     assert m07.cli_texts(text, [cmd, cmd]) == ["A\n\n=== Summary ===\nCompiled: 1", "B\n\nCompiled: 5"]
     assert m07.cli_texts(text, [cmd, cmd, cmd]) == [None] * 3
+
+
+def test_00_reads_its_device_table_and_probes_nothing(tmp_path):
+    """00's story prints the GPU's memory as torch reports it, which the a5d3c27 recording kept only in its story
+    (its provenance has NVML's 150.8 GB, the story torch's 150): from now on device.csv. Written beside that
+    recording, the re-analysis reads it and tells the same story. Without environment.json (the profilers and
+    FlashInfer's paths were probed on the GPU machine and recorded only there) it is one [setup] line."""
+    import json
+    import shutil
+    import sys
+    pd = pytest.importorskip("pandas")
+    import kit
+    from common import recording
+    from common.checks import SetupError
+    from test_reanalyse import REC, ROOT
+    scripts = ROOT / "flashinfer" / "scripts"
+    sys.path.insert(0, str(scripts))
+    m00 = kit.load_script(scripts / "00_check_env.py", "re_fi_00_device")
+    src = tmp_path / "rec"
+    shutil.copytree(REC / "flashinfer" / "00_check_env", src)
+    rec = recording.open(src, m00.__file__, tables=("peaks",), optional=("device",))
+    dev, how = m00.device_from(rec, json.loads((src / "environment.json").read_text()))
+    assert how and dev["total_memory_bytes"] == 150e9 and dev["l2_bytes"] == 60 * 2**20 and dev["cc_major"] == 9
+    pd.DataFrame([dev], columns=m00.DEVICE_COLUMNS).to_csv(src / "device.csv", index=False)
+    out = tmp_path / "out"
+    assert m00.main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    summary = json.loads((src / "summary.json").read_text())
+    assert (out / "story.txt").read_text() == summary["story"] + "\n"
+    assert not any("device.csv" in n for n in json.loads((out / "summary.json").read_text())["notes"])
+    (src / "environment.json").unlink()
+    with pytest.raises(SetupError, match="no environment.json: the profilers"):
+        m00.main(["--reanalyse", str(src), "--out", str(tmp_path / "out2")])
