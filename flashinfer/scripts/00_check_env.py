@@ -26,24 +26,29 @@ What the plan expected (hypotheses: H_* below, facts with their sources)
 Run
     python flashinfer/scripts/00_check_env.py --quick            # ~20-40 s (ceilings cached after the first run)
     python flashinfer/scripts/00_check_env.py --refresh-peaks    # re-measure the DRAM / GEMM ceilings
-Writes flashinfer/results/00_check_env/: peaks.csv, packages.csv, tools.csv, jit_cache.csv,
-environment.json, story.txt, summary.json.
+    python flashinfer/scripts/00_check_env.py --reanalyse DIR --out OUT   # no GPU: the verdicts and story again from
+                                                                          # what DIR recorded (no machine probed)
+Writes flashinfer/results/00_check_env/: peaks.csv, packages.csv, tools.csv, jit_cache.csv, device.csv (the GPU's
+properties the story prints), environment.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import ceilings, cli, gpu, kernels, story  # noqa: E402
-from common.checks import profilers, run_main  # noqa: E402
+from common import ceilings, cli, gpu, kernels, recording, story  # noqa: E402
+from common.checks import SetupError, profilers, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -86,6 +91,7 @@ H = declare("""
 def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="same checks (they are quick); peaks come from the cache")
     p.add_argument("--refresh-peaks", action="store_true", help="re-measure the DRAM and bf16 GEMM ceilings")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -177,22 +183,23 @@ def flashinfer_paths(run, torch, fi, topo, prof) -> dict:
 
 
 def judge(run, x):
-    cnt, props = x.prof["ncu"].get("counters"), x.props
+    cnt, dev = x.prof["ncu"].get("counters"), x.device
     run.fact(H["ncu"], cnt == "ok" if cnt else None, f"ncu {x.prof['ncu'].get('version') or 'not found'}: counters "
              f"{cnt or 'not probed'}", "tools.csv")
     run.fact(H["timeline"], bool(x.prof["nsys"].get("path") or x.prof["torch_profiler"]["available"]),
              f"nsys: {x.prof['nsys'].get('path') or 'not usable'}; torch.profiler: {x.prof['torch_profiler']['available']}",
              "tools.csv")
-    run.fact(H["auto"], x.info["prefill_auto_backend"] == "fa3", f'compute capability {props.major}.{props.minor}: '
+    cc = f"{dev['cc_major']}.{dev['cc_minor']}"
+    run.fact(H["auto"], x.info["prefill_auto_backend"] == "fa3", f'compute capability {cc}: '
              f'"auto" -> {x.info["prefill_auto_backend"]}', "environment.json",
-             premise=True if props.major == 9 else f"compute capability {props.major}.{props.minor} is not sm90")
+             premise=True if dev["cc_major"] == 9 else f"compute capability {cc} is not sm90")
     cute = next(p["version"] for p in x.pkgs if p["package"] == "nvidia-cutlass-dsl") != "missing"
     run.fact(H["norm_path"], x.info["cuda_norm_path"] != cute, f"nvidia-cutlass-dsl "
              f"{'installed' if cute else 'missing'}; _USE_CUDA_NORM = {x.info['cuda_norm_path']}", "environment.json")
 
 
 def tell(x) -> str:
-    pk, info, prov, props = x.pk, x.info, x.prov, x.props
+    pk, info, prov, dev = x.pk, x.info, x.prov, x.device
     ds = pk.get("datasheet") or {}
     compiled = [m for m in info["modules"] if m["compiled"]]
     missing = [p["package"] for p in x.pkgs if p["version"] == "missing"]
@@ -215,38 +222,156 @@ def tell(x) -> str:
         (f"topology: {len(x.topo.get('gpus', []))} GPU(s)" + (
             f"; links {', '.join(f'{k} {v}' for k, v in list(links.items())[:6])}" if links else ""), []),
     ]
-    return story.tree(f"ENVIRONMENT — {x.n_gpu}x {x.gpu_name} ({props.multi_processor_count} SMs, "
-                      f"{props.total_memory / 1e9:.0f} GB, L2 {props.L2_cache_size / 2**20:.0f} MB) · driver "
-                      f"{prov.get('driver')} · CUDA {x.torch.version.cuda} · nvcc {prov.get('nvcc', '?')}", items)
+    return story.tree(f"ENVIRONMENT — {dev['gpus']}x {dev['gpu_name']} ({dev['sm_count']} SMs, "
+                      f"{dev['total_memory_bytes'] / 1e9:.0f} GB, L2 {dev['l2_bytes'] / 2**20:.0f} MB) · driver "
+                      f"{prov.get('driver')} · CUDA {dev['cuda_runtime']} · nvcc {prov.get('nvcc', '?')}", items)
+
+
+DEVICE_COLUMNS = ("gpu_name", "gpus", "sm_count", "total_memory_bytes", "l2_bytes", "cc_major", "cc_minor",
+                  "cuda_runtime")
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: its provenance, the ceilings (peaks.csv, with the ridge), packages.csv,
+    tools.csv, the profilers and FlashInfer's paths (environment.json) with the JIT modules (jit_cache.csv), the
+    topology and the GPU's properties (device.csv)."""
+    args: argparse.Namespace
+    prov: dict
+    device: dict = field(default_factory=dict)
+    pk: dict = None
+    ridge: float | None = None
+    pkgs: list = field(default_factory=list)
+    tools: list = field(default_factory=list)
+    prof: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    topo: dict = field(default_factory=dict)
+
+
+def device_of(torch, prov) -> dict:
+    """The GPU's properties the story prints, as torch reports them (device.csv)."""
+    p = torch.cuda.get_device_properties(0)
+    return dict(zip(DEVICE_COLUMNS, (prov.get("gpu") or torch.cuda.get_device_name(0),
+                                     prov.get("gpu_count") or torch.cuda.device_count(), p.multi_processor_count,
+                                     p.total_memory, p.L2_cache_size, p.major, p.minor, torch.version.cuda)))
+
+
+def analyse(run, x: Record) -> None:
+    """Headline, the ceilings note, verdicts and story from the recorded tables (a GPU run and --reanalyse alike)."""
+    compiled = [m for m in x.info["modules"] if m["compiled"]]
+    run.headline(**{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()}, bf16_ceiling_tflops=x.pk["bf16_tflops"],
+                 ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled), sm_count=x.device["sm_count"])
+    note = (f"every % column of this track divides by the DRAM ceiling its traffic matches ({ceilings.kinds_text(x.pk)}) "
+            f"or {ceilings.ceiling_text(x.pk, 'bf16_tflops')}")
+    if note not in run.summary["notes"]:          # a re-analysis carries the recording's notes over
+        run.note(note)
+    # ---- verdicts
+    judge(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def _records(df) -> list[dict]:
+    """A recorded table's rows as the GPU phase had them: an empty cell (NaN) is None."""
+    return [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def peaks_of(rec, rows: list[dict]) -> tuple[dict, float | None]:
+    """The ceilings the run divided by (its provenance) with what its peaks.csv says of them: which are measured,
+    the best probe of each kind and GEMM shape (the method the story names), the datasheet row of its GPU (the
+    repository's common/datasheet.csv), and the ridge point."""
+    pk = dict(rec.peaks)
+    prov = rec.summary.get("provenance") or {}
+    pk["l2_mb"] = prov.get("l2_mb") or pk.get("l2_mb")
+    pk["datasheet"] = gpu.device_spec(pk.get("gpu"))
+    best = {r["ceiling"]: r for r in rows if r.get("is_ceiling") == "yes" and r.get("measured") is not None}
+    ridge = next((r["measured"] for r in rows if str(r["ceiling"]).startswith("ridge")), None)
+    if not best:
+        pk.update(source="datasheet", sources={k: "datasheet" for k in ("dram_tb_s", "bf16_tflops",
+                                                                       *ceilings.DRAM_KEYS.values())}, method={})
+        return pk, ridge
+    name = lambda r: re.sub(r" \([^()]*\)$", "", str(r["probe"]))       # noqa: E731 - the probe without its size
+    dram = [r for c, r in best.items() if c.startswith("DRAM ")]
+    gemm = best.get("bf16 tensor throughput")
+    n_shapes = next((int(m.group(1)) for r in rows if (m := re.search(r"sweep \((\d+) shapes\)", str(r["method"])))),
+                    sum(r["ceiling"] == "bf16 tensor throughput" for r in rows))
+    method = {key: f"fastest {kind} probe: {name(best[f'DRAM {kind}'])}" for kind, key in ceilings.DRAM_KEYS.items()
+              if f"DRAM {kind}" in best}
+    if dram:
+        method["dram_tb_s"] = (f"fastest of {sum(str(r['ceiling']).startswith('DRAM ') for r in rows)} probes: "
+                               f"{name(max(dram, key=lambda r: r['measured']))}")
+    if gemm:
+        method["bf16_tflops"] = f"best of {n_shapes} GEMM shapes: {str(gemm['probe']).removeprefix('GEMM ')}"
+    pk.update(source="measured", method=method,
+              sources={"dram_tb_s": "measured", "bf16_tflops": "measured",
+                       **{key: "measured" if f"DRAM {kind}" in best else "measured (fastest probe)"
+                          for kind, key in ceilings.DRAM_KEYS.items()}})
+    return pk, ridge
+
+
+def device_from(rec, env: dict) -> tuple[dict, str | None]:
+    """device.csv of the recording; for one made before it existed (a5d3c27): the GPU, SM count, L2, compute
+    capability and CUDA runtime from its provenance and environment.json, the memory as its story printed it."""
+    t = rec.tables.get("device")
+    if t is not None and len(t):
+        return _records(t)[0], None
+    prov = rec.summary.get("provenance") or {}
+    cc = str(prov.get("compute_capability") or "?.?").split(".")
+    mem = re.search(r"\(\d+ SMs, (\d+) GB, L2", rec.summary.get("story") or "")
+    if not mem:
+        raise SetupError(f"--reanalyse {rec.src}: no device.csv, and the recording's story does not state the GPU's "
+                         "memory as torch reported it (re-run 00_check_env.py on the GPU)")
+    return (dict(zip(DEVICE_COLUMNS, (prov.get("gpu"), prov.get("gpu_count"), prov.get("sm_count") or env.get("sm_count"),
+                                      int(mem.group(1)) * 1e9, (env.get("l2_mb") or prov.get("l2_mb")) * 2**20,
+                                      int(cc[0]) if cc[0].isdigit() else None, int(cc[1]) if cc[1].isdigit() else None,
+                                      prov.get("cuda_runtime")))),
+            "recorded before device.csv: the GPU's properties from its provenance and environment.json, its memory "
+            "as its story printed it")
+
+
+def main_reanalyse(args) -> int:
+    """The verdicts and story again from what the run recorded about its machine: nothing here is probed (the
+    profilers, FlashInfer's paths and the topology are the recording's environment.json)."""
+    rec = recording.open(args.reanalyse, __file__, tables=("peaks", "packages", "tools", "jit_cache"),
+                         optional=("device",), copy=("environment.json",))
+    if "environment.json" not in rec.files:
+        raise SetupError(f"--reanalyse {rec.src}: no environment.json: the profilers, FlashInfer's prefill 'auto' "
+                         "backend and norm path are probed on the GPU machine and recorded only there")
+    env = json.loads(rec.files["environment.json"])
+    device, how = device_from(rec, env)
+    pk, ridge = peaks_of(rec, _records(rec.tables["peaks"]))
+    tools = [{**t, "status": t["status"] or ""} for t in _records(rec.tables["tools"])]
+    x = Record(args=rec.args_like(args), prov=rec.summary.get("provenance") or {}, device=device, pk=pk, ridge=ridge,
+               pkgs=_records(rec.tables["packages"]), tools=tools, prof=env.get("profilers") or {},
+               info={**env, "modules": _records(rec.tables["jit_cache"])}, topo=env.get("topology") or {})
+    with recording.run(__file__, args, rec) as run:
+        if how:
+            run.note(f"re-analysis: {how}")
+        analyse(run, x)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
+    import pandas as pd
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the machine
         prov = run.summary["provenance"]
-        x = SimpleNamespace(torch=torch, prov=prov, props=torch.cuda.get_device_properties(0),
-                            gpu_name=prov.get("gpu") or torch.cuda.get_device_name(0),
-                            n_gpu=prov.get("gpu_count") or torch.cuda.device_count(), topo=gpu.topology())
-        run.log(f"{x.n_gpu}x {x.gpu_name} · {x.props.multi_processor_count} SMs · cc {x.props.major}.{x.props.minor} "
+        x = Record(args=args, prov=prov, device=device_of(torch, prov), topo=gpu.topology())
+        d = x.device
+        run.log(f"{d['gpus']}x {d['gpu_name']} · {d['sm_count']} SMs · cc {d['cc_major']}.{d['cc_minor']} "
                 f"· driver {prov.get('driver')} · CUDA runtime {torch.version.cuda} · nvcc {prov.get('nvcc', 'not found')}")
         # ---- measure: the ceilings, packages, tools, FlashInfer's paths and JIT cache
         x.pk, x.ridge = measure_peaks(run, args.refresh_peaks)
         x.pkgs = packages(run)
         x.tools, x.prof = tools(run, torch)
         x.info = flashinfer_paths(run, torch, fi, x.topo, x.prof)
-        # ---- analyse
-        compiled = [m for m in x.info["modules"] if m["compiled"]]
-        run.headline(**{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()}, bf16_ceiling_tflops=x.pk["bf16_tflops"],
-                     ridge_flop_per_byte=x.ridge, jit_modules_compiled=len(compiled),
-                     sm_count=x.props.multi_processor_count)
-        run.note(f"every % column of this track divides by the DRAM ceiling its traffic matches ({ceilings.kinds_text(x.pk)}) "
-                 f"or {ceilings.ceiling_text(x.pk, 'bf16_tflops')}")
-        # ---- verdicts
-        judge(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        run.table("device", pd.DataFrame([x.device], columns=DEVICE_COLUMNS))
+        # ---- analyse: headline, the ceilings note, verdicts, the story
+        analyse(run, x)
     return 0
 
 

@@ -21,22 +21,26 @@ What the plan expected (hypotheses)
 Run
     python flashinfer/scripts/01_test_kernels.py --quick     # ~20 s (warm JIT): skips the 70B-layout decode
     python flashinfer/scripts/01_test_kernels.py             # all checks
+    python flashinfer/scripts/01_test_kernels.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     (a cold JIT cache compiles decode, prefill fa2/fa3, norm and rope here: 1-3 min once)
-Writes flashinfer/results/01_test_kernels/: checks.csv, modules.csv, trace.json, story.txt, summary.json.
+Writes flashinfer/results/01_test_kernels/: checks.csv, modules.csv, probes.csv (what the verdicts read besides the
+checks: the norm path, the rejected shape, the GPU), trace.json, story.txt, summary.json.
 Exit code 1 when any kernel disagrees with its reference (the table is kept in a failed-* folder).
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import cli, story, trace  # noqa: E402
+from common import cli, recording, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -65,6 +69,7 @@ H = declare("""
 
 def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="leave out the 70B-layout decode check (~20 s)")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -229,15 +234,11 @@ def judge(run, x):
     run.fact(H["kernels"], off.empty, f"{len(df) - len(off)}/{len(df)} as predicted" + ("; not: " + "; ".join(
         f"{r.check} ran {r.kernels or 'nothing'}" for r in off.itertuples()) if len(off) else ""), "checks.csv")
     auto = df[df["check"].str.contains("backend=auto")]
-    major = x.torch.cuda.get_device_capability()[0]
+    major = x.major
     ran = str(auto.iloc[0]["check"]).split("ran ")[-1].rstrip(")") if len(auto) else None
     run.fact(H["auto"], ran == "fa3" if ran else None, f"auto ran {ran} on sm{major}x", "checks.csv",
              premise=True if major == 9 else f"sm{major}x is not sm90")
-    try:  # what flashinfer.norm itself tries (nvidia-cutlass-dsl)
-        importlib.import_module("cutlass.cute")
-        cute = True
-    except Exception:  # noqa: BLE001
-        cute = False
+    cute = x.cute
     run.fact(H["norm_path"], x.cuda_norm != cute, f"nvidia-cutlass-dsl importable: {cute}; "
              f"flashinfer.norm._USE_CUDA_NORM = {x.cuda_norm}", "checks.csv")
     run.fact(H["reject"], x.rejected, f"decode CUDA cores, GQA group 5: {x.reject_msg}", "log.txt")
@@ -253,12 +254,109 @@ def tell(x) -> str:
     items.append((f"{'✅' if x.rejected else '❌'} rejected shape (GQA group 5, CUDA cores): {x.reject_msg}", []))
     items.append((f"JIT modules registered in this process: {len(x.mods)} "
                   f"({', '.join(sorted({_fi.short_module(m['module']) for m in x.mods}))})", []))
-    return story.tree(f"FLASHINFER KERNELS vs TORCH — {x.torch.cuda.get_device_name()}, flashinfer {x.fi.__version__}",
-                      items)
+    return story.tree(f"FLASHINFER KERNELS vs TORCH — {x.gpu_name}, flashinfer {x.fi_version}", items)
+
+
+def cute_importable() -> bool:
+    """What flashinfer.norm itself tries (nvidia-cutlass-dsl): a probe of this machine, so measured, not analysed."""
+    try:
+        importlib.import_module("cutlass.cute")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+PROBE_COLUMNS = ("gpu_name", "flashinfer", "compute_major", "cuda_norm", "cutlass_dsl_importable", "rejected",
+                 "reject_msg", "failures")
+NORM_RX = re.compile(r"nvidia-cutlass-dsl importable: (True|False); flashinfer\.norm\._USE_CUDA_NORM = (True|False)")
+REJECT_PREFIX = "decode CUDA cores, GQA group 5: "
+ACCEPTED = "accepted (no error raised)"
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: the checks (checks.csv), the JIT modules (modules.csv) and the facts the
+    GPU phase probed (probes.csv): the GPU, flashinfer's version, the norm path, the rejected shape, the failures.
+    torch, fi, ws, jit_env, checks and rows are the GPU phase's own."""
+    args: argparse.Namespace
+    df: Any = None
+    mods: list = field(default_factory=list)
+    gpu_name: str = "?"
+    fi_version: str = "?"
+    major: int | None = None
+    cuda_norm: bool | None = None
+    cute: bool | None = None
+    rejected: bool | None = None
+    reject_msg: str = ""
+    failures: list = field(default_factory=list)
+    torch: Any = None
+    fi: Any = None
+    ws: Any = None
+    jit_env: Any = None
+    checks: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+
+    def probes(self) -> dict:
+        return dict(zip(PROBE_COLUMNS, (self.gpu_name, self.fi_version, self.major, self.cuda_norm, self.cute,
+                                        self.rejected, self.reject_msg, "; ".join(self.failures))))
+
+
+def analyse(run, x: Record) -> None:
+    """Headline, verdicts and story from the checks, modules and probes (a GPU run and --reanalyse alike)."""
+    run.headline(checks=len(x.df), passed=int(x.df["ok"].sum()), modules_registered=len(x.mods))
+    # ---- verdicts
+    judge(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def probes_of(rec) -> tuple[dict, str | None]:
+    """The probed facts of a recording: its probes.csv; for a recording made before probes.csv existed (a5d3c27),
+    read back from what it holds: the GPU, flashinfer and compute capability from its provenance, the norm path and
+    the rejected shape's error from the facts its observations state, the failures from checks.csv and its point
+    errors. Returns (facts, a note saying where they came from, or None)."""
+    t = rec.tables.get("probes")
+    if t is not None and len(t):
+        r = t.iloc[0].to_dict()
+        r["failures"] = r["failures"] if isinstance(r["failures"], str) else ""
+        return r, None
+    prov, obs = rec.summary.get("provenance") or {}, {o.get("hypothesis"): o for o in rec.summary["observations"]}
+    norm = NORM_RX.search((obs.get("norm-path") or {}).get("observed", ""))
+    rej = (obs.get("rejected-shape") or {}).get("observed", "")
+    msg = rej[len(REJECT_PREFIX):] if rej.startswith(REJECT_PREFIX) else None
+    cc = str(prov.get("compute_capability") or "")
+    df = rec.tables["checks"]
+    failed = list(df.loc[~df["ok"].astype(bool), "check"]) + [e["check"] for e in rec.summary.get("point_errors", [])
+                                                               if "check" in e]
+    return {"gpu_name": prov.get("gpu") or "?", "flashinfer": (prov.get("packages") or {}).get("flashinfer-python", "?"),
+            "compute_major": int(cc.split(".")[0]) if cc[:1].isdigit() else None,
+            "cuda_norm": norm.group(2) == "True" if norm else None,
+            "cutlass_dsl_importable": norm.group(1) == "True" if norm else None,
+            "rejected": None if msg is None else msg != ACCEPTED, "reject_msg": msg or "?",
+            "failures": "; ".join(dict.fromkeys(failed))}, \
+        ("recorded before probes.csv: the norm path and the rejected shape's error read back from the facts the "
+         "recording's observations state, the GPU from its provenance")
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("checks", "modules"), optional=("probes",),
+                         copy=("trace.json",))
+    pr, how = probes_of(rec)
+    x = Record(args=rec.args_like(args), df=rec.tables["checks"], mods=rec.tables["modules"].to_dict("records"),
+               gpu_name=pr["gpu_name"], fi_version=pr["flashinfer"], major=pr["compute_major"],
+               cuda_norm=pr["cuda_norm"], cute=pr["cutlass_dsl_importable"], rejected=pr["rejected"],
+               reject_msg=pr["reject_msg"], failures=[f for f in pr["failures"].split("; ") if f])
+    with recording.run(__file__, args, rec) as run:
+        if how:
+            run.note(f"re-analysis: {how}")
+        analyse(run, x)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
     import pandas as pd
     import flashinfer.norm as fnorm
@@ -266,9 +364,11 @@ def main(argv=None) -> int:
     with Run(__file__, args, out=args.out) as run:
         # ---- check: build every check (JIT compiles happen here, recorded when they fail)
         run.log(f"flashinfer {fi.__version__} on {torch.cuda.get_device_name()}; JIT cache {jit_env.FLASHINFER_JIT_DIR}")
-        x = SimpleNamespace(torch=torch, fi=fi, args=args, jit_env=jit_env, failures=[],
-                            ws=torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"),
-                            cuda_norm=bool(getattr(fnorm, "_USE_CUDA_NORM", True)))
+        x = Record(torch=torch, fi=fi, args=args, jit_env=jit_env, failures=[],
+                   ws=torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"),
+                   cuda_norm=bool(getattr(fnorm, "_USE_CUDA_NORM", True)),
+                   gpu_name=torch.cuda.get_device_name(), fi_version=fi.__version__,
+                   major=torch.cuda.get_device_capability()[0])
         x.checks = build_checks(run, x)
         # ---- measure: correctness of each, a shape FlashInfer must reject, the kernels each call launched
         x.rows = run_checks(run, x)
@@ -280,12 +380,10 @@ def main(argv=None) -> int:
         x.mods = [{"module": s.name, "compiled": s.is_compiled, "sources": len(s.sources),
                    "library": str(s.library_path or "")} for s in jit_spec_registry.get_all_statuses()]
         run.table("modules", pd.DataFrame(x.mods, columns=["module", "compiled", "sources", "library"]))
-        # ---- analyse
-        run.headline(checks=len(x.df), passed=int(x.df["ok"].sum()), modules_registered=len(x.mods))
-        # ---- verdicts
-        judge(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        x.cute = cute_importable()
+        run.table("probes", pd.DataFrame([x.probes()], columns=PROBE_COLUMNS))
+        # ---- analyse: headline, verdicts, the story
+        analyse(run, x)
         if x.failures:
             raise RuntimeError(f"{len(x.failures)} check(s) failed: {', '.join(x.failures)}")
     return 0

@@ -35,6 +35,7 @@ Run
     python flashinfer/scripts/04_profile_rmsnorm.py                  # full sweep
     python flashinfer/scripts/04_profile_rmsnorm.py --quick --ncu    # + DRAM bytes (fusion), bound(), stalls
     python flashinfer/scripts/04_profile_rmsnorm.py --hidden 4096 --tokens 1,8192
+    python flashinfer/scripts/04_profile_rmsnorm.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     ./flashinfer/scripts/ncu_profile.sh --kernel RMSNorm --set full -- \\
         python flashinfer/scripts/04_profile_rmsnorm.py --ncu-target --quick
 Writes flashinfer/results/04_profile_rmsnorm/: sweep.csv, reference.csv, fusion.csv, ncu_kernels.csv (--ncu),
@@ -44,14 +45,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, story, timing  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -116,6 +118,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=cli.positive_ints, default=list(HIDDEN), help="hidden sizes (default 4096,8192)")
     p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
     p.add_argument("--eps", type=cli.positive_float, default=1e-5)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -338,11 +341,57 @@ def tell(x) -> str:
                       f"{kernels.STREAM_FACTOR}x L2 (L2 {x.l2 / 2**20:.0f} MB); DRAM rates from ncu's bytes", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the arguments, the L2 size (bytes), the ceilings and the tables the GPU
+    phase measured (the same tables a --reanalyse reads back from a recording); torch, fi, points and child are
+    the GPU phase's own."""
+    args: argparse.Namespace
+    l2: int
+    pk: dict = None
+    df: Any = None                # sweep.csv
+    ref: Any = None               # reference.csv
+    kern: Any = None              # ncu_kernels.csv (None without --ncu)
+    fu: Any = None                # fusion.csv (made by analyse from ref and kern)
+    torch: Any = None
+    fi: Any = None
+    points: list = None
+    child: list = None
+
+
+def analyse(run, x: Record) -> None:
+    """The fusion table, the figure, verdicts and story from the measured tables (a GPU run and --reanalyse alike)."""
+    x.fu = fusion(x)
+    run.table("fusion", x.fu)
+    h0 = x.args.hidden[0]
+    run.figure("bandwidth", plots.effective(x.df[x.df["hidden"] == h0], x.pk, hue="variant", mix="copy",
+                                            title=f"RMSNorm, hidden {h0}, bf16 — {x.pk['gpu']}"))
+    # ---- verdicts
+    judge(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    """No GPU: the recording's tables (sweep, reference, ncu_kernels with --ncu) through analyse(); the L2 size is the
+    one the recording's provenance names (it sizes the fusion point)."""
+    rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference"), optional=("ncu_kernels",))
+    pk = rec.peaks
+    l2 = kernels.l2_bytes({"l2_mb": (rec.summary.get("provenance") or {}).get("l2_mb")}) or kernels.l2_bytes(pk)
+    x = Record(args=rec.args_like(args), l2=int(l2), pk=pk, df=rec.tables["sweep"], ref=rec.tables["reference"],
+               kern=rec.tables["ncu_kernels"])
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None,
-                        l2=torch.cuda.get_device_properties(0).L2_cache_size)
+    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None,
+               l2=torch.cuda.get_device_properties(0).L2_cache_size)
     if args.ncu_target:
         return ncu_target(x)
     with Run(__file__, args, out=args.out) as run:
@@ -358,15 +407,8 @@ def main(argv=None) -> int:
         x.ref = reference(run, x)
         if args.ncu:
             x.kern = profile_ncu(run, x)
-        # ---- analyse
-        x.fu = fusion(x)
-        run.table("fusion", x.fu)
-        run.figure("bandwidth", plots.effective(x.df[x.df["hidden"] == args.hidden[0]], x.pk, hue="variant", mix="copy",
-                                                title=f"RMSNorm, hidden {args.hidden[0]}, bf16 — {x.pk['gpu']}"))
-        # ---- verdicts
-        judge(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: the fusion table, the figure, verdicts, the story
+        analyse(run, x)
     return 0
 
 

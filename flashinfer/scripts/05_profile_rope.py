@@ -30,6 +30,7 @@ Run
     python flashinfer/scripts/05_profile_rope.py --quick --ncu    # + DRAM bytes vs formula, stalls (kernels.csv)
     ./flashinfer/scripts/ncu_profile.sh --kernel Rotary --set full --count 2 -- \\
         python flashinfer/scripts/05_profile_rope.py --ncu-target --quick
+    python flashinfer/scripts/05_profile_rope.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
 Writes flashinfer/results/05_profile_rope/: sweep.csv, reference.csv, kernels.csv + kernels_full.csv (--ncu),
 bandwidth.png (effective TB/s against the working set, DRAM ceilings and the L2 size drawn), trace.json, story.txt,
 summary.json.
@@ -39,14 +40,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, plots, story, timing, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, plots, recording, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -107,6 +109,7 @@ def parse_args(argv=None):
     p.add_argument("--head-dims", type=cli.choices_list("64", "128", "256"), default=None,
                    help="comma-separated head dims among 64,128,256 (default 128 quick, 64,128,256 full)")
     p.add_argument("--req-tokens", type=cli.positive_int, default=1024, help="tokens per request (indptr/offsets APIs)")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -276,14 +279,59 @@ def tell(x) -> str:
                       items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the arguments, the sweep's points, the ceilings and the tables the GPU
+    phase measured (the same tables a --reanalyse reads back from a recording); torch, fi and child are the GPU
+    phase's own."""
+    args: argparse.Namespace
+    points: list
+    pk: dict = None
+    df: Any = None                # sweep.csv (with the kernel each call launched)
+    ref: Any = None               # reference.csv
+    kern: Any = None              # kernels_full.csv (None without --ncu)
+    torch: Any = None
+    fi: Any = None
+    child: list = None
+
+    @property
+    def d0(self) -> int:
+        """The head_dim the story, the figure and the kernel verdicts read: 128 when swept."""
+        dims = sorted({p["head_dim"] for p in self.points})
+        return 128 if 128 in dims else dims[0]
+
+
+def analyse(run, x: Record) -> None:
+    """The figure, verdicts and story from the measured tables (a GPU run and --reanalyse alike)."""
+    run.figure("bandwidth", plots.effective(x.df[x.df["head_dim"] == x.d0], x.pk, hue="variant", mix="copy",
+                                            title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
+    # ---- verdicts
+    judge(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    """No GPU: the recording's tables (sweep, reference, kernels_full with --ncu) through analyse(), with the plan of
+    the recording's own arguments."""
+    rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference"), optional=("kernels_full",),
+                         copy=("trace.json",))
+    a = rec.args_like(args)
+    x = Record(args=a, points=plan_points(a), pk=rec.peaks, df=rec.tables["sweep"], ref=rec.tables["reference"],
+               kern=rec.tables["kernels_full"])
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None)
+    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None)
     if args.ncu_target:
         return ncu_target(x)
-    dims = sorted({p["head_dim"] for p in x.points})
-    x.d0 = 128 if 128 in dims else dims[0]
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by; correctness before timing
         x.pk = ceilings.peaks()
@@ -294,13 +342,8 @@ def main(argv=None) -> int:
         x.ref = reference(run, x)
         if args.ncu:
             x.kern = profile_ncu(run, x)
-        # ---- analyse
-        run.figure("bandwidth", plots.effective(x.df[x.df["head_dim"] == x.d0], x.pk, hue="variant", mix="copy",
-                                                title=f"RoPE, {MODEL} heads, head_dim {x.d0}, bf16 — {x.pk['gpu']}"))
-        # ---- verdicts
-        judge(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: the figure, verdicts, the story
+        analyse(run, x)
     return 0
 
 

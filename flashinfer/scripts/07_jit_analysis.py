@@ -26,7 +26,9 @@ Run
     python flashinfer/scripts/07_jit_analysis.py --quick     # ~1 min: ONE cold compile (the decode module)
     python flashinfer/scripts/07_jit_analysis.py             # all modules cold (3-5 min of nvcc on 16 cores)
     python flashinfer/scripts/07_jit_analysis.py --modules norm,rope --keep-cache   # keep the temp cache to look at
-Writes flashinfer/results/07_jit_analysis/: steps.csv, modules.csv, cli.csv, story.txt, summary.json.
+    python flashinfer/scripts/07_jit_analysis.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
+Writes flashinfer/results/07_jit_analysis/: steps.csv, modules.csv, cli.csv, passes.csv (each pass's wall time, CPUs,
+MAX_JOBS, cache folder), cli_module_status.txt, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -39,14 +41,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import cli, story  # noqa: E402
-from common.checks import run_main  # noqa: E402
+from common import cli, recording, story  # noqa: E402
+from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -85,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--keep-cache", action="store_true", help="keep the temporary cold cache folder")
     p.add_argument("--child", choices=("run",), help=argparse.SUPPRESS)   # internal: the timed process
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -265,7 +269,14 @@ def tables(run, x):
     mdf = pd.DataFrame(mods)
     run.table("modules", mdf)
     run.table("cli", pd.DataFrame([{k: v for k, v in c.items() if k != "text"} for c in x.cli]))
-    return sdf, mdf, mods
+    pdf = pd.DataFrame([{"pass": name, "wall_s": res.get("wall_s"), "cpus": res.get("cpus"),
+                         "max_jobs": res.get("max_jobs"), "jit_dir": res.get("jit_dir"), "module_folders": None}
+                        for name, res in (("cold", x.cold), ("warm", x.warm))] +
+                       [{"pass": "your cache", "wall_s": x.mine.get("wall_s"), "cpus": x.mine.get("cpus"),
+                         "max_jobs": x.mine.get("max_jobs"), "jit_dir": str(x.real_dir), "module_folders": x.n_real}],
+                       columns=PASS_COLUMNS)
+    run.table("passes", pdf)
+    return sdf, mdf, mods, pdf
 
 
 def judge(run, x):
@@ -308,43 +319,146 @@ def judge(run, x):
 
 
 def tell(x) -> str:
-    def lines(res):
+    def lines(name):
+        steps = [{**s, **{k: s.get(k) if isinstance(s.get(k), str) else "" for k in ("compiled", "error")}}
+                 for s in x.sdf[x.sdf["pass"] == name].to_dict("records")]       # an empty cell is NaN
         return [(f"{s['step']} [{s['module']}]: {s['seconds'] * 1e3:.0f} ms" if s["seconds"] < 1 else
                  f"{s['step']} [{s['module']}]: {s['seconds']:.1f} s",
                  [(f"compiled {_fi.short_module(m)}", []) for m in (s.get("compiled") or "").split()] +
-                 ([(f"ERROR {s['error']}", [])] if s.get("error") else [])) for s in res["steps"]]
-    items = [(f"cold pass (empty cache, {x.cold['cpus']} CPUs, MAX_JOBS={x.cold['max_jobs']}): "
-              f"{x.cold['wall_s']:.1f} s wall", lines(x.cold)),
-             (f"warm pass (same cache): {x.warm['wall_s']:.1f} s wall", lines(x.warm)),
-             (f"your cache ({x.real_dir}): {x.n_real} module folder(s)",
-              lines(x.mine) if x.mine["steps"] else [("not timed", [])])]
+                 ([(f"ERROR {s['error']}", [])] if s.get("error") else [])) for s in steps]
+    ps = {r["pass"]: {k: _plain(v) for k, v in r.items()} for r in x.passes.to_dict("records")}
+    cold, warm, mine = ps["cold"], ps["warm"], ps["your cache"]
+    mine_steps = lines("your cache")
+    items = [(f"cold pass (empty cache, {cold['cpus']} CPUs, MAX_JOBS={cold['max_jobs']}): "
+              f"{cold['wall_s']:.1f} s wall", lines("cold")),
+             (f"warm pass (same cache): {warm['wall_s']:.1f} s wall", lines("warm")),
+             (f"your cache ({mine['jit_dir']}): {mine['module_folders']} module folder(s)",
+              mine_steps or [("not timed", [])])]
     items += [(f"module {r['short']}: {r['objects']} objects, {r['so_mb']} MB, nvcc sum {r['nvcc_sum_s']} s, "
                f"longest object {r['nvcc_max_s']} s", []) for r in x.mods]
     items += [(f"{c['command']} on the {c['cache']} cache: rc {c['rc']}, {c['seconds']:.0f} s, compiled "
                f"{c['compiled']} of {c['total_modules']} registered", []) for c in x.cli]
-    return story.tree(f"FLASHINFER JIT — {x.torch.cuda.get_device_name()}, cold = empty FLASHINFER_WORKSPACE_BASE", items)
+    return story.tree(f"FLASHINFER JIT — {x.gpu_name}, cold = empty FLASHINFER_WORKSPACE_BASE", items)
+
+
+def _plain(v):
+    """A passes.csv cell as the GPU phase had it: NaN (an empty cell) is None, a whole float an int."""
+    if isinstance(v, float):
+        return None if v != v else int(v) if v.is_integer() else v
+    return v.item() if hasattr(v, "item") else v
+
+
+PASS_COLUMNS = ("pass", "wall_s", "cpus", "max_jobs", "jit_dir", "module_folders")
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: the steps, modules and CLI tables (with the CLI's text, kept in
+    cli_module_status.txt), the passes (passes.csv), the modules cold-compiled and the GPU's name; torch, cold,
+    warm, mine, real_dir and n_real are the GPU phase's own."""
+    args: argparse.Namespace
+    cold_mods: list
+    gpu_name: str = "?"
+    sdf: Any = None               # steps.csv
+    mdf: Any = None               # modules.csv
+    mods: list = field(default_factory=list)
+    cli: list = field(default_factory=list)     # cli.csv rows, each with the text it printed
+    passes: Any = None            # passes.csv
+    torch: Any = None
+    real_dir: Any = None
+    n_real: int | None = None
+    cold: dict = None
+    warm: dict = None
+    mine: dict = None
+
+
+def analyse(run, x: Record) -> None:
+    """Headline, verdicts and story from the tables (a GPU run and --reanalyse alike)."""
+    # ---- verdicts
+    judge(run, x)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def cli_texts(text: str, commands: list) -> list:
+    """The output of each CLI call from cli_module_status.txt ('$ <command>' then its output, the calls joined by a
+    blank line), in the order of ``commands`` (cli.csv)."""
+    starts, at = [], 0
+    for c in commands:
+        head = f"$ {c}\n"
+        i = text.find(head, at) if not starts else text.find("\n\n" + head, at)
+        if i < 0:
+            return [None] * len(commands)
+        i += 0 if not starts else 2
+        starts.append((i, i + len(head)))
+        at = i + len(head)
+    ends = [s for s, _ in starts[1:]] + [len(text) + 2]
+    return [text[b:e - 2] for (_, b), e in zip(starts, ends)]
+
+
+def passes_from_story(story_text: str) -> Any:
+    """passes.csv for a recording made before it existed (a5d3c27): the wall times, CPUs, MAX_JOBS and your cache's
+    folder as its story.txt (in summary.json) printed them."""
+    import pandas as pd
+    flat = re.sub(r"\n[│ ]*  ", " ", story_text)                   # story.fold's continuation lines joined back
+    c = re.search(r"cold pass \(empty cache, (\S+) CPUs, MAX_JOBS=(\S+)\): ([\d.]+) s wall", flat)
+    w = re.search(r"warm pass \(same cache\): ([\d.]+) s wall", flat)
+    y = re.search(r"your cache \((.*?)\): (\S+) module folder\(s\)", flat)
+    if not (c and w and y):
+        raise SetupError("--reanalyse: no passes.csv, and the recording's story does not state the passes' wall times "
+                         "(re-run 07_jit_analysis.py on a GPU)")
+    rows = [{"pass": "cold", "wall_s": float(c.group(3)), "cpus": int(c.group(1)) if c.group(1).isdigit() else None,
+             "max_jobs": None if c.group(2) == "None" else c.group(2)},
+            {"pass": "warm", "wall_s": float(w.group(1))},
+            {"pass": "your cache", "jit_dir": y.group(1), "module_folders": int(y.group(2))}]
+    return pd.DataFrame(rows, columns=PASS_COLUMNS)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("steps", "modules", "cli"), optional=("passes",),
+                         copy=("cli_module_status.txt",))
+    a = rec.args_like(args)
+    cli_rows = rec.tables["cli"].to_dict("records")
+    raw = rec.files.get("cli_module_status.txt")
+    texts = cli_texts(raw.decode(errors="replace"), [c["command"] for c in cli_rows]) if raw else [None] * len(cli_rows)
+    if any(t is None for t in texts):
+        raise SetupError(f"--reanalyse {rec.src}: no readable cli_module_status.txt (the CLI's output the jit-cli "
+                         "verdict reads)")
+    mdf = rec.tables["modules"]
+    passes, how = rec.tables["passes"], None
+    if passes is None:
+        passes = passes_from_story(rec.summary.get("story") or "")
+        how = "recorded before passes.csv: the passes' wall times, CPUs, MAX_JOBS and your cache's folder read from its story"
+    x = Record(args=a, cold_mods=a.modules or (["decode"] if a.quick else list(MODULES)),
+               gpu_name=(rec.summary.get("provenance") or {}).get("gpu") or "?", sdf=rec.tables["steps"], mdf=mdf,
+               mods=mdf.to_dict("records"), cli=[{**c, "text": t} for c, t in zip(cli_rows, texts)], passes=passes)
+    with recording.run(__file__, args, rec) as run:
+        if how:
+            run.note(f"re-analysis: {how}")
+        analyse(run, x)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
         return child(args)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch, _ = _fi.require_stack()
     from flashinfer.jit import env as jit_env
     args.cli_timeout = args.cli_timeout or (60 if args.quick else 180)
-    x = SimpleNamespace(torch=torch, args=args, real_dir=jit_env.FLASHINFER_JIT_DIR,
-                        cold_mods=args.modules or (["decode"] if args.quick else list(MODULES)))
+    x = Record(torch=torch, args=args, real_dir=jit_env.FLASHINFER_JIT_DIR, gpu_name=torch.cuda.get_device_name(),
+               cold_mods=args.modules or (["decode"] if args.quick else list(MODULES)))
     with Run(__file__, args, out=args.out) as run:
         # ---- check: where the cache lives
         run.log(f"your JIT cache: {jit_env.FLASHINFER_CACHE_DIR} -> modules in {x.real_dir}")
         # ---- measure: three passes in fresh processes, then FlashInfer's own CLI
         passes(run, x)
-        # ---- analyse
-        x.sdf, x.mdf, x.mods = tables(run, x)
-        # ---- verdicts
-        judge(run, x)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- the tables
+        x.sdf, x.mdf, x.mods, x.passes = tables(run, x)
+        # ---- analyse: verdicts, the story
+        analyse(run, x)
     return 0
 
 
