@@ -444,7 +444,7 @@ def main_reanalyse(args) -> int:
     cfg, sp = rec.tables["launch_config"], rec.tables["splits"]
     x = Record(args=a, p=plan(a), pk=rec.peaks, sms=rec.peaks.get("sm_count") or int(cfg["sms"].iloc[0]),
                cfg=cfg.to_dict("records"), df=rec.tables["sweep"], ref=rec.tables["reference"],
-               splits=sp.to_dict("records") if sp is not None else [], kern=rec.tables["ncu_kernels"])
+               splits=sp.to_dict("records") if sp is not None else [], kern=_msgl.ncu_read_back(rec.tables["ncu_kernels"]))
     with recording.run(__file__, args, rec) as run:
         analyse(run, x)
     return 0
