@@ -8,7 +8,7 @@ import pytest
 
 from test_reanalyse import check_reanalysis
 
-STEMS = ["02_profile_index", "04_profile_attention", "07_profile_radix"]
+STEMS = ["01_test_kernels", "02_profile_index", "04_profile_attention", "07_profile_radix"]
 
 
 @pytest.mark.parametrize("stem", STEMS)
