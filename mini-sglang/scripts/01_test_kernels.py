@@ -31,21 +31,25 @@ Run
     python mini-sglang/scripts/01_test_kernels.py --quick     # ~30 s: fewer shapes, no rejected-row build
     python mini-sglang/scripts/01_test_kernels.py             # every case; PyNCCL when >= 2 GPUs
     python mini-sglang/scripts/01_test_kernels.py --kernels index,store   # a subset
+    python mini-sglang/scripts/01_test_kernels.py --reanalyse DIR --out OUT   # no GPU: verdicts again from DIR
     ./mini-sglang/scripts/ncu_profile.sh --kernel index --name checks -- \\
         python mini-sglang/scripts/01_test_kernels.py --quick --kernels index,store   # every checked launch under ncu
 Writes mini-sglang/results/01_test_kernels/: checks.csv, launches.csv, trace.json, story.txt, summary.json.
 """
 from __future__ import annotations
 
+import argparse
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, procs, story, trace  # noqa: E402
+from common import cli, procs, recording, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -87,6 +91,7 @@ def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="fewer shapes, no rejected-row build (~30 s)")
     p.add_argument("--kernels", type=cli.choices_list(*KERNELS), default=list(KERNELS),
                    help="kernel families to check (default index,store,radix,pynccl; pynccl needs 2 GPUs)")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -314,11 +319,59 @@ def tell(x) -> str:
     return story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the families asked for, the checks (every one passed: a failed check ends
+    the run before any analysis), whether PyNCCL ran (True) or why not, and the traced launches (the same tables a
+    --reanalyse reads back from a recording)."""
+    args: argparse.Namespace
+    chk: Any = None                                  # Checks; its rows are checks.csv
+    pynccl: Any = "pynccl not selected (--kernels)"  # True, or the reason its cases were not run
+    launches: Any = None                             # launches.csv (None when neither index nor store was traced)
+
+
+def analyse(run, x: Record) -> None:
+    """Verdicts, headline and story from the checks and the traced launches (a GPU run and --reanalyse alike)."""
+    judge(run, x)
+    st = per_call(x.launches, CALL_STORE) if x.launches is not None else []
+    ix = per_call(x.launches, CALL_INDEX) if x.launches is not None else []
+    run.headline(checks_passed=len(x.chk.rows), store_launches_per_call=len(st[0]) if st else None,
+                 index_warps_per_token=ix[0][0]["warps_per_token"] if ix and ix[0] else None,
+                 index_block_threads=int(str(ix[0][0]["block"]).split("x")[0]) if ix and ix[0] else None)
+    run.story(tell(x), echo=True)
+
+
+def recorded_pynccl(rec, chk) -> str | bool:
+    """check_pynccl's answer again: True when the recording holds PyNCCL cases (it ran, passed or not), else why not,
+    with the GPU count of its note ('pynccl: not run, N GPU visible'; the provenance's count when the note is gone)."""
+    if chk.of("pynccl"):
+        return True
+    seen = next((m for n in rec.summary.get("notes", []) if (m := re.match(r"pynccl: not run, (\d+) GPU", n))), None)
+    ngpu = int(seen.group(1)) if seen else (rec.summary.get("provenance") or {}).get("gpu_count") or 0
+    return f"PyNCCL needs two GPUs of one host; {ngpu} visible here, so its cases were not run"
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("checks",), optional=("launches",), copy=("trace.json",))
+    a = rec.args_like(args)
+    if isinstance(a.kernels, str):       # a summary written as text, not a list
+        a.kernels = a.kernels.split(",")
+    chk = Checks(None)
+    chk.rows = rec.tables["checks"].to_dict("records")
+    x = Record(args=a, chk=chk, launches=rec.tables["launches"],
+               pynccl=recorded_pynccl(rec, chk) if "pynccl" in a.kernels else "pynccl not selected (--kernels)")
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     K, torch = _msgl.require_gpu_stack("minisgl.kernel")
     ngpu = torch.cuda.device_count()
-    x = SimpleNamespace(args=args, pynccl="pynccl not selected (--kernels)")
+    x = Record(args=args)
     with Run(__file__, args, out=args.out) as run:
         # ---- correctness first, every family asked for
         x.chk = chk = Checks(run)
@@ -344,15 +397,8 @@ def main(argv=None) -> int:
         x.launches = trace_calls(torch, K, run, args.kernels)
         if x.launches is not None:
             run.table("launches", x.launches)
-        # ---- verdicts
-        judge(run, x)
-        st = per_call(x.launches, CALL_STORE) if x.launches is not None else []
-        ix = per_call(x.launches, CALL_INDEX) if x.launches is not None else []
-        run.headline(checks_passed=len(chk.rows), store_launches_per_call=len(st[0]) if st else None,
-                     index_warps_per_token=ix[0][0]["warps_per_token"] if ix and ix[0] else None,
-                     index_block_threads=int(str(ix[0][0]["block"]).split("x")[0]) if ix and ix[0] else None)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- verdicts, headline, story
+        analyse(run, x)
     return 0
 
 

@@ -35,6 +35,7 @@ Run
                                                                     #   variants (1..16), ncu
     python mini-sglang/scripts/02_profile_index.py --sweep          # the timing sweep only (no ncu pass)
     python mini-sglang/scripts/02_profile_index.py --models llama-3.1-8b --tokens 64,8192
+    python mini-sglang/scripts/02_profile_index.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     ./mini-sglang/scripts/ncu_profile.sh --kernel index --set full -- \\
         python mini-sglang/scripts/02_profile_index.py --ncu-target --quick
 Writes mini-sglang/results/02_profile_index/: sweep.csv, reference.csv, launch_config.csv, splits.csv (full),
@@ -46,14 +47,16 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, models, ncu, plots, story, timing, trace  # noqa: E402
+from common import ceilings, cli, flops, kernels, models, ncu, plots, recording, story, timing, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -129,6 +132,7 @@ def parse_args(argv=None):
                    help=f"embedding tables (default: {MODELS[0]} with --quick, all otherwise)")
     p.add_argument("--tokens", type=cli.positive_ints, default=None, help="token counts of the sweep")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -309,7 +313,7 @@ def profile_ncu(run, x):
 
 
 def judge(run, x):
-    c0 = [r for r in x.cfg if r["model"] == x.weights[0][0]]
+    c0 = [r for r in x.cfg if r["model"] == x.p.tables[0][0]]
     ref = x.ref
     at = lambda tok: ref[ref["tokens"] == tok].sort_values("rep").to_dict("records")  # noqa: E731
     run.judge(H["warps"], [r["warps"] for r in c0], evidence="launch_config.csv",
@@ -319,7 +323,7 @@ def judge(run, x):
     copy = timing.dram_ceiling_text(x.pk, "copy")
     run.judge(H["bw_large"], [r["eff_pct"] for r in rbig], evidence="reference.csv", premise=_msgl.eff_premise(rbig, copy),
               detail=f"{x.p.big} tokens: median {timing.eff_text(timing.median_row(rbig), x.pk)}; % of {copy}")
-    grid = _msgl.index_launch(STORY_TOKENS, x.weights[0][1].shape[1] * 2)["grid"]
+    grid = _msgl.index_launch(STORY_TOKENS, x.p.tables[0][1] * 2)["grid"]
     run.judge(H["latency"], [100 * a["eff_tb_s"] / b["eff_tb_s"] for a, b in zip(r64, rbig)],
               evidence="reference.csv, launch_config.csv",
               detail=f"{grid} blocks for {x.sms} SMs; {STORY_TOKENS} tokens: {timing.eff_text(timing.median_row(r64), x.pk)}; "
@@ -346,7 +350,7 @@ def judge(run, x):
               detail="; ".join(dict.fromkeys(f"{kernels.COLUMNS['dram_tb_s'].show(r)}, "
                                              f"{kernels.COLUMNS['l2_hit_pct'].show(r)}, ncu {r['ncu_time_us']:.1f} us"
                                              for r in r64)))
-    g = _msgl.index_launch(STORY_TOKENS, x.weights[0][1].shape[1] * 2)
+    g = _msgl.index_launch(STORY_TOKENS, x.p.tables[0][1] * 2)
     _msgl.fact(run, H["ncu_bound"], [ncu.bound(r) == "memory-bound" for r in r64], "ncu_kernels.csv",
                detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in r64)))
     _msgl.fact(run, H["ncu_grid"], [first_dim(r["grid"]) == g["grid"] and first_dim(r["block"]) == 128 for r in r64],
@@ -365,12 +369,12 @@ def judge(run, x):
 
 
 def tell(x) -> str:
-    c0 = next(r for r in x.cfg if r["model"] == x.weights[0][0])
+    c0 = next(r for r in x.cfg if r["model"] == x.p.tables[0][0])
     d0 = x.df[(x.df["hidden"] == c0["hidden"]) & (x.df["variant"] == V_MINI)]
     b = flops.index_bytes(STORY_TOKENS, c0["row_bytes"], 4)
     s64 = x.ref[x.ref["tokens"] == STORY_TOKENS]
     items = [(f"Operation: embedding lookup, {STORY_TOKENS} int32 ids -> {STORY_TOKENS} x {c0['row_bytes']} B rows "
-              f"({c0['model']}, vocab {x.weights[0][2]:,})", []),
+              f"({c0['model']}, vocab {x.p.tables[0][2]:,})", []),
              (f"Execution: index_kernel{c0['template']}", [
                  (f"{STORY_TOKENS * c0['num_splits']} warps ({c0['num_splits']} per token) in {c0['predicted_grid@64']} "
                   f"blocks of {c0['predicted_block']} threads; {x.sms} SMs", []),
@@ -391,17 +395,72 @@ def tell(x) -> str:
                       "ncu's bytes", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan (its first table is the one judged: load_tables raises when it
+    fails), the ceilings, the SM count, and the tables the GPU phase measured (the same tables a --reanalyse reads
+    back from a recording)."""
+    args: argparse.Namespace
+    p: SimpleNamespace
+    pk: dict = field(default_factory=dict)
+    sms: int = 0
+    cfg: list = field(default_factory=list)     # launch_config.csv rows
+    df: Any = None                              # sweep.csv
+    ref: Any = None                             # reference.csv
+    splits: list = field(default_factory=list)  # splits.csv rows (full run)
+    kern: Any = None                            # ncu_kernels.csv (None without the ncu pass)
+    weights: list = field(default_factory=list)  # (name, bf16 table, vocab) on the GPU only
+
+    @property
+    def ceiling(self) -> str:
+        return timing.dram_ceiling_text(self.pk, "copy", short=True)
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts, headline and story from the measured tables (a GPU run and --reanalyse alike)."""
+    h0 = x.p.tables[0][1]
+    d0 = x.df[x.df["hidden"] == h0]
+    run.figure("bandwidth", plots.effective(d0, x.pk, hue="variant", mix="copy",
+                                            title=f"embedding lookup, hidden {h0}, bf16 — {x.pk['gpu']}"))
+    run.figure("bandwidth_by_hidden", plots.effective(x.df[x.df["variant"] == V_MINI], x.pk, hue="hidden", mix="copy",
+                                                      title=f"minisgl.indexing by row size — {x.pk['gpu']}"))
+    # ---- verdicts
+    judge(run, x)
+    big = x.ref[x.ref["tokens"] == x.p.big]
+    tor = d0[(d0["variant"] == V_TORCH) & (d0["tokens"] == x.p.big)]
+    run.headline(warps_per_token=x.cfg[0]["tpl_splits"], threads_per_block=x.cfg[0]["tpl_threads"],
+                 index_eff_tb_s_at_64=float(x.ref[x.ref["tokens"] == STORY_TOKENS]["eff_tb_s"].median()),
+                 index_eff_pct_of_copy_ceiling_at_max=float(big["eff_pct"].median()),
+                 index_eff_tb_s_at_max=float(big["eff_tb_s"].median()),
+                 speedup_vs_embedding_at_max=float(tor["time_us"].max() / big["time_us"].median()) if len(tor) else None)
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("launch_config", "sweep", "reference"),
+                         optional=("splits", "ncu_kernels"), copy=("trace.json",))
+    a = rec.args_like(args)
+    cfg, sp = rec.tables["launch_config"], rec.tables["splits"]
+    x = Record(args=a, p=plan(a), pk=rec.peaks, sms=rec.peaks.get("sm_count") or int(cfg["sms"].iloc[0]),
+               cfg=cfg.to_dict("records"), df=rec.tables["sweep"], ref=rec.tables["reference"],
+               splits=sp.to_dict("records") if sp is not None else [], kern=_msgl.ncu_read_back(rec.tables["ncu_kernels"]))
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     K, torch = _msgl.require_gpu_stack("minisgl.kernel")
     if args.ncu_target:
         return ncu_target(args)
-    x = SimpleNamespace(args=args, p=plan(args), kern=None, splits=[],
-                        sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    x = Record(args=args, p=plan(args), sms=torch.cuda.get_device_properties(0).multi_processor_count)
     with Run(__file__, args, out=args.out) as run:
         # ---- check: the ceiling every % divides by, correctness before timing
         x.pk = ceilings.peaks()
-        x.ceiling = timing.dram_ceiling_text(x.pk, "copy", short=True)
         run.log(f"{x.pk['gpu']}: {ceilings.kinds_text(x.pk)} (datasheet {(x.pk.get('datasheet') or {}).get('dram_tb_s', '?')}); "
                 f"L2 {x.pk.get('l2_mb')} MB, {x.sms} SMs")
         load_tables(run, torch, K, x)
@@ -416,24 +475,8 @@ def main(argv=None) -> int:
             run.table("splits", x.splits)
         if not args.sweep and (not args.quick or args.ncu):
             x.kern = run.optional("ncu pass", profile_ncu, run, x)
-        # ---- analyse: the curves
-        h0 = x.weights[0][1].shape[1]
-        d0 = x.df[x.df["hidden"] == h0]
-        run.figure("bandwidth", plots.effective(d0, x.pk, hue="variant", mix="copy",
-                                                title=f"embedding lookup, hidden {h0}, bf16 — {x.pk['gpu']}"))
-        run.figure("bandwidth_by_hidden", plots.effective(x.df[x.df["variant"] == V_MINI], x.pk, hue="hidden", mix="copy",
-                                                          title=f"minisgl.indexing by row size — {x.pk['gpu']}"))
-        # ---- verdicts
-        judge(run, x)
-        big = x.ref[x.ref["tokens"] == x.p.big]
-        tor = d0[(d0["variant"] == V_TORCH) & (d0["tokens"] == x.p.big)]
-        run.headline(warps_per_token=x.cfg[0]["tpl_splits"], threads_per_block=x.cfg[0]["tpl_threads"],
-                     index_eff_tb_s_at_64=float(x.ref[x.ref["tokens"] == STORY_TOKENS]["eff_tb_s"].median()),
-                     index_eff_pct_of_copy_ceiling_at_max=float(big["eff_pct"].median()),
-                     index_eff_tb_s_at_max=float(big["eff_tb_s"].median()),
-                     speedup_vs_embedding_at_max=float(tor["time_us"].max() / big["time_us"].median()) if len(tor) else None)
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: the curves, verdicts, headline, story
+        analyse(run, x)
     return 0
 
 

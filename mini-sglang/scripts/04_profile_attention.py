@@ -40,25 +40,29 @@ Run
     python mini-sglang/scripts/04_profile_attention.py --sweep          # only the sweep
     python mini-sglang/scripts/04_profile_attention.py --sweep --decode-batches 1,32 --kv-lens 1024,16384
     python mini-sglang/scripts/04_profile_attention.py                  # both, with ncu
+    python mini-sglang/scripts/04_profile_attention.py --reanalyse DIR --out OUT   # no GPU: the analysis again from DIR
     ./mini-sglang/scripts/ncu_profile.sh --kernel attention --set full -- \\
         python mini-sglang/scripts/04_profile_attention.py --ncu-target --quick
-Writes mini-sglang/results/04_profile_attention/: backends.csv, compare.csv, kernels.csv, sweep.csv,
-ncu_kernels.csv (with ncu), roofline.png, decode_sweep.png (effective TB/s against the working set, DRAM ceilings and
-the L2 size drawn), trace.json, story.txt, summary.json.
+Writes mini-sglang/results/04_profile_attention/: backends.csv, compare.csv, kernels.csv, plan_syncs.csv (the
+cudaEventSynchronize calls inside each traced call), sweep.csv, ncu_kernels.csv (with ncu), roofline.png,
+decode_sweep.png (effective TB/s against the working set, DRAM ceilings and the L2 size drawn), trace.json,
+story.txt, summary.json.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, story, timing, trace  # noqa: E402
-from common.checks import require_module, run_main  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing, trace  # noqa: E402
+from common.checks import SetupError, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench, bench_cpu, rates  # noqa: E402
@@ -122,6 +126,7 @@ def parse_args(argv=None):
     p.add_argument("--kv-lens", type=cli.positive_ints, default=None, help="decode KV lengths of the sweep")
     p.add_argument("--prefill-lens", type=cli.positive_ints, default=None, help="prefill lengths of the sweep (batch 1)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -327,8 +332,12 @@ def compare(run, torch, x):
                                reps=REPEATS)
     ev = trace.read_chrome_trace(path)
     kern = trace.kernels_in_ranges(ev, r"^call: ", empty_rows=False)
-    syncs = trace.calls_in_ranges(ev, r"^call: ", r"^cudaEventSynchronize$")
-    return pd.DataFrame(rows), kern, syncs
+    return pd.DataFrame(rows), kern, plan_syncs(ev)
+
+
+def plan_syncs(ev) -> list[tuple[str, int]]:
+    """(traced call range, cudaEventSynchronize calls inside it) of a trace's event table: the plan's sync."""
+    return trace.calls_in_ranges(ev, r"^call: ", r"^cudaEventSynchronize$")
 
 
 def sweep(run, torch, x):
@@ -421,18 +430,97 @@ def tell(x) -> str:
                       f"{x.pk['bf16_tflops']:.0f} TFLOP/s", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the ceilings, the backends offered, and the tables the GPU phase measured
+    (the same tables a --reanalyse reads back from a recording)."""
+    args: argparse.Namespace
+    p: SimpleNamespace
+    pk: dict = field(default_factory=dict)
+    fa_ok: bool = False                 # backends.csv, row fa: offered
+    fa_why: str = ""                    # backends.csv, row fa: note
+    cmp: Any = None                     # compare.csv (empty with --sweep)
+    kern: Any = None                    # kernels.csv (None with --sweep)
+    syncs: list = field(default_factory=list)   # plan_syncs.csv: (traced call, cudaEventSynchronize calls)
+    ncu: Any = None                     # ncu_kernels.csv (None without the ncu pass)
+    sw: Any = None                      # sweep.csv (empty with --compare)
+    b: Any = None                       # the Bench (GPU only)
+
+    @property
+    def ceiling(self) -> str:
+        return timing.dram_ceiling_text(self.pk, "read", short=True)
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts, headline and story from the measured tables (a GPU run and --reanalyse alike)."""
+    import pandas as pd
+    allr = pd.concat([x.cmp, x.sw], ignore_index=True)
+    if len(allr):
+        run.figure("roofline", plots.roofline([{"label": f"{r['variant']} {r['point']}", **r} for r in
+                                               allr.drop_duplicates(["variant", "point"]).to_dict("records")], x.pk,
+                                              title="attention (Llama-3.1-8B heads, bf16)"))
+    if len(x.sw) and (x.sw["phase"] == "decode").any():
+        d = x.sw[x.sw["phase"] == "decode"].assign(series=lambda s: s["variant"] + " bs=" + s["batch"].astype(str))
+        run.figure("decode_sweep", plots.effective(d, x.pk, hue="series", mix="read",
+                                                   title=f"decode attention — {x.pk['gpu']}"))
+    # ---- verdicts
+    judge(run, x)
+    if len(x.cmp):
+        med = x.cmp.groupby(["variant", "point"])[["eff_tb_s", "eff_pct", "plan_cpu_us", "tflop_s",
+                                                   "pct_bf16_ceiling"]].median()
+        if ("fi", D32) in med.index:
+            run.headline(decode_b32_kv4096_eff_tb_s=med.loc[("fi", D32), "eff_tb_s"],
+                         decode_b32_kv4096_eff_pct_of_read_ceiling=med.loc[("fi", D32), "eff_pct"])
+        if ("fi", P2048) in med.index:
+            run.headline(prefill_2048_tflop_s=med.loc[("fi", P2048), "tflop_s"],
+                         prefill_2048_pct_of_bf16_ceiling=med.loc[("fi", P2048), "pct_bf16_ceiling"])
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def recorded_syncs(rec) -> list[tuple[str, int]]:
+    """The plan syncs of a recording: its plan_syncs.csv, or (a recording made before that table was written)
+    counted again in its trace.json the way compare() counts them; none when it measured no compare points."""
+    t = rec.tables["plan_syncs"]
+    if t is not None:
+        return [(r["range"], int(r["syncs"])) for r in t.to_dict("records")]
+    if rec.tables["compare"] is None or not len(rec.tables["compare"]):
+        return []
+    tr = next((rec.src / f for f in ("trace.json", "trace.json.gz") if (rec.src / f).is_file()), None)
+    if tr is None:
+        raise SetupError(f"--reanalyse {rec.src}: no plan_syncs.csv and no trace.json to count the plan's "
+                         "cudaEventSynchronize calls in (fi-plan-sync needs one of them)")
+    return plan_syncs(trace.read_chrome_trace(tr))
+
+
+def main_reanalyse(args) -> int:
+    import pandas as pd
+    rec = recording.open(args.reanalyse, __file__, tables=("backends",),
+                         optional=("compare", "kernels", "plan_syncs", "ncu_kernels", "sweep"), copy=("trace.json",))
+    a, t = rec.args_like(args), rec.tables
+    fa = t["backends"].set_index("backend").loc["fa"]
+    x = Record(args=a, p=plan(a), pk=rec.peaks, fa_ok=bool(fa["offered"]), fa_why=str(fa["note"]),
+               cmp=t["compare"] if t["compare"] is not None else pd.DataFrame(), kern=t["kernels"],
+               syncs=recorded_syncs(rec), ncu=_msgl.ncu_read_back(t["ncu_kernels"]),
+               sw=t["sweep"] if t["sweep"] is not None else pd.DataFrame())
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     _, torch = _msgl.require_gpu_stack("minisgl.attention")
     fi = require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
     if args.ncu_target:
         return ncu_target(args)
     import pandas as pd
-    x = SimpleNamespace(args=args, p=plan(args), kern=None, syncs=[], ncu=None, cmp=pd.DataFrame(), sw=pd.DataFrame())
+    x = Record(args=args, p=plan(args), cmp=pd.DataFrame(), sw=pd.DataFrame())
     with Run(__file__, args, out=args.out) as run:
         # ---- check: ceilings, backends offered here, correctness before timing
         x.pk = ceilings.peaks()
-        x.ceiling = timing.dram_ceiling_text(x.pk, "read", short=True)
         props = torch.cuda.get_device_properties(0)
         x.fa_ok, x.fa_why = fa_usable()
         x.fa_ok = x.fa_ok and props.major >= 9
@@ -450,34 +538,14 @@ def main(argv=None) -> int:
             x.cmp, x.kern, x.syncs = compare(run, torch, x)
             run.table("compare", x.cmp)
             run.table("kernels", x.kern)
+            run.table("plan_syncs", pd.DataFrame(x.syncs, columns=["range", "syncs"]))
             if not args.quick or args.ncu:
                 x.ncu = run.optional("ncu pass", profile_ncu, run, x)
         if x.p.do_sweep:
             x.sw = sweep(run, torch, x)
             run.table("sweep", x.sw)
-        # ---- analyse: the roofline and the decode sweep
-        allr = pd.concat([x.cmp, x.sw], ignore_index=True)
-        if len(allr):
-            run.figure("roofline", plots.roofline([{"label": f"{r['variant']} {r['point']}", **r} for r in
-                                                   allr.drop_duplicates(["variant", "point"]).to_dict("records")], x.pk,
-                                                  title="attention (Llama-3.1-8B heads, bf16)"))
-        if len(x.sw) and (x.sw["phase"] == "decode").any():
-            d = x.sw[x.sw["phase"] == "decode"].assign(series=lambda s: s["variant"] + " bs=" + s["batch"].astype(str))
-            run.figure("decode_sweep", plots.effective(d, x.pk, hue="series", mix="read",
-                                                       title=f"decode attention — {x.pk['gpu']}"))
-        # ---- verdicts
-        judge(run, x)
-        if len(x.cmp):
-            med = x.cmp.groupby(["variant", "point"])[["eff_tb_s", "eff_pct", "plan_cpu_us", "tflop_s",
-                                                       "pct_bf16_ceiling"]].median()
-            if ("fi", D32) in med.index:
-                run.headline(decode_b32_kv4096_eff_tb_s=med.loc[("fi", D32), "eff_tb_s"],
-                             decode_b32_kv4096_eff_pct_of_read_ceiling=med.loc[("fi", D32), "eff_pct"])
-            if ("fi", P2048) in med.index:
-                run.headline(prefill_2048_tflop_s=med.loc[("fi", P2048), "tflop_s"],
-                             prefill_2048_pct_of_bf16_ceiling=med.loc[("fi", P2048), "pct_bf16_ceiling"])
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: the roofline and the decode sweep, verdicts, headline, story
+        analyse(run, x)
     return 0
 
 

@@ -29,24 +29,28 @@ Run
     python mini-sglang/scripts/07_profile_radix.py              # full sizes + page size 16
     python mini-sglang/scripts/07_profile_radix.py --values-on cpu   # keep slot values on the CPU
     python mini-sglang/scripts/07_profile_radix.py --depths 1,8,64 --leaves 64,4096
+    python mini-sglang/scripts/07_profile_radix.py --reanalyse DIR --out OUT   # no minisgl: the analysis again from DIR
     (CPU work: no ncu variant; py-spy or cProfile show where a match spends its time)
 Writes mini-sglang/results/07_profile_radix/: compare.csv, ops.csv, evict.csv, compare.png, match.png,
 evict.png, story.txt, summary.json.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import random
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, plots, story  # noqa: E402
+from common import cli, plots, recording, story  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.timing import bench_cpu  # noqa: E402
@@ -108,6 +112,7 @@ def parse_args(argv=None):
     p.add_argument("--depths", type=cli.positive_ints, default=None, help="path depths (turns of 256 tokens)")
     p.add_argument("--keys", type=cli.positive_ints, default=None, help="key lengths of the compare series")
     p.add_argument("--leaves", type=cli.positive_ints, default=None, help="leaves of the evict trees")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -277,15 +282,67 @@ def tell(x) -> str:
     return story.tree(f"RADIX CACHE ON THE CPU (values on {x.dev})", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, where the slot values lived, and the three measured tables (the
+    same tables a --reanalyse reads back from a recording)."""
+    args: argparse.Namespace
+    p: SimpleNamespace
+    dev: Any = "cpu"           # torch.device (GPU run) or its name (re-analysis): only printed
+    cmp: Any = None            # compare.csv
+    ops: Any = None            # ops.csv
+    evict: Any = None          # evict.csv
+
+
+def analyse(run, x: Record) -> None:
+    """Figures (medians of the repetitions), verdicts, headline and story from the measured tables (a run and
+    --reanalyse alike)."""
+    cmed = x.cmp.groupby(["impl", "key_tokens"], as_index=False)["us"].median()
+    run.figure("compare", plots.sweep(cmed, x="key_tokens", y="us", hue="impl", logx=True, logy=True,
+                                      ylabel="us per call (median)", title="first-mismatch compare, CPU"))
+    dep = x.ops[x.ops["series"] == "depth"].groupby(["op", "page_size", "depth"], as_index=False)["us"].median()
+    run.figure("match", plots.sweep(dep.assign(s=lambda d: d["op"] + " page=" + d["page_size"].astype(str)),
+                                    x="depth", y="us", hue="s", logx=True, ylabel="us per call (median)",
+                                    title=f"radix operations vs path depth ({TURN}-token turns)"))
+    emed = x.evict.groupby("nodes", as_index=False)["evict_one_leaf_us"].median()
+    run.figure("evict", plots.sweep(emed, x="nodes", y="evict_one_leaf_us", logx=True, logy=True,
+                                    ylabel="us per evict(64 tokens)", title="evict vs tree size"))
+    # ---- verdicts
+    judge(run, x)
+    run.headline(compare_speedup_vs_python=float(cmed[(cmed["impl"] == PY) & (cmed["key_tokens"] == 4096)]["us"].sum()
+                                                 / cmed[(cmed["impl"] == CPP) & (cmed["key_tokens"] == 4096)]["us"].sum())
+                 if 4096 in x.p.keys else None,
+                 compare_us_8_tokens=float(cmed[(cmed["impl"] == CPP) & (cmed["key_tokens"] == SHORT_KEY)]["us"].iloc[0]),
+                 match_us_depth_max=float(dep[(dep["op"] == "match") & (dep["depth"] == x.p.depths[-1])
+                                              & (dep["page_size"] == 1)]["us"].iloc[0]),
+                 evict_us_max_tree=float(emed["evict_one_leaf_us"].iloc[-1]))
+    # ---- the story
+    run.story(tell(x), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    rec = recording.open(args.reanalyse, __file__, tables=("compare", "ops", "evict"))
+    a = rec.args_like(args)
+    # where the values lived: --values-on, or with auto the GPU when the recording's machine had one (as main() chose)
+    dev = a.values_on if a.values_on != "auto" else "cuda" if (rec.summary.get("provenance") or {}).get("gpu_count") \
+        else "cpu"
+    x = Record(args=a, p=plan(a), dev=dev, cmp=rec.tables["compare"], ops=rec.tables["ops"], evict=rec.tables["evict"])
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     K = _msgl.require_minisgl("minisgl.kernel")
     _msgl.require_minisgl("minisgl.kvcache.radix_cache")
     import pandas as pd
     import torch
     dev = torch.device("cuda" if (args.values_on == "cuda" or (args.values_on == "auto" and torch.cuda.is_available()))
                        else "cpu")
-    x = SimpleNamespace(p=plan(args), dev=dev)
+    x = Record(args=args, p=plan(args), dev=dev)
     with Run(__file__, args, out=args.out) as run:
         # ---- check
         run.log(f"values on {dev}; one global Context (page size switched per tree)")
@@ -302,28 +359,8 @@ def main(argv=None) -> int:
         run.table("compare", x.cmp)
         run.table("ops", x.ops)
         run.table("evict", x.evict)
-        # ---- analyse: the curves (medians of the repetitions)
-        cmed = x.cmp.groupby(["impl", "key_tokens"], as_index=False)["us"].median()
-        run.figure("compare", plots.sweep(cmed, x="key_tokens", y="us", hue="impl", logx=True, logy=True,
-                                          ylabel="us per call (median)", title="first-mismatch compare, CPU"))
-        dep = x.ops[x.ops["series"] == "depth"].groupby(["op", "page_size", "depth"], as_index=False)["us"].median()
-        run.figure("match", plots.sweep(dep.assign(s=lambda d: d["op"] + " page=" + d["page_size"].astype(str)),
-                                        x="depth", y="us", hue="s", logx=True, ylabel="us per call (median)",
-                                        title=f"radix operations vs path depth ({TURN}-token turns)"))
-        emed = x.evict.groupby("nodes", as_index=False)["evict_one_leaf_us"].median()
-        run.figure("evict", plots.sweep(emed, x="nodes", y="evict_one_leaf_us", logx=True, logy=True,
-                                        ylabel="us per evict(64 tokens)", title="evict vs tree size"))
-        # ---- verdicts
-        judge(run, x)
-        run.headline(compare_speedup_vs_python=float(cmed[(cmed["impl"] == PY) & (cmed["key_tokens"] == 4096)]["us"].sum()
-                                                     / cmed[(cmed["impl"] == CPP) & (cmed["key_tokens"] == 4096)]["us"].sum())
-                     if 4096 in x.p.keys else None,
-                     compare_us_8_tokens=float(cmed[(cmed["impl"] == CPP) & (cmed["key_tokens"] == SHORT_KEY)]["us"].iloc[0]),
-                     match_us_depth_max=float(dep[(dep["op"] == "match") & (dep["depth"] == x.p.depths[-1])
-                                                  & (dep["page_size"] == 1)]["us"].iloc[0]),
-                     evict_us_max_tree=float(emed["evict_one_leaf_us"].iloc[-1]))
-        # ---- the story
-        run.story(tell(x), echo=True)
+        # ---- analyse: the curves, verdicts, headline, story
+        analyse(run, x)
     return 0
 
 

@@ -12,6 +12,7 @@
     fact(run, H, [True, True, True], "trace.json")     # a deterministic fact as a verdict
     eff_premise(rows, ceiling_text)                    # a verdict on effective bandwidth: DRAM rates, none above
     ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
+    ncu_read_back(pd.read_csv(".../ncu_kernels.csv"))  # a recorded ncu table as the analysis saw it (--reanalyse)
 
 Everything generic comes from common/: the range -> kernel join and the captures (common.trace), FLOPs
 and bytes (common.flops), ports and the NCCL environment (common.procs), verdicts on intervals
@@ -267,6 +268,14 @@ def run_points(torch, calls) -> int:
             fn()
     torch.cuda.synchronize()
     return 0
+
+
+def ncu_read_back(kern):
+    """An ncu_kernels table as a recording reads it back (common.recording): a stall note the run left empty is an
+    empty cell, which pandas reads as NaN; '' again, as the analysis saw it (None stays None)."""
+    if kern is not None and "stall_note" in kern:
+        kern["stall_note"] = kern["stall_note"].fillna("")
+    return kern
 
 
 def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics="summary", timeout: float = 900):
