@@ -306,7 +306,16 @@ def ceilings_brief(c: dict | None) -> dict | None:
             **{key: (kinds.get(kind) or {}).get("tb_s") for kind, key in DRAM_KEYS.items()},
             "bf16_sm_mhz": (c.get("bf16") or {}).get("sm_mhz"),
             "nvlink_busbw_gb_s": (c.get("nvlink") or {}).get("busbw_gb_s"), "version": c.get("version"),
-            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid")}
+            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid"),
+            "method": _methods(c)}
+
+
+def _methods(c: dict) -> dict:
+    """How each recorded ceiling was measured (as_peaks' ``method``), so a re-analysis can say it too."""
+    try:
+        return {k: v for k, v in (as_peaks(c).get("method") or {}).items() if isinstance(v, str)}
+    except Exception:  # noqa: BLE001 - an older or partial ceilings set: the figures alone are recorded
+        return {}
 
 
 def cached_peaks(device: int = 0) -> dict | None:

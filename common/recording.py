@@ -41,7 +41,11 @@ class Recording:
         """The ceilings the recording divided by (its provenance), with the L2 size and SM count of its GPU."""
         from . import ceilings
         prov = self.summary.get("provenance") or {}
-        pk = {**(prov.get("ceilings") or {}), "gpu": prov.get("gpu")}
+        rec = prov.get("ceilings") or {}
+        pk = {**rec, "gpu": prov.get("gpu"), "method": rec.get("method") or {}}
+        if rec:        # the run measured these on its GPU (common.ceilings); how is recorded since the method key
+            pk["source"] = "measured"
+            pk["sources"] = {k: "measured" for k, v in rec.items() if k.endswith(("_tb_s", "_tflops")) and v}
         if prov.get("sm_count"):
             pk.setdefault("sm_count", prov["sm_count"])
         return ceilings.complete(pk)
