@@ -302,10 +302,23 @@ def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, mo
     got = results.load_summary(run.final_dir)["provenance"]["ceilings"]
     assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
                    "dram_copy_tb_s": 4.4, "dram_mixed_tb_s": None, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
-                   "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x"}
+                   "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x",
+                   "method": {}}   # this made-up set has no probe details to name (a measured set has them)
     # a re-analysis keeps the recording's denominators, not this machine's
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
     prev = results.load_summary(run.final_dir)
     with results.Run(_script(tmp_path, system="demo2"), {}, quiet=True) as again:
         again.reanalysis_of(prev, run.final_dir)
     assert results.load_summary(again.final_dir)["provenance"]["ceilings"]["dram_tb_s"] == 4.71
+
+
+def test_a_measured_ceilings_set_records_how_each_was_measured(fixture_path):
+    """tests/fixtures/ceilings_h200_v5.json: the ceilings the H200 measured for the a5d3c27 pipelines (2026-11-25)."""
+    import json
+    from common import ceilings, recording
+    brief = ceilings.ceilings_brief(json.loads(fixture_path("ceilings_h200_v5.json").read_text()))
+    assert brief["method"]["dram_copy_tb_s"] == "fastest copy probe: torch copy_"
+    rec = recording.Recording(Path("."), {"provenance": {"gpu": "NVIDIA H200", "ceilings": brief}})
+    pk = rec.peaks
+    assert pk["sources"]["dram_copy_tb_s"] == "measured" and pk["l2_mb"] == 60
+    assert "the measured DRAM copy ceiling" in __import__("common.timing", fromlist=["x"]).dram_ceiling_text(pk, "copy")
