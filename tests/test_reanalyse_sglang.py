@@ -11,7 +11,7 @@ import kit  # tests/kit.py
 from test_reanalyse import REC, check_reanalysis
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["02_radix_cache_analysis"]
+SCRIPTS = ["02_radix_cache_analysis", "05_ncu_attention"]
 
 
 @pytest.mark.parametrize("stem", SCRIPTS)
