@@ -61,3 +61,63 @@ def test_03_step_values_round_trip_and_reanalysis_path(tmp_path):
     v = {s: {o["hypothesis"]: o["verdict"] for o in x["observations"]} for s, x in (("b", before), ("a", after))}
     assert v["a"]["greedy-agree"] == v["b"]["greedy-agree"] == "confirmed" and set(v["a"]) == set(v["b"])
     assert after["provenance"]["gpu"] == "NVIDIA H200" and (tmp_path / "o" / "story.txt").read_text().strip()
+
+
+# ---- 01: the client's TTFT and stamps of each traced request were in no table of the 224595d recording
+
+def test_01_recording_without_requests_is_one_setup_line(tmp_path):
+    pytest.importorskip("pandas")
+    from common.checks import SetupError
+    mod = _script("01_baseline_perf")
+    with pytest.raises(SetupError, match=r"no requests.csv, batch_log.csv, batch.csv \(a recording of 224595d3d7f8, "
+                                         r"before 01 wrote them\)"):
+        mod.main(["--reanalyse", str(REC / "sglang" / "01_baseline_perf"), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def _raw_request(rep, ttft_s):
+    """A traced request as 01's GPU path holds it (made up: the recording has none)."""
+    t0 = 1000.0 + rep
+    itl = [0.0055] * 127
+    return {"rep": rep, "result": {"client": {"t_send": t0, "t_first": t0 + ttft_s, "t_done": t0 + ttft_s + sum(itl),
+                                              "ttft_s": ttft_s, "itl_s": itl},
+                                   "meta_info": {"prompt_tokens": 513, "completion_tokens": 128, "queue_time": 0.001,
+                                                 "api_server_dispatch_finish_ts": t0 + 0.002,
+                                                 "forward_entry_time": t0 + 0.004, "e2e_latency": 0.72}},
+            "log_rows": [{"kind": "prefill"}] + [{"kind": "decode"}] * 127, "join": {"matched": 33, "of": 33}}
+
+
+def test_01_new_tables_round_trip_and_reanalysis_path(tmp_path):
+    """requests.csv, batch_log.csv, batch.csv and joins.csv as the GPU path now writes them (request_record,
+    batch_record, join_rows; their values made up here), beside the real recording's tables: --reanalyse runs, and
+    every verdict those made-up values do not enter gets the recording's verdict -- all but ttft-cpu-share (the
+    made-up TTFT) and itl-linear-kv (judged since 224595d only where the KV range can show a line: inconclusive now,
+    tests/test_sglang_scripts.py)."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    mod = _script("01_baseline_perf")
+    src = REC / "sglang" / "01_baseline_perf"
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    for f in src.iterdir():
+        (rec / f.name).write_bytes(f.read_bytes())
+    raw = [_raw_request(i, 0.030 + 0.005 * i) for i in range(3)]
+    pd.DataFrame([mod.request_record(r) for r in raw]).to_csv(rec / "requests.csv", index=False)
+    batch = [{"client": {"t_send": 0.0, "t_first": 0.05, "t_done": 0.3, "ttft_s": 0.05, "itl_s": [0.008] * 31,
+                         "e2e_s": 0.3}, "meta_info": {"prompt_tokens": 513, "completion_tokens": 32}} for _ in range(8)]
+    pd.DataFrame([mod.batch_record({"batch": batch})]).to_csv(rec / "batch.csv", index=False)
+    pd.DataFrame([{"kind": "prefill", "new_seq": 8, "new_token": 4104, "running_req": 0},
+                  {"kind": "decode", "new_seq": None, "new_token": None, "running_req": 8}]).to_csv(
+        rec / "batch_log.csv", index=False)
+    pd.DataFrame(mod.join_rows({"under_load_join": {"offset": 3, "matched": 24, "of": 24, "ok": True}})).to_csv(
+        rec / "joins.csv", index=False)
+    assert mod.main(["--reanalyse", str(rec), "--out", str(tmp_path / "o")]) == 0
+    before, after = (json.loads((d / "summary.json").read_text()) for d in (src, tmp_path / "o"))
+    v = [{o["hypothesis"]: o["verdict"] for o in x["observations"]} for x in (before, after)]
+    assert set(v[0]) == set(v[1]) and len(v[0]) == 8
+    same = set(v[0]) - {"ttft-cpu-share", "itl-linear-kv"}
+    assert {h: v[1][h] for h in same} == {h: v[0][h] for h in same}
+    assert v[1]["itl-linear-kv"] == "inconclusive"
+    story = (tmp_path / "o" / "story.txt").read_text()
+    assert "trace<->log join 33/33" in story and "ITL p50 5.50 ms" in story and "sampled steps under load (join 24/24)" in story
+    assert after["provenance"]["gpu"] == "NVIDIA H200"
