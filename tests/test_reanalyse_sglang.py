@@ -121,3 +121,38 @@ def test_01_new_tables_round_trip_and_reanalysis_path(tmp_path):
     story = (tmp_path / "o" / "story.txt").read_text()
     assert "trace<->log join 33/33" in story and "ITL p50 5.50 ms" in story and "sampled steps under load (join 24/24)" in story
     assert after["provenance"]["gpu"] == "NVIDIA H200"
+
+
+# ---- 00: two observations (facts of the machine), so check_reanalysis's ">= 3 verdicts" does not apply
+
+def test_00_reanalysis_gives_the_recordings_observations(tmp_path):
+    """The H200 recording of 224595d predates serving.csv: its compute capability comes from the GPU's name (NVIDIA's
+    table), the sglang import from the headline; the same two observations and headline, links from topology.txt."""
+    pytest.importorskip("pandas")
+    mod = _script("00_check_env")
+    src, out = REC / "sglang" / "00_check_env", tmp_path / "o"
+    assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
+    assert [(o["expected"], o["verdict"], o["observed"]) for o in after["observations"]] == \
+        [(o["expected"], o["verdict"], o["observed"]) for o in before["observations"]]
+    assert after["headline"] == before["headline"] and after["provenance"]["gpu"] == "NVIDIA H200"
+    assert "reanalysed" in after["provenance"]
+    story = (out / "story.txt").read_text()
+    assert "cc 9.0" in story and "server_args: not recorded" in story and (out / "topology.txt").is_file()
+
+
+def test_00_serving_csv_is_read_back(tmp_path):
+    """serving.csv as the GPU path now writes it (Record.serving_row): the compute capability and the sglang import
+    come from it, not from the GPU's name."""
+    pd = pytest.importorskip("pandas")
+    mod = _script("00_check_env")
+    src, rec = REC / "sglang" / "00_check_env", tmp_path / "rec"
+    rec.mkdir()
+    for f in src.iterdir():
+        (rec / f.name).write_bytes(f.read_bytes())
+    x = mod.Record({}, [], 9, "9.0", "13.0", {}, {"ok": True, "version": "0.5.17", "import_s": 13.8,
+                                                 "server_args": True, "server_args_msg": "0.5.17"}, [])
+    pd.DataFrame([x.serving_row()]).to_csv(rec / "serving.csv", index=False)
+    assert mod.main(["--reanalyse", str(rec), "--out", str(tmp_path / "o")]) == 0
+    story = (tmp_path / "o" / "story.txt").read_text()
+    assert "cc 9.0" in story and "sglang 0.5.17 (import 13.8 s)\n" in story and "server_args" not in story
