@@ -35,23 +35,29 @@ Run
     python sglang/scripts/01_baseline_perf.py --backend triton --out sglang/results/01_baseline_perf_triton
     python sglang/scripts/01_baseline_perf.py --quick --rates 4,16,inf --skip-load
     python sglang/scripts/01_baseline_perf.py --quick --bench-control   # + one bench_serving as its own process
+    python sglang/scripts/01_baseline_perf.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
     (nsys/ncu views of the same server: 04_nsys_profile.py, 05_ncu_attention.py)
 Writes sglang/results/01_baseline_perf/: request_steps.csv, phase_kernels.csv, itl_vs_kv.csv,
 load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
-time: the worker's start, the run, the benchmark's own duration), server_start.csv (its own server's start,
+time: the worker's start, the run, the benchmark's own duration), requests.csv (each traced request's client and
+meta_info stamps, log lines, trace<->log join), batch_log.csv and batch.csv (part 2's log lines, its throughput),
+joins.csv (the under-load trace<->log join): the last four for --reanalyse, server_start.csv (its own server's start,
 phase by phase), itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, models, story, timing, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
+from common import ceilings, cli, models, recording, story, timing, trace  # noqa: E402
+from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -110,6 +116,7 @@ def parse_args(argv=None):
                    help="also run the first load benchmark as its own `python -m sglang.benchmark.serving` process "
                         "(as before the one-process worker), to measure what the worker saves (bench_runs.csv)")
     sg.add_model_args(p)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -178,6 +185,25 @@ def request_figures(rep: dict) -> dict:
     k_us = sum(s["kernel_us"] for s in ext)
     return {"ttft_ms": ttft, "prefill_gpu_ms": ext_ms, "cpu_share_pct": 100 * (1 - ext_ms / ttft) if ttft else float("nan"),
             "attention_pct": 100 * sum(s.get("attention_us", 0) for s in ext) / k_us if k_us else float("nan")}
+
+
+REQUEST_META = ("prompt_tokens", "completion_tokens", "api_server_dispatch_finish_ts", "forward_entry_time",
+                "queue_time", "e2e_latency")
+
+
+def request_record(r: dict) -> dict:
+    """What the story reads of one traced request (a row of requests.csv): the client's stamps (s) and TTFT, its
+    median ITL, meta_info's stamps, how many scheduler log lines it had, its trace<->log join. A re-analysed request
+    carries it as ``record``."""
+    if "record" in r:
+        return r["record"]
+    cl, mi, rows = r["result"]["client"], r["result"]["meta_info"], r["log_rows"]
+    return {"rep": r["rep"], **{k: cl.get(k) for k in ("t_send", "t_first", "t_done", "ttft_s")},
+            "itl_p50_ms": statistics.median(cl["itl_s"]) * 1e3 if cl.get("itl_s") else None,
+            **{k: mi.get(k) for k in REQUEST_META}, "e2e_latency": mi.get("e2e_latency", 0),
+            "log_prefill_lines": sum(x["kind"] == "prefill" for x in rows),
+            "log_decode_lines": sum(x["kind"] == "decode" for x in rows),
+            "join_matched": r["join"]["matched"], "join_of": r["join"]["of"]}
 
 
 # ------------------------------------------------------------------ measure
@@ -355,14 +381,14 @@ def bench_summary(rows: list[dict]) -> dict:
 
 # ------------------------------------------------------------------ analyse, judge, tell
 
-def analyse(d, pd, model_dir, pk) -> dict:
+def derive(d, pd, cfg: dict, pk) -> dict:
     """Per-request figures, the class table, ITL with the bytes a step must read (weights + KV: many times the L2,
-    so they stream from DRAM) and their effective bandwidth over the ITL as % of the DRAM read ceiling."""
+    so they stream from DRAM) and their effective bandwidth over the ITL as % of the DRAM read ceiling (``cfg``: the
+    model's config.json)."""
     a = {"req": [request_figures(r) for r in d["requests"]], "classes": class_table(d["requests"][-1]["steps"])}
     itl = pd.DataFrame(d["itl"])
-    sh = sg.model_shape(model_dir)
-    wbytes = models.param_count(sh["config"]) * 2.0                               # bf16 weights, read once per step
-    kvb = models.kv_bytes_per_token(sh["config"])                                 # K and V of every layer, bf16
+    wbytes = models.param_count(cfg) * 2.0                                        # bf16 weights, read once per step
+    kvb = models.kv_bytes_per_token(cfg)                                          # K and V of every layer, bf16
     if len(itl):
         itl["bytes_per_step"] = wbytes + itl["kv_tokens"] * kvb
         r = [timing.rates(ms, bytes=b, peaks=ceilings.complete(pk), mix="read")
@@ -469,24 +495,23 @@ def dynamics_figure(timeline):
 def tell(d, a, model_dir, fl, P, pk, backend) -> str:
     """The execution story of the last traced request, then the batch, ITL, load and the bar."""
     last, fig = d["requests"][-1], a["req"][-1]
-    cl, mi = last["result"]["client"], last["result"]["meta_info"]
-    ms = lambda t: f"+{(t - cl['t_send']) * 1e3:7.1f} ms" if t else "        ?   "  # noqa: E731
+    fr = request_record(last)
+    ms = lambda t: f"+{(t - fr['t_send']) * 1e3:7.1f} ms" if t else "        ?   "  # noqa: E731
     top = lambda key: ", ".join(f"{r['class']} {r[key]:.0f}%" for r in sorted(a["classes"], key=lambda r: -r[key])[:4])  # noqa: E731
     dec = [s for s in last["steps"] if s["mode"] == "DECODE"]
-    rows = last["log_rows"]
     req = [
-        (f"{ms(cl['t_send'])}  client POST /generate ({mi['prompt_tokens']} prompt tokens incl. BOS, {P['new']} new)", []),
-        (f"{ms(mi.get('api_server_dispatch_finish_ts'))}  tokenized, sent to the scheduler [meta_info]", []),
-        (f"{ms(mi.get('forward_entry_time'))}  enters a forward batch (queue {story.fmt((mi.get('queue_time') or 0) * 1e3)} ms)", []),
+        (f"{ms(fr['t_send'])}  client POST /generate ({fr['prompt_tokens']} prompt tokens incl. BOS, {P['new']} new)", []),
+        (f"{ms(fr.get('api_server_dispatch_finish_ts'))}  tokenized, sent to the scheduler [meta_info]", []),
+        (f"{ms(fr.get('forward_entry_time'))}  enters a forward batch (queue {story.fmt((fr.get('queue_time') or 0) * 1e3)} ms)", []),
         *[(f"PREFILL {s['name']}: GPU {s['dur_us'] / 1e3:.2f} ms, {s['kernels']} kernels — {top('prefill_pct')}", [])
           for s in last["steps"] if s["mode"] == "EXTEND"],
-        (f"{ms(cl['t_first'])}  first token (TTFT {fig['ttft_ms']:.1f} ms; {fig['cpu_share_pct']:.0f}% outside the prefill step)", []),
-        (f"DECODE {mi['completion_tokens'] - 1} steps: ITL p50 {statistics.median(cl['itl_s']) * 1e3:.2f} ms; traced "
+        (f"{ms(fr['t_first'])}  first token (TTFT {fig['ttft_ms']:.1f} ms; {fig['cpu_share_pct']:.0f}% outside the prefill step)", []),
+        (f"DECODE {fr['completion_tokens'] - 1} steps: ITL p50 {fr['itl_p50_ms']:.2f} ms; traced "
          f"{len(dec)} steps, GPU {statistics.median(s['dur_us'] for s in dec) / 1e3 if dec else float('nan'):.2f} ms/step — "
          f"{top('decode_pct')}", []),
-        (f"{ms(cl['t_done'])}  last token (server e2e {mi.get('e2e_latency', 0) * 1e3:.1f} ms); log: "
-         f"{sum(r['kind'] == 'prefill' for r in rows)} prefill + {sum(r['kind'] == 'decode' for r in rows)} decode lines; "
-         f"trace<->log join {last['join']['matched']}/{last['join']['of']}", []),
+        (f"{ms(fr['t_done'])}  last token (server e2e {(fr.get('e2e_latency') or 0) * 1e3:.1f} ms); log: "
+         f"{fr['log_prefill_lines']} prefill + {fr['log_decode_lines']} decode lines; "
+         f"trace<->log join {fr['join_matched']}/{fr['join_of']}", []),
     ]
     pre_b = [r for r in d["batch_rows"] if r["kind"] == "prefill"]
     items = [(f"configuration: {backend}, {sg.graphs_text(fl)}", []),
@@ -494,7 +519,7 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
              (f"batch of {P['batch']} sent together: " + ", ".join(f"prefill #new-seq {r['new_seq']} #new-token "
                                                                   f"{r['new_token']}" for r in pre_b[:4])
               + f" -> decode bs={max((r['running_req'] for r in d['batch_rows'] if r['kind'] == 'decode'), default=0)}; "
-              f"{sg.latency_summary(d['batch']).get('output_throughput', 0):.0f} out tok/s", [])]
+              f"{batch_record(d)['output_throughput']:.0f} out tok/s", [])]
     itl = a["itl"]
     if len(itl):
         items.append(("ITL vs KV (median of reps, client)", [
@@ -521,6 +546,18 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
     return story.tree(f"EXECUTION STORY — {Path(model_dir).name}, {backend}, {pk['gpu']}", items)
 
 
+def batch_record(d) -> dict:
+    """Part 2's batch as batch.csv keeps it: how many requests, their output throughput (workbook client)."""
+    if "batch_record" in d:
+        return d["batch_record"]
+    return {"requests": len(d["batch"]), "output_throughput": sg.latency_summary(d["batch"]).get("output_throughput", 0)}
+
+
+def join_rows(d) -> list[dict]:
+    """The under-load trace<->log join as joins.csv keeps it (the traced requests' joins are in requests.csv)."""
+    return [{"part": "under load", **d["under_load_join"]}] if d["under_load_join"] else []
+
+
 def write_tables(run, d, a) -> None:
     last = d["requests"][-1]
     sg.table(run, "request_steps", [{"rep": r["rep"], **s} for r in d["requests"] for s in r["joined"]])
@@ -537,22 +574,109 @@ def write_tables(run, d, a) -> None:
         b = bench_summary(d["bench"])
         run.headline(**b)
         run.log("bench_serving: " + ", ".join(f"{k} {v}" for k, v in b.items()))
+    sg.table(run, "requests", [request_record(r) for r in d["requests"]])      # for --reanalyse
+    sg.table(run, "batch_log", d["batch_rows"])
+    sg.table(run, "batch", [batch_record(d)])
+    sg.table(run, "joins", join_rows(d))
     run.log(f"last traced request: {len(last['steps'])} steps, join {last['join']['matched']}/{last['join']['of']}")
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, the server's flags, the ceilings, the model's config and ``d``,
+    the measured parts (the same a --reanalyse rebuilds from a recording's tables)."""
+    args: Any
+    P: dict
+    model_dir: str
+    fl: list
+    pk: dict
+    cfg: dict
+    d: dict = field(default_factory=dict)
+    a: dict = field(default_factory=dict)
+
+
+def analyse(run, x: Record) -> None:
+    """Figures, verdicts, headline and story from the measured parts and what derive() made of them (a GPU run and
+    --reanalyse alike)."""
+    figures(run, x.a, x.d, x.pk, x.args.backend)
+    verdicts(run, x.d, x.a)
+    run.story(sg.config_line(x.fl, sg.SERVING_ENV, x.args.quick) + "\n"
+              + tell(x.d, x.a, x.model_dir, x.fl, x.P, x.pk, x.args.backend), echo=True)
+
+
+NEW_TABLES = ("requests", "batch_log", "batch")        # written for --reanalyse since they were added (+ joins)
+
+
+def _records(t) -> list[dict]:
+    """A recorded table as rows, empty cells left out (as the measured dicts had no such key); a column of whole
+    numbers that pandas read as floats only because of its empty cells is whole numbers again."""
+    if t is None:
+        return []
+    whole = {c for c in t.columns if t[c].dtype.kind == "f" and t[c].isna().any()
+             and all(x.is_integer() for x in t[c].dropna())}
+    return [{k: int(v) if k in whole else v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))}
+            for r in t.to_dict("records")]
+
+
+def main_reanalyse(args) -> int:
+    """--reanalyse DIR: the measured parts back from the recording's tables (traced requests: request_steps.csv +
+    requests.csv; the batch: batch_log.csv + batch.csv; ITL, load, the steps under load, the bar), the model's
+    config from its preset; no server, no sglang. A recording made before requests.csv (the client's TTFT and
+    stamps of each traced request were in no table) is one [setup] line."""
+    src = Path(args.reanalyse)
+    missing = [t for t in NEW_TABLES if not (src / f"{t}.csv").is_file()]
+    if src.is_dir() and (src / "summary.json").is_file() and missing:
+        import json
+        prov = json.loads((src / "summary.json").read_text()).get("provenance") or {}
+        raise SetupError(f"--reanalyse {src.resolve()}: no {', '.join(m + '.csv' for m in missing)} (a recording of "
+                         f"{(prov.get('git') or {}).get('commit', '?')}, before 01 wrote them): each traced request's "
+                         "client TTFT and stamps, which the TTFT-CPU-share verdict and the request story read, were "
+                         "in no table. Re-run 01 on a GPU to record them")
+    rec = recording.open(src, __file__, tables=("request_steps",) + NEW_TABLES,
+                         optional=("joins", "itl_vs_kv", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs"))
+    a = rec.args_like(args)
+    t = rec.tables
+    P = QUICK if a.quick else FULL
+    model_dir, fl = server_flags(a, write=False)
+    servers = rec.summary.get("servers") or []
+    fl = servers[0]["flags"] if servers else fl
+    cfg = sg.model_shape(a.model_path)["config"] if a.model_path else models.config(a.preset)
+    steps = _records(t["request_steps"])
+    reqs = [{"rep": int(r["rep"]), "record": r, "result": {"client": {"ttft_s": r.get("ttft_s")}},
+             "steps": [{k: v for k, v in s.items() if k != "rep"} for s in steps if s["rep"] == r["rep"]]}
+            for r in _records(t["requests"])]
+    joins = {r["part"]: {k: v for k, v in r.items() if k != "part"} for r in _records(t["joins"])}
+    itl_cols = ("batch", "prompt_len", "token", "kv_tokens", "itl_ms", "requests", "rep")
+    d = {"requests": reqs, "batch_rows": _records(t["batch_log"]), "batch_record": _records(t["batch"])[0],
+         "itl": [{k: r[k] for k in itl_cols if k in r} for r in _records(t["itl_vs_kv"])],
+         "loads": _records(t["load_runs"]), "timeline": _records(t["batch_timeline"]),
+         "under_load": _records(t["step_join"]), "under_load_join": joins.get("under load", {}),
+         "bar": _records(t["perf_bar"]), "bench": _records(t["bench_runs"])}
+    import pandas as pd
+    x = Record(a, P, model_dir, fl, rec.peaks, cfg, d)
+    x.a = derive(d, pd, cfg, x.pk)
+    with recording.run(__file__, args, rec) as run:
+        for k in ("servers", "server_config"):
+            if k in rec.summary:
+                run.summary[k] = rec.summary[k]
+        if d["bench"]:
+            run.headline(**bench_summary(d["bench"]))
+        analyse(run, x)
+    return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     pd, P, rates, model_dir, fl = check(args)
     with Run(__file__, args, out=args.out) as run:
-        pk = ceilings.peaks()
-        run.log(f"{pk['gpu']}: {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}; {sg.graphs_text(fl)}")
-        d = measure(args, P, rates, model_dir, fl, run)
-        a = analyse(d, pd, model_dir, pk)
-        write_tables(run, d, a)
-        figures(run, a, d, pk, args.backend)
-        verdicts(run, d, a)
-        run.story(sg.config_line(fl, sg.SERVING_ENV, args.quick) + "\n" + tell(d, a, model_dir, fl, P, pk, args.backend),
-                  echo=True)
+        x = Record(args, P, model_dir, fl, ceilings.peaks(), sg.model_shape(model_dir)["config"])
+        run.log(f"{x.pk['gpu']}: {ceilings.ceiling_text(x.pk, 'dram_read_tb_s', short=True)}; {sg.graphs_text(fl)}")
+        x.d = measure(args, P, rates, model_dir, fl, run)
+        x.a = derive(x.d, pd, x.cfg, x.pk)
+        write_tables(run, x.d, x.a)
+        analyse(run, x)
     return 0
 
 

@@ -37,6 +37,7 @@ Run
     python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (1 in a --quick pipeline), ~3 min warm
     python sglang/scripts/02_radix_cache_analysis.py             # + more prefix lengths, a 2nd pool size
     python sglang/scripts/02_radix_cache_analysis.py --quick --pool-tokens 32768,16384
+    python sglang/scripts/02_radix_cache_analysis.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
     (attention kernels under the counters: 05_ncu_attention.py; the serving timeline: 04_nsys_profile.py)
 Writes sglang/results/02_radix_cache_analysis/: cold_warm.csv, hit_rate_3ways.csv, kernel_switch.csv,
 eviction.csv, eviction_groups.csv, policy.csv, hit_rate.png, server_*.log, profiles/, story.txt, summary.json.
@@ -47,12 +48,13 @@ import dataclasses
 import random
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, story, trace  # noqa: E402
+from common import cli, recording, story, trace  # noqa: E402
 from common.checks import run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -118,6 +120,7 @@ def parse_args(argv=None):
     p.add_argument("--pool-tokens", type=cli.positive_ints, default=None,
                    help="KV pool sizes (--max-total-tokens), e.g. '32768,16384'")
     sg.add_model_args(p)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -416,18 +419,68 @@ def tell(d, pd, P, pools, model_dir, backend) -> str:
         (f"scheduling: {P['groups']} groups x {P['per_group']} requests, shuffled, all at once", pol)])
 
 
+TABLES = (("cold_warm", "cw"), ("hit_rate_3ways", "agree"), ("eviction", "ev"), ("eviction_groups", "evg"),
+          ("policy", "pol"), ("kernel_switch", "ks"))     # (table, key of Record.d), in the order they are written
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: its plan (P, pools, backend, model folder) and ``d``, the measured rows
+    of each table (TABLES) and the first server's flags (the same a --reanalyse reads back from a recording)."""
+    args: object
+    P: dict
+    pools: list
+    model_dir: str
+    d: dict = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return self.args.backend
+
+
+def analyse(run, x: Record) -> None:
+    """Figure, verdicts and story from the measured rows (a GPU run and --reanalyse alike)."""
+    import pandas as pd
+    figure(run, pd.DataFrame(x.d["ev"]))
+    verdicts(run, x.d, pd, x.P, x.backend)
+    run.story(sg.config_line(x.d["flags"], sg.SERVING_ENV, x.args.quick) + " -- C's LPM pass: + --schedule-policy lpm\n"
+              + tell(x.d, pd, x.P, x.pools, x.model_dir, x.backend), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    """--reanalyse DIR: the recording's tables back into the rows the analysis reads; the first server's flags from
+    its summary (``servers``), else rebuilt from its arguments; no server, no sglang."""
+    rec = recording.open(args.reanalyse, __file__, tables=("cold_warm",), optional=tuple(t for t, _ in TABLES[1:]))
+    a = rec.args_like(args)
+    P = QUICK if a.quick else FULL
+    pools = list(a.pool_tokens or P["pools"])
+    model_dir, fl = server_flags(a, "fcfs", pools[0], write=False)
+    servers = rec.summary.get("servers") or []
+    d = {"flags": servers[0]["flags"] if servers else fl}
+    for name, key in TABLES:
+        t = rec.tables[name]
+        if name == "kernel_switch" and t is not None:
+            t = t.fillna({"attention_kernels": ""})
+        d[key] = [] if t is None else t.to_dict("records")
+    with recording.run(__file__, args, rec) as run:
+        for k in ("servers", "server_config"):
+            if k in rec.summary:
+                run.summary[k] = rec.summary[k]
+        analyse(run, Record(a, P, pools, model_dir, d))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     pd, P, pools, model_dir = check(args)
     with Run(__file__, args, out=args.out) as run:
-        d = measure(args, P, pools, model_dir, run)
-        for name, rows in (("cold_warm", d["cw"]), ("hit_rate_3ways", d["agree"]), ("eviction", d["ev"]),
-                           ("eviction_groups", d["evg"]), ("policy", d["pol"]), ("kernel_switch", d["ks"])):
-            sg.table(run, name, rows)
-        figure(run, pd.DataFrame(d["ev"]))
-        verdicts(run, d, pd, P, args.backend)
-        run.story(sg.config_line(d["flags"], sg.SERVING_ENV, args.quick) + " -- C's LPM pass: + --schedule-policy lpm\n"
-                  + tell(d, pd, P, pools, model_dir, args.backend), echo=True)
+        x = Record(args, P, pools, model_dir)
+        x.d = measure(args, P, pools, model_dir, run)
+        for name, key in TABLES:
+            sg.table(run, name, x.d[key])
+        analyse(run, x)
     return 0
 
 

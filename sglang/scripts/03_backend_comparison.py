@@ -36,8 +36,9 @@ Run
     python sglang/scripts/03_backend_comparison.py --quick --perf-bar # quick + the offline bar (~+2 min)
     python sglang/scripts/03_backend_comparison.py --quick --variants flashinfer,triton
     python sglang/scripts/05_ncu_attention.py --backends flashinfer,triton   # the same kernels under ncu
-Writes sglang/results/03_backend_comparison/: backends.csv, kernels.csv, kernels_all.csv, greedy.csv,
-perf_bar_offline.csv, server_<backend>.log, profiles/, story.txt, summary.json.
+    python sglang/scripts/03_backend_comparison.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
+Writes sglang/results/03_backend_comparison/: backends.csv, step_values.csv (the per-step values the verdicts are
+judged on), kernels.csv, kernels_all.csv, greedy.csv, perf_bar_offline.csv, server_<backend>.log, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -49,13 +50,14 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, procs, story, timing, trace  # noqa: E402
-from common.checks import require_module, run_main  # noqa: E402
+from common import ceilings, cli, flops, procs, recording, story, timing, trace  # noqa: E402
+from common.checks import SetupError, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -106,6 +108,7 @@ def parse_args(argv=None):
                      help="run the offline bar (default: on in the full run, off with --quick)")
     bar.add_argument("--no-perf-bar", dest="perf_bar", action="store_false")
     sg.add_model_args(p, backend_default=None)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -404,40 +407,112 @@ def tell(rows, kernels, bar, model_dir, pk) -> str:
     return story.tree(f"ATTENTION BACKENDS — {Path(model_dir).name}, {pk['gpu']}", items)
 
 
+# the per-step values each backend's row carries for the verdicts (not in backends.csv): step_values.csv
+STEP_VALUES = {"_att_ms": "prefill_attention_ms", "_att_us": "decode_attention_us", "_cpu_ms": "decode_step_cpu_ms",
+               "_launches": "decode_attention_launches_per_layer"}
+
+
+def step_value_rows(rows) -> list[dict]:
+    """Each backend's per-step lists (STEP_VALUES) as rows: variant, series, i, value."""
+    return [{"variant": r["variant"], "series": name, "i": i, "value": v}
+            for r in rows for key, name in STEP_VALUES.items() for i, v in enumerate(r.get(key) or [])]
+
+
+def rows_from(backends, step_values) -> list[dict]:
+    """backends.csv + step_values.csv -> the rows the analysis reads (the per-step lists back under their keys)."""
+    rows = []
+    for r in backends.to_dict("records"):
+        r = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+        sv = step_values[step_values["variant"] == r["variant"]]
+        for key, name in STEP_VALUES.items():
+            r[key] = [float(v) for v in sv[sv["series"] == name].sort_values("i")["value"]]
+        rows.append(r)
+    return rows
+
+
+@dataclass
+class Record:
+    """What the analysis of one run reads: the plan, the ceilings, each backend's row (with its per-step lists),
+    the traced kernel rows, the greedy comparison and the offline bar (the same a --reanalyse reads back)."""
+    args: object
+    P: dict
+    model_dir: str
+    pk: dict
+    rows: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)
+    greedy: list = field(default_factory=list)
+    bar: list = field(default_factory=list)
+
+
+def analyse(run, x: Record) -> None:
+    """Verdicts, headline and story from the measured rows (a GPU run and --reanalyse alike)."""
+    verdicts(run, x.rows, x.greedy, x.bar, x.P)
+    _, fl, _env = server_flags(x.args, x.rows[0]["variant"], write=False)
+    run.story(sg.config_line(fl, sg.SERVING_ENV, x.args.quick) + " -- per variant: its own --attention-backend\n"
+              + tell(x.rows, x.kernels, x.bar, x.model_dir, x.pk), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    """--reanalyse DIR: backends.csv and step_values.csv back into each backend's row, kernels.csv (the attention
+    kernels) for the story, greedy.csv and perf_bar_offline.csv; no server, no sglang. A recording without
+    step_values.csv (made before it was written) is one [setup] line: the per-step values four verdicts are judged
+    on were only in the profiler traces, which a run does not keep."""
+    rec = recording.open(args.reanalyse, __file__, tables=("backends",),
+                         optional=("step_values", "kernels", "greedy", "perf_bar_offline"))
+    if rec.tables["step_values"] is None:
+        raise SetupError(f"--reanalyse {rec.src}: no step_values.csv (a recording of "
+                         f"{(rec.summary.get('provenance') or {}).get('git', {}).get('commit', '?')}, before 03 wrote "
+                         "it): the per-step attention times, CPU times and launches the prefill, gap, two-kernel and "
+                         "CPU verdicts are judged on were only in the profiler traces, which a run does not keep; "
+                         "backends.csv holds their medians only. Re-run 03 on a GPU to record them")
+    a = rec.args_like(args)
+    t = rec.tables
+    model_dir, _ = sg.model_and_flags(a, write=False)
+    records = (lambda d: [] if d is None else d.to_dict("records"))
+    x = Record(a, QUICK if a.quick else FULL, model_dir, rec.peaks, rows=rows_from(t["backends"], t["step_values"]),
+               kernels=records(t["kernels"]), greedy=records(t["greedy"]), bar=records(t["perf_bar_offline"]))
+    with recording.run(__file__, args, rec) as run:
+        for k in ("servers", "server_config"):
+            if k in rec.summary:
+                run.summary[k] = rec.summary[k]
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     pd, P, fa3, variants, model_dir, base = check(args)
     perf_bar = (not args.quick) if args.perf_bar is None else args.perf_bar
     sh = sg.model_shape(model_dir)
     with Run(__file__, args, out=args.out) as run:
-        pk = ceilings.peaks()
+        x = Record(args, P, model_dir, ceilings.peaks())
         run.log(f"variants: {variants} (fa3 {'present' if fa3 else 'absent: sgl_kernel.flash_attn does not import'})")
-        rows, kernels, outputs = [], [], {}
+        outputs = {}
         for name in variants:
             try:
-                row, outputs[name] = measure_backend(args, name, P, model_dir, sh, pk, run, kernels)
-                rows.append(row)
+                row, outputs[name] = measure_backend(args, name, P, model_dir, sh, x.pk, run, x.kernels)
+                x.rows.append(row)
             except Exception as e:  # noqa: BLE001 - a backend fails, the others go on
                 run.point_error({"variant": name}, e)
-        if not rows:
+        if not x.rows:
             raise RuntimeError("no backend could be measured; see point_errors and server_*.log")
-        greedy = greedy_rows(outputs)
-        for r in rows:
-            r["greedy_matched_min"] = min((g["matched_prefix"] for g in greedy if g["variant"] == r["variant"]), default=None)
-        sg.table(run, "backends", [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
-        kernel_tables(run, kernels, pd)
-        sg.table(run, "greedy", greedy)
-        bar = []
+        x.greedy = greedy_rows(outputs)
+        for r in x.rows:
+            r["greedy_matched_min"] = min((g["matched_prefix"] for g in x.greedy if g["variant"] == r["variant"]),
+                                          default=None)
+        sg.table(run, "backends", [{k: v for k, v in r.items() if not k.startswith("_")} for r in x.rows])
+        sg.table(run, "step_values", step_value_rows(x.rows))
+        kernel_tables(run, x.kernels, pd)
+        sg.table(run, "greedy", x.greedy)
         if perf_bar:
             try:
-                bar = offline_bar(args, P, model_dir, base, run)
+                x.bar = offline_bar(args, P, model_dir, base, run)
             except Exception as e:  # noqa: BLE001
                 run.point_error({"part": "offline perf bar"}, e)
-        sg.table(run, "perf_bar_offline", bar)
-        verdicts(run, rows, greedy, bar, P)
-        _, fl, _env = server_flags(args, rows[0]["variant"], write=False)
-        run.story(sg.config_line(fl, sg.SERVING_ENV, args.quick) + " -- per variant: its own --attention-backend\n"
-                  + tell(rows, kernels, bar, model_dir, pk), echo=True)
+        sg.table(run, "perf_bar_offline", x.bar)
+        analyse(run, x)
     return 0
 
 

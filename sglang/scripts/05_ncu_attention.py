@@ -35,6 +35,7 @@ Run
     python sglang/scripts/05_ncu_attention.py                         # flashinfer + triton, longer shapes
     python sglang/scripts/05_ncu_attention.py --quick --set full      # every ncu section (slower)
     NCU=/usr/local/cuda/bin/ncu python sglang/scripts/05_ncu_attention.py --quick --layers 0
+    python sglang/scripts/05_ncu_attention.py --reanalyse DIR --out OUT   # no GPU, no ncu, no sglang: the analysis again
 Needs ncu on PATH (or NCU=/path/to/ncu) and permission to read GPU counters (root or
 NVreg_RestrictProfilingToAdminUsers=0).
 Writes sglang/results/05_ncu_attention/: attention_kernels.csv, stalls.csv, ncu_<backend>/ (raw CSV,
@@ -45,12 +46,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, story  # noqa: E402
+from common import ceilings, cli, flops, kernels, ncu, recording, story  # noqa: E402
 from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -109,11 +112,20 @@ def parse_args(argv=None):
     p.add_argument("--set", dest="section_set", default=None, help="ncu section set (e.g. full); default: summary metrics")
     p.add_argument("--launch-count", type=cli.positive_int, default=200, help="safety cap on profiled launches (default 200)")
     sg.add_model_args(p, backend_default=None)
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
 def stage_of(kernel: str, backend: str) -> str:
     return KERNELS.get(backend, ("", {}))[1].get(kernel, "unknown")
+
+
+def server_flags(args, backend, base) -> list[str]:
+    """The launch flags of ``backend``'s server under ncu (``base``: sg.model_and_flags)."""
+    pool = args.prefill_len + args.decode_bs * (args.decode_kv + DECODE_NEW + 16) + 4096
+    return base + sg.flags(attention_backend=backend, skip_server_warmup=True, max_total_tokens=pool, log_level="info",
+                           decode_log_interval=1,
+                           json_model_override_args={"num_hidden_layers": args.layers} if args.layers else None)
 
 
 def profile_backend(args, backend, model_dir, base, sh, pk, run):
@@ -125,10 +137,7 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
     wrapper = ncu.build_cmd([], log_file=log_file, kernel=KERNELS[backend][0], launch_count=args.launch_count,
                             metrics=None if args.section_set else "summary", section_set=args.section_set,
                             cache_control="none", extra=["--profile-from-start", "off", "--graph-profiling", "node"])
-    pool = Lp + B * (Lkv + DECODE_NEW + 16) + 4096
-    fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, max_total_tokens=pool, log_level="info",
-                         decode_log_interval=1,
-                         json_model_override_args={"num_hidden_layers": args.layers} if args.layers else None)
+    fl = server_flags(args, backend, base)
     prof = run.dir / "profiles"
     with sg.Server(model_dir, fl, port=args.port, log_path=run.path(f"server_{backend}.log"), echo=run.log,
                    wrapper=wrapper, start_timeout=max(args.start_timeout, 1800), env={"SGLANG_LOG_MS": "1"},
@@ -225,8 +234,42 @@ def tell(s, pk, layers) -> str:
                       f"{layers or 'all'}", items)
 
 
+@dataclass
+class Record:
+    """What the analysis of one run reads: its arguments, the ceilings, and every profiled attention launch with its
+    counters, stalls and joined columns (attention_kernels.csv + stalls.csv, the same a --reanalyse reads back)."""
+    args: Any
+    pk: dict
+    s: Any = None
+
+
+def analyse(run, x: Record) -> None:
+    """Verdicts, headline and story from the profiled launches (a GPU run and --reanalyse alike)."""
+    verdicts(run, x.s, x.args, x.pk)
+    run.story(tell(x.s, x.pk, x.args.layers), echo=True)
+
+
+def main_reanalyse(args) -> int:
+    """--reanalyse DIR: attention_kernels.csv with stalls.csv's stall columns, the joined columns
+    (common.kernels.joined) and each backend's CUDA-graph text (from its launch flags) again; no server, no ncu."""
+    rec = recording.open(args.reanalyse, __file__, tables=("attention_kernels", "stalls"))
+    a = rec.args_like(args)
+    key = ["backend", "stage", "kernel", "launch"]
+    st = rec.tables["stalls"]
+    s = rec.tables["attention_kernels"].merge(st[key + [c for c in st.columns if c.startswith("stall_")
+                                                        and c != "stall_note"]], on=key, how="left")
+    s = kernels.joined(s, rec.peaks)
+    _, base = sg.model_and_flags(a, write=False)
+    s["graphs"] = [sg.graphs_text(server_flags(a, b, base)) for b in s["backend"]]
+    with recording.run(__file__, args, rec) as run:
+        analyse(run, Record(a, rec.peaks, s))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     sg.require_sglang()
     cli.check_gpus_for(1)
     require_tool(os.environ.get("NCU", "ncu"), "Nsight Compute ships with the CUDA toolkit (e.g. /usr/local/cuda/bin); "
@@ -238,11 +281,11 @@ def main(argv=None) -> int:
     model_dir, base = sg.model_and_flags(args)
     sh = sg.model_shape(model_dir)
     with Run(__file__, args, out=args.out) as run:
-        pk = ceilings.peaks()
+        x = Record(args, ceilings.peaks())
         frames = []
         for b in backends:
             try:
-                frames.append(profile_backend(args, b, model_dir, base, sh, pk, run))
+                frames.append(profile_backend(args, b, model_dir, base, sh, x.pk, run))
                 run.log(f"{b}: {len(frames[-1])} attention launches profiled")
             except SetupError:
                 raise
@@ -250,13 +293,12 @@ def main(argv=None) -> int:
                 run.point_error({"backend": b}, e)
         if not frames:
             raise RuntimeError("no backend was profiled; see point_errors")
-        s = pd.concat(frames, ignore_index=True)
+        x.s = s = pd.concat(frames, ignore_index=True)
         cols = ["backend", "stage", "shape", "kernel", "launch", "tflop_s", "pct_bf16_ceiling",
                 *kernels.names("counters")]
-        sg.table(run, "attention_kernels", s[[x for x in cols if x in s.columns]])
-        sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [x for x in s.columns if x.startswith("stall_")]])
-        verdicts(run, s, args, pk)
-        run.story(tell(s, pk, args.layers), echo=True)
+        sg.table(run, "attention_kernels", s[[c for c in cols if c in s.columns]])
+        sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [c for c in s.columns if c.startswith("stall_")]])
+        analyse(run, x)
     return 0
 
 
