@@ -24,12 +24,17 @@ What the plan expected (hypotheses: H_* below)
 Run
     python mini-sglang/scripts/00_check_env.py --quick     # ~40 s; skips the PyNCCL build and the ncu probe
     python mini-sglang/scripts/00_check_env.py             # full: + PyNCCL build (-lnccl), ncu counter probe
+    python mini-sglang/scripts/00_check_env.py --reanalyse DIR --out OUT   # no GPU: the verdicts and story again
+        from a recording (its tables, profilers.json and facts.csv; a recording from before facts.csv: its log.txt
+        and story.txt)
     (no ncu/nsys variant: this script checks that ncu and nsys work)
 Writes mini-sglang/results/00_check_env/: gpus.csv, packages.csv, peaks.csv, jit_cache.csv, flashinfer_cache.csv,
-backends.csv, profilers.json, story.txt, summary.json (refreshes reports/environment.md).
+backends.csv, profilers.json, facts.csv (first-call and reload times, cache and link paths: what the verdicts and
+story read), story.txt, summary.json (refreshes reports/environment.md).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -37,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, gpu, kernels, story  # noqa: E402
-from common.checks import profilers, require_gpu, require_module, run_main  # noqa: E402
+from common import ceilings, cli, gpu, kernels, recording, story  # noqa: E402
+from common.checks import SetupError, profilers, require_gpu, require_module, run_main  # noqa: E402
 from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
@@ -76,6 +82,7 @@ H = declare(f"""
 
 def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="skip the PyNCCL build and the ncu counter probe (~40 s)")
+    recording.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -243,7 +250,46 @@ def caches_and_backends(run, x):
         run.note(f"the default attention backend ({auto}) is not usable here: pass attention_backend='fi'")
 
 
-def judge(run, x):
+@dataclass
+class Record:
+    """What the verdicts, headline and story read: the tables, profilers.json and the facts (facts.csv)."""
+    args: object
+    prov: dict
+    pk: dict
+    gpus: list
+    jit: list
+    fi_rows: list
+    backends: list
+    tools: list                 # {tool, path, version}: the JIT toolchain (packages.csv's 'tool:' rows)
+    prof: dict
+    first: dict                 # module -> s of its first call
+    reload: list                # ms, one per fresh process
+    nccl_link: dict             # linker, wheel
+    radix_cached_before: bool
+    t_nccl: float | None = None
+    nccl_err: str | None = None
+    f: dict | None = None       # the facts: versions, paths, links (strings)
+
+
+FIRST = ("index", *(f"store {r}" for r in STORE_ROWS), "radix")
+
+
+def facts_rows(x, links: str) -> list[dict]:
+    """facts.csv: one fact a row, what the verdicts and story read that no other table holds."""
+    rows = [("torch", x.torch.__version__), ("cuda_runtime", x.torch.version.cuda),
+            ("sm_count", x.props.multi_processor_count), ("compute_capability", x.cc),
+            ("flashinfer", x.fi.__version__), ("tvm_ffi", getattr(x.tvm_ffi, "__version__", "?")), ("nccl", x.nccl),
+            ("minisgl_commit", x.commit), ("minisgl_source", x.src), ("declared_pins", declared_pins()),
+            ("cuda_target", x.arch), ("links", links), ("tvm_ffi_cache", x.root)]
+    rows += [(f"first_call_s {k}", x.first[k]) for k in x.first]
+    rows += [(f"reload_ms {i + 1}", v) for i, v in enumerate(x.reload)]
+    rows += [("pynccl_build_s", x.t_nccl), ("pynccl_error", x.nccl_err), ("libnccl_linker", x.nccl_link["linker"]),
+             ("libnccl_wheel_dir", x.nccl_link["wheel"]), ("flashinfer_cache", x.fi_dir),
+             ("radix_cached_before", x.radix_cached_before)]
+    return [{"fact": k, "value": None if v is None else str(v)} for k, v in rows]
+
+
+def judge(run, x: Record):
     """The JIT facts (one observation per module), the reload time (3 fresh processes), the AOT claim."""
     idx = _msgl.index_splits(INDEX_ROW)
     mods = {"index": built(x.jit, "index", f"{INDEX_ROW}_{idx}_128_1_false"),
@@ -261,29 +307,28 @@ def judge(run, x):
     if not x.args.quick:
         _msgl.fact(run, H["pynccl"], x.nccl_err is None, "log.txt",
                    detail=f"build {'ok in %.1f s' % x.t_nccl if x.nccl_err is None else 'FAILED: ' + x.nccl_err}; torch "
-                          f"NCCL {x.nccl}; libnccl.so for the linker: {x.nccl_link['linker'] or 'not found'}")
+                          f"NCCL {x.f['nccl']}; libnccl.so for the linker: {x.nccl_link['linker'] or 'not found'}")
 
 
-def tell(run, x) -> str:
-    prov, pk, props = run.summary["provenance"], x.pk, x.props
-    links = ", ".join(f"{k} {v}" for k, v in list(x.topo.get("links", {}).items())[: 2 * len(x.gpus)]) or "single GPU"
+def tell(run, x: Record) -> str:
+    prov, pk, f = run.summary["provenance"], x.pk, x.f
     ncu_d, nsys_d = x.prof.get("ncu", {}), x.prof.get("nsys", {})
     reload = ", ".join("?" if v is None else f"{v:.0f}" for v in x.reload)
     items = [
-        (f"GPUs: {len(x.gpus)} x {prov['gpu']} · driver {prov['driver']} · CUDA {x.torch.version.cuda} · "
-         f"{props.multi_processor_count} SMs · cc {x.cc} · L2 {prov.get('l2_mb')} MB", [(f"links: {links}", [])]),
-        (f"software: torch {x.torch.__version__} · flashinfer {x.fi.__version__} · tvm-ffi "
-         f"{getattr(x.tvm_ffi, '__version__', '?')} · NCCL {x.nccl}", [(f"mini-SGLang {x.commit} from {x.src}", []),
-                                                                      (f"declared pins: {declared_pins()}", [])]),
+        (f"GPUs: {len(x.gpus)} x {prov['gpu']} · driver {prov['driver']} · CUDA {f['cuda_runtime']} · "
+         f"{f['sm_count']} SMs · cc {f['compute_capability']} · L2 {prov.get('l2_mb')} MB", [(f"links: {f['links']}", [])]),
+        (f"software: torch {f['torch']} · flashinfer {f['flashinfer']} · tvm-ffi {f['tvm_ffi']} · NCCL {f['nccl']}",
+         [(f"mini-SGLang {f['minisgl_commit']} from {f['minisgl_source']}", []),
+          (f"declared pins: {f['declared_pins']}", [])]),
         ("JIT toolchain: " + " · ".join(f"{t['tool']} {t['version'] or 'MISSING'}" for t in x.tools[:3])
-         + f" · target {x.arch}", []),
-        (f"tvm-ffi cache {x.root}: {len(x.jit)} mini-SGLang module(s)", [
+         + f" · target {f['cuda_target']}", []),
+        (f"tvm-ffi cache {f['tvm_ffi_cache']}: {len(x.jit)} mini-SGLang module(s)", [
             ("first calls: " + ", ".join(f"{k} {v:.2f} s" for k, v in x.first.items()), []),
             (f"a fresh process loads the cached index module in {reload} ms", []),
             (("pynccl: " + ("built in %.1f s" % x.t_nccl if x.nccl_err is None else "FAILED " + x.nccl_err))
              if not x.args.quick else "pynccl: not built (--quick)", []),
             (f"libnccl.so for -lnccl: {x.nccl_link['linker'] or 'not found'}; wheel lib dir: {x.nccl_link['wheel']}", [])]),
-        (f"FlashInfer JIT cache {x.fi_dir}: {len(x.fi_rows)} module(s)", []),
+        (f"FlashInfer JIT cache {f['flashinfer_cache']}: {len(x.fi_rows)} module(s)", []),
         ("attention backends: " + " · ".join(f"{b['backend']} {'yes' if b['usable'] else 'no'}" for b in x.backends), []),
         (f"profilers: ncu {ncu_d.get('version') or 'missing'} (counters: {ncu_d.get('counters', 'not probed')}) · "
          f"nsys {nsys_d.get('version') or 'missing -> torch.profiler fallback'}", []),
@@ -295,8 +340,143 @@ def tell(run, x) -> str:
     return story.tree(f"ENVIRONMENT for mini-SGLang — {prov['gpu']}", items)
 
 
+def analyse(run, x: Record) -> None:
+    """Verdicts, headline and story from the record (a GPU run and --reanalyse alike)."""
+    prov = run.summary["provenance"]
+    judge(run, x)
+    run.headline(gpu=prov["gpu"], gpu_count=len(x.gpus), sm_count=int(x.f["sm_count"]), nccl=x.f["nccl"],
+                 minisgl_commit=x.f["minisgl_commit"], **{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()},
+                 bf16_tflops=x.pk["bf16_tflops"],
+                 ceilings_source=x.pk.get("source"), index_first_call_s=x.first["index"],
+                 store_first_call_s=x.first[f"store {STORE_ROWS[0]}"], radix_first_call_s=x.first["radix"],
+                 index_reload_ms=statistics.median(x.reload) if None not in x.reload else None)
+    run.story(tell(run, x), echo=True)
+
+
+# ---- --reanalyse: the record again from a recording
+
+def _records(df) -> list[dict]:
+    return [] if df is None else [{k: (None if v != v else v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
+def _num(v) -> float | None:
+    return None if v in (None, "", "None") else float(v)
+
+
+def _story_field(text: str, label: str) -> str | None:
+    """The text after ``label`` on a story line, its wrapped continuation lines joined back (story.tree)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if label in line:
+            out = line.split(label, 1)[1].strip()
+            for nxt in lines[i + 1:]:
+                if not re.match(r"^[│ ]*[^│ ├└]", nxt) or re.match(r"^[│ ]*[├└]", nxt):
+                    break
+                out += " " + nxt.lstrip("│ ").strip()
+            return out
+    return None
+
+
+def facts_from_old(rec, pkgs: dict) -> tuple[dict, str]:
+    """A recording from before facts.csv: the facts from its log.txt (first calls, reload times, the tvm-ffi cache),
+    story.txt (the libnccl paths, the FlashInfer cache, torch's full version, the links), packages.csv, the
+    provenance and the headline (first calls at full precision)."""
+    log, txt = (rec.src / "log.txt"), (rec.src / "story.txt")
+    if not (log.is_file() and txt.is_file()):
+        raise SetupError(f"--reanalyse {rec.src}: no facts.csv, and no log.txt and story.txt to read the first-call and "
+                         "reload times, the cache folders and the libnccl paths from (recorded in facts.csv since)")
+    log, txt = log.read_text(), txt.read_text()
+    prov, head = rec.summary.get("provenance") or {}, rec.summary.get("headline") or {}
+    f = {"cuda_runtime": prov.get("cuda_runtime"), "sm_count": prov.get("sm_count") or head.get("sm_count"),
+         "compute_capability": prov.get("compute_capability"), "flashinfer": pkgs.get("flashinfer-python"),
+         "tvm_ffi": pkgs.get("apache-tvm-ffi (import)"), "nccl": pkgs.get("NCCL (torch)") or head.get("nccl"),
+         "minisgl_commit": head.get("minisgl_commit"), "minisgl_source": pkgs.get("minisgl source"),
+         "declared_pins": pkgs.get("minisgl declared pins"), "cuda_target": pkgs.get("tvm-ffi CUDA target")}
+    m = re.search(r"software: torch (\S+)", txt)
+    f["torch"] = m.group(1) if m else pkgs.get("torch")
+    f["links"] = _story_field(txt, "links: ")
+    m = re.search(r"tvm-ffi cache (\S+): \d+ mini-SGLang module folder", log)
+    f["tvm_ffi_cache"] = m.group(1) if m else None
+    m = re.search(r"first calls: (.*)", log)
+    for k, v in re.findall(r"([a-z]+(?: \d+)?) ([\d.]+) s \(", m.group(1) if m else ""):
+        f[f"first_call_s {k}"] = v
+    for k, key in (("index", "index_first_call_s"), (f"store {STORE_ROWS[0]}", "store_first_call_s"),
+                   ("radix", "radix_first_call_s")):
+        if head.get(key) is not None:           # the headline holds these at full precision, the log at 2 digits
+            f[f"first_call_s {k}"] = head[key]
+    m = re.search(r"fresh processes load the cached index module in \[([^\]]*)\] ms", log)
+    for i, v in enumerate(m.group(1).split(",") if m else []):
+        f[f"reload_ms {i + 1}"] = v.strip()
+    m = re.search(r"libnccl\.so for -lnccl: (\S+); wheel lib dir:\s*(\S+)", " ".join(
+        ln.lstrip("│├└─ ") for ln in txt.splitlines()))
+    f["libnccl_linker"], f["libnccl_wheel_dir"] = (m.group(1), m.group(2)) if m else (None, None)
+    m = re.search(r"pynccl: built in ([\d.]+) s", txt)
+    f["pynccl_build_s"] = m.group(1) if m else None
+    m = re.search(r"\[ERROR\] PyNCCL build: (.*)", log)
+    f["pynccl_error"] = m.group(1).strip() if m else None
+    f["flashinfer_cache"] = _story_field(txt, "FlashInfer JIT cache ")
+    if f["flashinfer_cache"]:
+        f["flashinfer_cache"] = re.sub(r": \d+ module\(s\)$", "", f["flashinfer_cache"])
+    f["radix_cached_before"] = None             # from jit_cache.csv's new_in_this_run
+    need = [k for k in ("tvm_ffi_cache", "libnccl_linker", "flashinfer_cache") if not f.get(k)]
+    need += [f"first_call_s {k}" for k in FIRST if f.get(f"first_call_s {k}") is None]
+    need += [] if f.get("reload_ms 1") else ["reload_ms"]
+    if need:
+        raise SetupError(f"--reanalyse {rec.src}: no facts.csv, and its log.txt/story.txt do not state "
+                         f"{', '.join(need)}")
+    return f, "no facts.csv (a recording from before it): first-call and reload times and the cache folders read " \
+              "from its log.txt, the libnccl paths, torch's version and the links from its story.txt"
+
+
+def main_reanalyse(args) -> int:
+    """The verdicts and story again from what the run recorded: nothing is probed here."""
+    rec = recording.open(args.reanalyse, __file__, tables=("gpus", "packages", "jit_cache", "flashinfer_cache",
+                                                           "backends"),
+                         optional=("facts",), copy=("profilers.json",))
+    pkgs = {r["package"]: (None if r["version"] is None else str(r["version"]))
+            for r in _records(rec.tables["packages"])}
+    if rec.tables["facts"] is not None:
+        f, how = {r["fact"]: r["value"] for r in _records(rec.tables["facts"])}, None
+    else:
+        f, how = facts_from_old(rec, pkgs)
+    tools = []
+    for k, v in pkgs.items():
+        if k.startswith("tool: "):
+            m = re.match(r"(.*) \((.*)\)$", v or "")
+            tools.append({"tool": k[len("tool: "):], "path": m.group(2) if m else None,
+                          "version": (m.group(1) if m and m.group(1) != "None" else None)})
+    jit = _records(rec.tables["jit_cache"])
+    for r in jit:
+        r["template_args"] = "" if r["template_args"] is None else str(r["template_args"])
+        r["built"] = str(r["built"]) == "True"
+    radix_before = f.get("radix_cached_before")
+    radix_before = (any(r["module"] == "radix" and str(r.get("new_in_this_run")) == "False" for r in jit)
+                    if radix_before is None else str(radix_before) == "True")
+    fi_rows = [r for r in _records(rec.tables["flashinfer_cache"]) if r["module"] != "(empty)"]
+    reload = [_num(f[k]) for k in sorted((k for k in f if k.startswith("reload_ms ")), key=lambda k: int(k.split()[1]))]
+    prov = rec.summary.get("provenance") or {}
+    pk = dict(rec.peaks)                        # + what the story reads beside the ceilings: L2, the datasheet row
+    pk["l2_mb"] = prov.get("l2_mb") or pk.get("l2_mb")
+    pk["datasheet"] = pk.get("datasheet") or gpu.device_spec(pk.get("gpu"))
+    x = Record(args=rec.args_like(args), prov=prov, pk=pk,
+               gpus=_records(rec.tables["gpus"]), jit=jit, fi_rows=fi_rows,
+               backends=[{**b, "usable": str(b["usable"]) == "True"} for b in _records(rec.tables["backends"])],
+               tools=tools, prof=json.loads(rec.files.get("profilers.json") or b"{}"),
+               first={k: _num(f[f"first_call_s {k}"]) for k in FIRST if f.get(f"first_call_s {k}") is not None},
+               reload=reload, nccl_link={"linker": f.get("libnccl_linker"), "wheel": f.get("libnccl_wheel_dir")},
+               radix_cached_before=radix_before, t_nccl=_num(f.get("pynccl_build_s")), nccl_err=f.get("pynccl_error"),
+               f=f)
+    with recording.run(__file__, args, rec) as run:
+        if how:
+            run.note(f"re-analysis: {how}")
+        analyse(run, x)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     props = torch.cuda.get_device_properties(0)
@@ -316,16 +496,14 @@ def main(argv=None) -> int:
         caches_and_backends(run, x)
         x.prof = profilers(probe=not args.quick)
         run.json("profilers", x.prof)
-        # ---- verdicts
-        judge(run, x)
-        run.headline(gpu=prov["gpu"], gpu_count=len(x.gpus), sm_count=props.multi_processor_count, nccl=x.nccl,
-                     minisgl_commit=x.commit, **{key: x.pk.get(key) for key in ceilings.DRAM_KEYS.values()},
-                     bf16_tflops=x.pk["bf16_tflops"],
-                     ceilings_source=x.pk.get("source"), index_first_call_s=x.first["index"],
-                     store_first_call_s=x.first[f"store {STORE_ROWS[0]}"], radix_first_call_s=x.first["radix"],
-                     index_reload_ms=statistics.median(x.reload) if None not in x.reload else None)
-        # ---- the story
-        run.story(tell(run, x), echo=True)
+        links = ", ".join(f"{k} {v}" for k, v in list(x.topo.get("links", {}).items())[: 2 * len(x.gpus)]) or "single GPU"
+        facts = facts_rows(x, links)
+        run.table("facts", facts)
+        # ---- verdicts, headline, story (the same analysis as --reanalyse)
+        analyse(run, Record(args=args, prov=prov, pk=x.pk, gpus=x.gpus, jit=x.jit, fi_rows=x.fi_rows,
+                            backends=x.backends, tools=x.tools, prof=x.prof, first=x.first, reload=x.reload,
+                            nccl_link=x.nccl_link, radix_cached_before=x.radix_cached_before, t_nccl=x.t_nccl,
+                            nccl_err=x.nccl_err, f={r["fact"]: r["value"] for r in facts}))
     return 0
 
 
