@@ -65,8 +65,9 @@ Run (one LLM per process, created before any CUDA call; gloo binds 127.0.0.1:233
     python mini-sglang/scripts/08_forward_timeline.py --quick --batch 8 --variants eager,graph
     ./mini-sglang/scripts/ncu_profile.sh --kernel 'nvjet|Norm|BatchPrefill' --count 40 -- \\
         python mini-sglang/scripts/08_forward_timeline.py --ncu-target --quick     # a 2-layer forward, any ncu set
+    python mini-sglang/scripts/08_forward_timeline.py --reanalyse DIR --out OUT  # no GPU: the analysis again from DIR
 Writes mini-sglang/results/08_forward_timeline/: steps.csv, prefix.csv, kernels_<variant>.csv, layer_check.csv,
-layer_tree.csv, class_shares.csv, waterfall.csv, ncu_windows.csv and ncu/ (with counters), nsys_kernels.csv / nsys_nvtx.csv
+layer_tree.csv, class_shares.csv, waterfall.csv, traced_steps.csv, ncu_windows.csv and ncu/ (with counters), nsys_kernels.csv / nsys_nvtx.csv
 (--nsys), story_<variant>.json (Perfetto: open in https://ui.perfetto.dev, <= 5 MB), trace_<variant>.json,
 timeline.png, layer_tree.png, variants.png, story.txt, summary.json.
 """
@@ -80,6 +81,7 @@ import re
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,7 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, kernels, models, ncu, nsys, plots, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, kernels, models, ncu, nsys, plots, recording, story, timeline, trace  # noqa: E402
 from common.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.ranges import nvtx_range  # noqa: E402
 from common.results import Run  # noqa: E402
@@ -162,6 +164,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", type=cli.choices_list("fi", "fa"), default=["fi"], help="attention backend (default fi)")
     p.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--nsys-target", action="store_true", help=argparse.SUPPRESS)
+    recording.add_flag(p)
     a = p.parse_args(argv)
     if a.prompt_len + (a.decode_steps or FULL["decode_steps"]) + TAIL > MAX_SEQ:
         p.error(f"argument --prompt-len: {a.prompt_len} tokens plus the decode steps exceed max_seq_len {MAX_SEQ}")
@@ -571,6 +574,9 @@ def analyse(run, data, cfg, pk, rows=None) -> dict:
                   + (waterfall.rows(w["decode"], waterfall="itl") if w["decode"] else []))
     for name in ("steps", "prefix"):
         run.table(name, out[name])
+    traced = [{"variant": v, **r} for v, tr in data["traced"].items() for r in tr.get("rows") or []]
+    if traced:            # the traced generates' own steps (CUDA events): the observer headline reads them
+        run.table("traced_steps", traced)
     checks = pd.DataFrame(out["ranges"])
     if out["order"]:      # one row per layer, with its step's range / sync / graph counts
         checks = pd.DataFrame(out["order"]).merge(checks, on=["variant", "step", "mode"], how="left")
@@ -747,6 +753,114 @@ def judge_waterfall(run, w) -> None:
                         "confirmed" if wf["ok"] else "refuted", "waterfall.csv")
 
 
+# ------------------------------------------------------------------ figures, verdicts, headline, story (GPU run and --reanalyse)
+
+@dataclass
+class Record:
+    """What the report of one run reads: the settings, the ceilings, the LLM's init time, the joined analysis
+    (analyse(): kernel tables, layer checks, layer tree, timed steps, prefix, waterfall, ncu windows) and the
+    profiler's cost per variant (observer())."""
+    s: SimpleNamespace
+    pk: dict
+    init_s: float
+    a: dict
+    observer: dict = field(default_factory=dict)
+
+
+def report(run, x: Record) -> None:
+    """Figures, verdicts, headline and story from the joined tables (a GPU run and --reanalyse alike)."""
+    s, pk, a, init_s = x.s, x.pk, x.a, x.init_s
+    show = "graph" if "graph" in a["kt"] else s.variants[0]
+    run.figure("timeline", plots.joined_timeline(a["kt"][show], title=f"mini-SGLang {show} — {pk['gpu']}"))
+    run.figure("layer_tree", plots.layer_tree([r for r in a["tree"] if r["variant"] == show], pk))
+    run.figure("variants", variants_figure(a["steps"]))
+    # ---- verdicts
+    judge(run, a, s.variants)
+    if a.get("waterfall"):
+        judge_waterfall(run, a["waterfall"])
+    st = a["steps"]
+    run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
+                                   for v in s.variants}, **x.observer,
+                 kernels_per_decode_step=float(a["kt"][show][a["kt"][show]["mode"] == "decode"].groupby("step").size()
+                                               .median()),
+                 shared_prefix_cached_len=int(a["prefix"]["cached_len"].min()))
+    # ---- the story
+    run.story(tell(a, s, pk, init_s, s.backend), echo=True)
+
+
+def waterfall_from_rows(df, key: str, label: str) -> dict | None:
+    """A waterfall of waterfall.csv again (common.waterfall.rows inverted): its parts, its total (the parts plus the
+    unattributed remainder) and its add-up verdict (common.waterfall._finish)."""
+    from common import waterfall
+    d = df[(df["waterfall"] == key) & (df["level"] == 0)]
+    if not len(d):
+        return None
+    parts = [{"name": r["part"], "ms": r["ms"], "min_ms": r["min_ms"], "max_ms": r["max_ms"], "source": r["source"],
+              "what": r["what"] if isinstance(r["what"], str) else "", "start": None, "end": None, "from": None,
+              "to": None, "split": None} for r in d.to_dict("records") if r["part"] != "(unattributed)"]
+    rest = d[d["part"] == "(unattributed)"]["ms"]
+    total = sum(p["ms"] for p in parts) + (float(rest.iloc[0]) if len(rest) else 0.0)
+    return waterfall._finish({"label": label, "total_ms": total, "parts": parts, "source": "untraced"})
+
+
+def read_csv(src: Path, name: str):
+    """``name``.csv of a recording, or ``name``.csv.gz (the fixtures gzip the big ones whole); None when neither."""
+    import pandas as pd
+    for f in (src / f"{name}.csv", src / f"{name}.csv.gz"):
+        if f.is_file():
+            return pd.read_csv(f)
+    return None
+
+
+def main_reanalyse(args) -> int:
+    """--reanalyse DIR: the report again from the joined tables a run recorded (not its traces): the layer checks
+    (layer_check.csv holds each traced step's range / sync / graph counts on every layer row), the timed steps, the
+    prefix, the waterfall, the ncu windows and the kernel tables of the variants the report reads."""
+    from common.checks import SetupError
+    rec = recording.open(args.reanalyse, __file__, tables=("steps", "prefix"),
+                         optional=("waterfall", "ncu_windows", "traced_steps"))
+    s = settings(rec.args_like(args))
+    t = rec.tables
+    for name in ("layer_check", "layer_tree", "class_shares"):      # plain or gzipped whole
+        if (t.setdefault(name, read_csv(rec.src, name))) is None:
+            raise SetupError(f"--reanalyse {rec.src}: no {name}.csv(.gz) to re-analyse (written by 08_forward_timeline.py)")
+    kt = {v: k for v in s.variants if (k := read_csv(rec.src, f"kernels_{v}")) is not None}
+    show = "graph" if "graph" in s.variants else s.variants[0]
+    if show not in kt:
+        raise SetupError(f"--reanalyse {rec.src}: no kernels_{show}.csv(.gz) to re-analyse (the story's and the "
+                         "timeline's kernel table; written by 08_forward_timeline.py)")
+    lc = t["layer_check"].assign(others=lambda d: d["others"].fillna(""))
+    order_cols = ["variant", "step", "mode", "layer", "kernels", "sequence", "matches", "others"]
+    range_cols = ["variant", "step", "mode", "layer_ranges", "model_layers", "kernels_in_layer_ranges", "agree",
+                  "event_syncs", "graph_launches"]
+    a = {"kt": kt, "order": lc[order_cols].to_dict("records"),
+         "ranges": lc[range_cols].drop_duplicates(["variant", "step"]).to_dict("records"),
+         "tree": t["layer_tree"].to_dict("records"), "shares": [t["class_shares"]],
+         "ncu": t["ncu_windows"].to_dict("records") if t["ncu_windows"] is not None else [],
+         "steps": t["steps"], "prefix": t["prefix"]}
+    if t["waterfall"] is not None:
+        a["waterfall"] = {"ttft": waterfall_from_rows(t["waterfall"], "ttft", f"untraced, median of {WATERFALL_REPS} generates"),
+                          "decode": waterfall_from_rows(t["waterfall"], "itl",
+                                                        f"one decode step, median of {WATERFALL_REPS} generates")}
+    head = rec.summary.get("headline") or {}
+    if t["traced_steps"] is not None:
+        tr = t["traced_steps"]
+        obs = observer({"traced": {v: {"rows": g.to_dict("records")} for v, g in tr.groupby("variant", sort=False)}},
+                       a["steps"])
+    else:                  # recorded before traced_steps.csv: the traced steps' CUDA-event times were in no table
+        obs = {k: v for k, v in head.items() if k.startswith("observer_pct_")}
+    with recording.run(__file__, args, rec) as run:
+        if t["traced_steps"] is None:
+            run.note("re-analysis: this recording predates traced_steps.csv; the profiler's cost (observer_pct_*) is "
+                     "its own headline's, not recomputed")
+        for name in ("steps", "prefix", "layer_check", "layer_tree", "class_shares", "waterfall", "ncu_windows",
+                     "traced_steps"):
+            if t[name] is not None:
+                run.table(name, t[name])
+        report(run, Record(s=s, pk=rec.peaks, init_s=float(head.get("init_s", math.nan)), a=a, observer=obs))
+    return 0
+
+
 def installed(name: str, hint: str) -> None:
     """SetupError unless package ``name`` can be found, without importing it."""
     import importlib.util
@@ -757,6 +871,8 @@ def installed(name: str, hint: str) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.reanalyse:
+        return main_reanalyse(args)
     if args.ncu_target or args.nsys_target:
         return target(args)
     # ---- check: packages, GPU, the model; the LLM first (Engine asserts CUDA is untouched; Run's probe touches it)
@@ -787,22 +903,7 @@ def main(argv=None) -> int:
             nsys_tables(run, args)
         # ---- analyse: the joined tables, the Perfetto traces, the figures
         a = analyse(run, data, cfg, pk, rows)
-        show = "graph" if "graph" in a["kt"] else s.variants[0]
-        run.figure("timeline", plots.joined_timeline(a["kt"][show], title=f"mini-SGLang {show} — {pk['gpu']}"))
-        run.figure("layer_tree", plots.layer_tree([r for r in a["tree"] if r["variant"] == show], pk))
-        run.figure("variants", variants_figure(a["steps"]))
-        # ---- verdicts
-        judge(run, a, s.variants)
-        if a.get("waterfall"):
-            judge_waterfall(run, a["waterfall"])
-        st = a["steps"]
-        run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
-                                       for v in s.variants}, **observer(data, st),
-                     kernels_per_decode_step=float(a["kt"][show][a["kt"][show]["mode"] == "decode"].groupby("step").size()
-                                                   .median()),
-                     shared_prefix_cached_len=int(a["prefix"]["cached_len"].min()))
-        # ---- the story
-        run.story(tell(a, s, pk, init_s, s.backend), echo=True)
+        report(run, Record(s=s, pk=pk, init_s=init_s, a=a, observer=observer(data, a["steps"])))
     return 0
 
 

@@ -1,0 +1,45 @@
+"""`--reanalyse DIR` of mini-SGLang's 08_forward_timeline.py, proven on its real H200 recording.
+
+tests/fixtures/recordings_h200/mini-sglang/08_forward_timeline/ holds the summary.json and the joined tables the
+report reads (not the traces), copied from `08_forward_timeline.py --quick --ncu` in the H200 pipeline run of commit
+a5d3c27 (2026-11-25): kernels_graph.csv gzipped whole, kernels_eager.csv cut to its layer-1 rows (gzipped; the
+counters verdict reads layer 1 only; tests/fixtures/README.md). check_reanalysis (tests/test_reanalyse.py) re-analyses
+it on this CPU and asserts the recording's verdict for every hypothesis, its provenance and a story."""
+import json
+
+import pytest
+
+from test_reanalyse import REC, check_reanalysis
+
+
+def test_minisgl08_reanalysis_gives_the_recordings_verdicts(tmp_path):
+    out = check_reanalysis("mini-sglang", "08_forward_timeline", tmp_path)
+    before, after = (json.loads((d / "summary.json").read_text()) for d in (REC / "mini-sglang/08_forward_timeline", out))
+    # the same detail on every verdict (the layer checks, the timed steps, the counters, the waterfalls' add-up)
+    assert [(o.get("hypothesis") or o["expected"], o.get("detail")) for o in after["observations"]] == \
+        [(o.get("hypothesis") or o["expected"], o.get("detail")) for o in before["observations"]]
+    for k, v in before["headline"].items():           # observer_pct_*: the recording's own (it predates traced_steps.csv)
+        assert after["headline"][k] == pytest.approx(v), k
+    assert "TTFT waterfall" in (out / "story.txt").read_text()
+
+
+def test_minisgl08_reads_the_traced_steps_a_gpu_run_now_writes(tmp_path):
+    """With traced_steps.csv (as analyse() now writes it) the profiler's cost is computed from it, not copied."""
+    import shutil
+
+    import pandas as pd
+
+    from test_reanalyse import ROOT, kit
+    src = tmp_path / "rec"
+    shutil.copytree(REC / "mini-sglang/08_forward_timeline", src)
+    steps = pd.read_csv(src / "steps.csv")
+    # each variant's traced decode steps at twice its timed median GPU time: observer_pct = +100 %
+    rows = []
+    for v, g in steps[steps["phase"] == "decode"].groupby("variant"):
+        med = g.groupby("rep")["gpu_ms"].median().median()
+        rows += [{"variant": v, "step": i, "phase": "decode", "gpu_ms": 2 * med} for i in range(1, 5)]
+    pd.DataFrame(rows).to_csv(src / "traced_steps.csv", index=False)
+    mod = kit.load_script(ROOT / "mini-sglang/scripts/08_forward_timeline.py", "re_msgl08_traced")
+    assert mod.main(["--reanalyse", str(src), "--out", str(tmp_path / "out")]) == 0
+    head = json.loads((tmp_path / "out/summary.json").read_text())["headline"]
+    assert head["observer_pct_graph"] == pytest.approx(100, abs=1)
