@@ -268,6 +268,10 @@ COUNTERS = [
         "accurately)", ("lts__t_sector_hit_rate.pct",), lambda m: _in_pct_range(m.col("lts__t_sector_hit_rate.pct")),
         lambda r: f"L2 hit {_f(r['l2_hit_pct'])}%" if _ok(r.get("l2_hit_pct")) and r["l2_hit_pct"] <= L2_HIT_MAX
         else None),
+    Col("l1_hit_pct", "counters", "%", "L1/TEX hit rate of the kernel's global and local memory requests "
+        "(l1tex__t_sector_hit_rate.pct): how much reuse the SM's own cache caught before L2",
+        ("l1tex__t_sector_hit_rate.pct",), lambda m: _in_pct_range(m.col("l1tex__t_sector_hit_rate.pct")),
+        lambda r: f"L1 hit {_f(r['l1_hit_pct'])}%" if _ok(r.get("l1_hit_pct")) else None),
     Col("dram_sol_pct", "counters", "%", "ncu's DRAM throughput as % of its theoretical peak (speed of light); "
         "compared only with SM % to classify the kernel (common.ncu.bound)", DRAM_SOL_METRICS,
         lambda m: m.first(DRAM_SOL_METRICS)),
@@ -439,6 +443,9 @@ def resident(r: dict, peaks: dict | None = None) -> bool:
 
 # ------------------------------------------------------------------ a kernel as a story node
 
+_FIRST_LINE = next(i for i, c in enumerate(COUNTERS) if c.name == "sm_pct") + 1   # time, bytes, caches, SM
+
+
 def node(r: dict, head: str | None = None) -> tuple[str, list]:
     """(label, children) for common.story.tree: the kernel's line (``head``, or its name and traced time), then
     one child for its work (rates from the traced time) and one or two for its counters (ncu), each built
@@ -450,10 +457,10 @@ def node(r: dict, head: str | None = None) -> tuple[str, list]:
         work.append("L2-resident: its data came from L2")
     if work:
         kids.append(("work: " + " · ".join(work), []))
-    ncu1 = [s for s in (c.show(r) for c in COUNTERS[:9] if c.show) if s]
+    ncu1 = [s for s in (c.show(r) for c in COUNTERS[:_FIRST_LINE] if c.show) if s]
     if ncu1:
         kids.append((" · ".join(ncu1), []))
-    ncu2 = [s for s in (c.show(r) for c in COUNTERS[9:] if c.show) if s]
+    ncu2 = [s for s in (c.show(r) for c in COUNTERS[_FIRST_LINE:] if c.show) if s]
     if r.get("one_cta_per_sm"):
         ncu2.append("one CTA per SM by design")
     if ncu2:

@@ -105,3 +105,17 @@ def test_l2_hit_rate_out_of_range_is_no_rate(fixture_path):
     bad = {**s.iloc[0].to_dict(), "l2_hit_pct": 351.71}             # a recorded row from before the check
     assert "L2 hit" not in str(kernels.node(bad, head="x"))
     assert "L2 hit" in str(kernels.node({**bad, "l2_hit_pct": 61.0}, head="x"))
+
+
+def test_one_new_ncu_metric_reaches_every_kernel_line_from_its_declaration(fixture_path):
+    """The L1 hit rate was added as one Col of common/kernels.py (its metric, its derivation, its words on a line):
+    ncu collects it (SUMMARY_METRICS), summarize derives it and every kernel line prints it. Real --set full rows of
+    five FlashInfer kernels on an H200 (ncu_raw_fullset_flashinfer_5kernels_h200.csv)."""
+    h200 = {"dram_tb_s": 4.70, "dram_read_tb_s": 4.60, "dram_write_tb_s": 4.70, "dram_copy_tb_s": 4.28,
+            "dram_mixed_tb_s": 4.41, "l2_mb": 60.0, "bf16_tflops": 800.0}
+    assert "l1tex__t_sector_hit_rate.pct" in ncu.SUMMARY_METRICS
+    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks=h200)
+    rms = s[s["kernel"] == "RMSNormKernel"].iloc[0].to_dict()
+    assert rms["l1_hit_pct"] == pytest.approx(47.0)
+    first = kernels.node(rms)[1][0][0]
+    assert "L2 hit" in first and "L1 hit 47.0%" in first and first.index("L1 hit") < first.index("SM ")
