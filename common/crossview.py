@@ -104,20 +104,16 @@ def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
 def prefill(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
     """(rows, the summary.json of each run read) for the 512-token prefill shape."""
     rows, used = [], []
-    sg = root / "sglang/results/08_execution_story"
-    a = [r for r in _rows(sg / "layer_tree.csv") if r.get("story") == "one" and r.get("mode") == "EXTEND"
-         and r.get("role") == "attention"]
-    if a:
-        rows += _group("SGLang", "served, one text request (08; BOS cached: ragged + paged + merge)", a,
-                       {r["kernel"]: _num(r.get("dur_us")) for r in a})
-        used.append(sg / "summary.json")
-    ms = root / "mini-sglang/results/08_forward_timeline"
-    m = [r for r in _rows(ms / "layer_tree.csv") if r.get("variant") == "graph" and r.get("mode") == "prefill"
-         and r.get("role") == "attention"]
-    if m:
-        rows += _group("mini-SGLang", "its forward, 512-token prompt (08, graph variant)", m,
-                       {r["kernel"]: _num(r.get("dur_us")) for r in m})
-        used.append(ms / "summary.json")
+    for system, how, folder, keep in (
+            ("SGLang", "served, one text request (08; BOS cached: ragged + paged + merge)",
+             "sglang/results/08_execution_story", {"story": "one", "mode": "EXTEND"}),
+            ("mini-SGLang", "its forward, 512-token prompt (08, graph variant)",
+             "mini-sglang/results/08_forward_timeline", {"variant": "graph", "mode": "prefill"})):
+        a = [r for r in _rows(root / folder / "layer_tree.csv") if r.get("role") == "attention"
+             and all(r.get(k) == v for k, v in keep.items())]      # the traced joined tree: traced times too
+        if a:
+            rows += _group(system, how, a, {r["kernel"]: _num(r.get("dur_us")) for r in a})
+            used.append(root / folder / "summary.json")
     fi = root / "flashinfer/results/02_profile_prefill"
     f = [r for r in _rows(fi / "kernels.csv") if r.get("kind") == "reference" and r.get("batch") == "1"
          and r.get("qo_len") == "512" and r.get("kv_len") == "512"]

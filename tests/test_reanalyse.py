@@ -21,14 +21,27 @@ def _verdicts(summary: dict) -> dict:
     return {o.get("hypothesis") or o["expected"]: o["verdict"] for o in summary["observations"]}
 
 
+def load(system: str, stem: str, name: str | None = None):
+    """The script <system>/scripts/<stem>.py as a module (its folder on sys.path for its helper module)."""
+    scripts = ROOT / system / "scripts"
+    sys.path.insert(0, str(scripts))
+    return kit.load_script(scripts / f"{stem}.py", name or f"re_{system}_{stem}".replace("-", "_"))
+
+
+def copy_recording(system: str, stem: str, tmp_path: Path, name: str | None = None):
+    """(the script as a module, a copy of its recording under tmp_path/rec) for tests that add files to it."""
+    import shutil
+    src = tmp_path / "rec"
+    shutil.copytree(REC / system / stem, src)
+    return load(system, stem, name), src
+
+
 def check_reanalysis(system: str, stem: str, tmp_path: Path) -> Path:
     """Re-analyse tests/fixtures/recordings_h200/<system>/<stem>/ with the script's --reanalyse; assert the same
     verdicts, the recording's provenance and a story. Returns the new run's folder (for further checks)."""
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
-    scripts = ROOT / system / "scripts"
-    sys.path.insert(0, str(scripts))
-    mod = kit.load_script(scripts / f"{stem}.py", f"re_{system}_{stem}".replace("-", "_"))
+    mod = load(system, stem)
     src = REC / system / stem
     out = tmp_path / stem
     assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0

@@ -39,14 +39,9 @@ def test_decode_per_call_verdicts_come_from_the_recorded_trace(tmp_path):
 
 
 def test_a_recording_without_its_trace_is_one_setup_line(tmp_path):
-    import shutil
-
-    import kit
     from common.checks import SetupError
-    from test_reanalyse import REC, ROOT
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "flashinfer" / "03_profile_decode", src)
+    from test_reanalyse import copy_recording
+    mod, src = copy_recording("flashinfer", "03_profile_decode", tmp_path, "re_fi03_notrace")
     (src / "trace.json.gz").unlink()
-    mod = kit.load_script(ROOT / "flashinfer/scripts/03_profile_decode.py", "re_fi03_notrace")
     with pytest.raises(SetupError, match="no trace.json to re-analyse"):
         mod.main(["--reanalyse", str(src), "--out", str(tmp_path / "out")])

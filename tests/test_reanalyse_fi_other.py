@@ -3,7 +3,7 @@ from its real H200 recording in tests/fixtures/recordings_h200/flashinfer/<stem>
 of commit a5d3c27, 2026-11-25; tests/fixtures/README.md): the same verdict for every hypothesis as the recording."""
 import pytest
 
-from test_reanalyse import check_reanalysis
+from test_reanalyse import check_reanalysis, copy_recording
 
 # script stems whose --reanalyse is proven on their recording
 STEMS = ["04_profile_rmsnorm", "05_profile_rope", "01_test_kernels", "07_jit_analysis", "00_check_env"]
@@ -20,17 +20,9 @@ def test_01_reads_its_probes_table_like_the_facts_it_derives(tmp_path):
     observations. Written as probes.csv beside that recording (the columns the GPU phase writes), the re-analysis
     reads the table instead and gives the same verdicts."""
     import json
-    import shutil
-    import sys
     pd = pytest.importorskip("pandas")
-    import kit
-    from test_reanalyse import REC, ROOT
     from common import recording
-    scripts = ROOT / "flashinfer" / "scripts"
-    sys.path.insert(0, str(scripts))
-    m01 = kit.load_script(scripts / "01_test_kernels.py", "re_fi_01_probes")
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "flashinfer" / "01_test_kernels", src)
+    m01, src = copy_recording("flashinfer", "01_test_kernels", tmp_path, "re_fi_01_probes")
     facts, how = m01.probes_of(recording.open(src, m01.__file__, tables=("checks", "modules"), optional=("probes",)))
     assert how and facts["cuda_norm"] is True and facts["cutlass_dsl_importable"] is False and facts["rejected"] is True
     assert facts["compute_major"] == 9 and facts["gpu_name"] == "NVIDIA H200" and facts["failures"] == ""
@@ -49,16 +41,8 @@ def test_07_reads_its_passes_table_and_each_cli_calls_text(tmp_path):
     recording held: from now on passes.csv; that recording's are read from its story. Written as passes.csv beside
     it, the re-analysis reads the table and tells the same story. The jit-cli verdict reads the CLI's output, kept in
     cli_module_status.txt: a full run makes two calls of the same command, each output with blank lines in it."""
-    import shutil
-    import sys
-    import kit
-    from test_reanalyse import REC, ROOT
-    scripts = ROOT / "flashinfer" / "scripts"
-    sys.path.insert(0, str(scripts))
-    m07 = kit.load_script(scripts / "07_jit_analysis.py", "re_fi_07_passes")
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "flashinfer" / "07_jit_analysis", src)
     import json
+    m07, src = copy_recording("flashinfer", "07_jit_analysis", tmp_path, "re_fi_07_passes")
     summary = json.loads((src / "summary.json").read_text())
     passes = m07.passes_from_story(summary["story"])
     assert list(passes["wall_s"].iloc[:2]) == [18.5, 5.6] and passes["module_folders"].iloc[2] == 7
@@ -80,18 +64,10 @@ def test_00_reads_its_device_table_and_probes_nothing(tmp_path):
     recording, the re-analysis reads it and tells the same story. Without environment.json (the profilers and
     FlashInfer's paths were probed on the GPU machine and recorded only there) it is one [setup] line."""
     import json
-    import shutil
-    import sys
     pd = pytest.importorskip("pandas")
-    import kit
     from common import recording
     from common.checks import SetupError
-    from test_reanalyse import REC, ROOT
-    scripts = ROOT / "flashinfer" / "scripts"
-    sys.path.insert(0, str(scripts))
-    m00 = kit.load_script(scripts / "00_check_env.py", "re_fi_00_device")
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "flashinfer" / "00_check_env", src)
+    m00, src = copy_recording("flashinfer", "00_check_env", tmp_path, "re_fi_00_device")
     rec = recording.open(src, m00.__file__, tables=("peaks",), optional=("device",))
     dev, how = m00.device_from(rec, json.loads((src / "environment.json").read_text()))
     assert how and dev["total_memory_bytes"] == 150e9 and dev["l2_bytes"] == 60 * 2**20 and dev["cc_major"] == 9

@@ -21,17 +21,13 @@ def test_04_reads_its_plan_syncs_from_the_table_a_gpu_run_now_writes(tmp_path):
     the fixture). A recording with plan_syncs.csv (here: those counts, as compare() now writes them) and no trace
     gives the same verdicts; one with neither is one [setup] line, not a missing verdict."""
     import json
-    import shutil
 
     import pandas as pd
 
     from common import recording, trace
     from common.checks import SetupError
-    from test_reanalyse import REC, ROOT, _verdicts
-    import kit
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "mini-sglang" / "04_profile_attention", src)
-    m04 = kit.load_script(ROOT / "mini-sglang/scripts/04_profile_attention.py", "re_minisgl_04_syncs")
+    from test_reanalyse import _verdicts, copy_recording
+    m04, src = copy_recording("mini-sglang", "04_profile_attention", tmp_path, "re_minisgl_04_syncs")
     syncs = m04.plan_syncs(trace.read_chrome_trace(src / "trace.json.gz"))
     assert len(syncs) == 15 and {n for name, n in syncs if name.startswith("call: fi")} == {1}
     pd.DataFrame(syncs, columns=["range", "syncs"]).to_csv(src / "plan_syncs.csv", index=False)

@@ -25,13 +25,10 @@ def test_minisgl08_reanalysis_gives_the_recordings_verdicts(tmp_path):
 
 def test_minisgl08_reads_the_traced_steps_a_gpu_run_now_writes(tmp_path):
     """With traced_steps.csv (as analyse() now writes it) the profiler's cost is computed from it, not copied."""
-    import shutil
-
     import pandas as pd
 
-    from test_reanalyse import ROOT, kit
-    src = tmp_path / "rec"
-    shutil.copytree(REC / "mini-sglang/08_forward_timeline", src)
+    from test_reanalyse import copy_recording
+    mod, src = copy_recording("mini-sglang", "08_forward_timeline", tmp_path, "re_msgl08_traced")
     steps = pd.read_csv(src / "steps.csv")
     # each variant's traced decode steps at twice its timed median GPU time: observer_pct = +100 %
     rows = []
@@ -39,7 +36,6 @@ def test_minisgl08_reads_the_traced_steps_a_gpu_run_now_writes(tmp_path):
         med = g.groupby("rep")["gpu_ms"].median().median()
         rows += [{"variant": v, "step": i, "phase": "decode", "gpu_ms": 2 * med} for i in range(1, 5)]
     pd.DataFrame(rows).to_csv(src / "traced_steps.csv", index=False)
-    mod = kit.load_script(ROOT / "mini-sglang/scripts/08_forward_timeline.py", "re_msgl08_traced")
     assert mod.main(["--reanalyse", str(src), "--out", str(tmp_path / "out")]) == 0
     head = json.loads((tmp_path / "out/summary.json").read_text())["headline"]
     assert head["observer_pct_graph"] == pytest.approx(100, abs=1)

@@ -2,13 +2,11 @@
 sglang, from a real recording: tests/fixtures/recordings_h200/sglang/<stem>/ (tests/fixtures/README.md says which
 run), the same verdict for every hypothesis as the run that recorded it (test_reanalyse.check_reanalysis)."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-import kit  # tests/kit.py
-from test_reanalyse import REC, check_reanalysis
+from test_reanalyse import REC, check_reanalysis, load
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["02_radix_cache_analysis", "05_ncu_attention"]
@@ -20,8 +18,7 @@ def test_sglang_reanalysis_gives_the_recordings_verdicts(stem, tmp_path):
 
 
 def _script(stem):
-    sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
-    return kit.load_script(ROOT / "sglang" / "scripts" / f"{stem}.py", f"re_sglang_{stem}")
+    return load("sglang", stem, f"re_sglang_{stem}")
 
 
 # ---- 03: its verdicts are judged on per-step values that the 224595d recording does not hold (only their medians)
