@@ -175,9 +175,12 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
 
     ``ncu_rows``: common.ncu.summarize() rows (a DataFrame) of ALL profiled kernels in launch order;
     ``windows``: in the order they were profiled, one dict each: {"name", "step": a traced step of the
-    same kind, "match": {column: value} selecting every traced step the counters apply to}.
+    same kind, "match": {column: value} selecting every traced step the counters apply to}. A window whose
+    "step" is None ran a step no traced story has (a cold prefill, say): it takes no place in the alignment,
+    and its ncu rows are those between its neighbours' rows.
     Returns (kt with the COUNTER_COLUMNS, ``ncu_window`` and the joined columns of common.kernels, info)
-    where info has one row per window: kernels expected / profiled / matched by name.
+    where info has one row per window: kernels expected / profiled / matched by name, and ``ncu_rows``
+    (first, last) index of the window's rows in ``ncu_rows`` (None when none is known).
     """
     kt = kt.copy()
     for c in COUNTER_COLUMNS + ("ncu_window", "ncu_grid", "ncu_block"):
@@ -186,6 +189,8 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
     ncu_names = [r["kernel"] for r in rows]
     expected, owners = [], []
     for w in windows:
+        if w.get("step") is None:
+            continue
         names, keys = _collapse(kt[kt["step"] == w["step"]], keep_layers)
         expected += names
         owners += [(w["name"], k) for k in keys]
@@ -195,14 +200,26 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
         for k in range(size):
             mapping[a + k] = b + k
     by_window: dict = {w["name"]: {} for w in windows}
+    span: dict = {}
     for i, (wname, key) in enumerate(owners):
         if i in mapping:
             by_window[wname][key] = rows[mapping[i]]
+            lo, hi = span.get(wname, (mapping[i], mapping[i]))
+            span[wname] = (min(lo, mapping[i]), max(hi, mapping[i]))
+    for n, w in enumerate(windows):
+        if w.get("step") is None:
+            before = [span[v["name"]][1] for v in windows[:n] if v["name"] in span]
+            after = [span[v["name"]][0] for v in windows[n + 1:] if v["name"] in span]
+            lo, hi = (max(before) + 1 if before else 0), (min(after) - 1 if after else len(rows) - 1)
+            if lo <= hi:
+                span[w["name"]] = (lo, hi)
     info = []
     for w in windows:
         got = by_window[w["name"]]
         n_exp = sum(1 for o in owners if o[0] == w["name"])
         sel = kt["step"] >= 0
+        if w.get("step") is None:
+            sel &= False
         for col, val in (w.get("match") or {}).items():
             sel &= kt[col] == val
         applied = 0
@@ -220,7 +237,8 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
             for col in COUNTER_COLUMNS:
                 kt.at[idx, col] = c.get(col)
             kt.at[idx, "ncu_grid"], kt.at[idx, "ncu_block"] = c.get("grid"), c.get("block")
-        info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied})
+        info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied,
+                     "ncu_rows": span.get(w["name"])})
     return kernels.joined(kt, ceilings), info
 
 

@@ -353,17 +353,20 @@ def counters(args, run, model_dir, base, P, backend):
             reqs = [{"input_ids": sg.random_ids(P["prompt"], 60 + i), "sampling_params": {**SP, "max_new_tokens": 400}}
                     for i in range(n)]
             srv.while_decoding(reqs, lambda: window(f"decode_b{n}", lambda: time.sleep(0.5)), running=n, timeout=900)
-        window("prefill_b1", lambda: srv.generate(input_ids=sg.random_ids(P["prompt"], 2),
-                                                  sampling_params={**SP, "max_new_tokens": 1}))
-        # cache warm: a text prompt after another one shares its BOS token, so FlashInfer runs ragged + paged + merge
-        srv.generate(text=sg.random_text(16, 3), sampling_params={**SP, "max_new_tokens": 1})
-        window("prefill-warm_b1", lambda: srv.generate(text=sg.random_text(P["prompt"], 4),
+        # cache cold: token IDs that share nothing with the cache (attention: the ragged kernel only). No traced
+        # story runs such a step; its counters are the cold side of the cache transition
+        window("prefill-cold_b1", lambda: srv.generate(input_ids=sg.random_ids(P["prompt"], 2),
                                                        sampling_params={**SP, "max_new_tokens": 1}))
+        # the served prefill: a text prompt after another one finds their common BOS token in the radix cache, so
+        # attention reads that prefix from the paged KV (FlashInfer: ragged + paged + merge), as in the stories
+        srv.generate(text=sg.random_text(16, 3), sampling_params={**SP, "max_new_tokens": 1})
+        window("prefill_b1", lambda: srv.generate(text=sg.random_text(P["prompt"], 4),
+                                                  sampling_params={**SP, "max_new_tokens": 1}))
         while_decoding(1)
-        # one /generate with a list of prompts: they reach the scheduler together, so its first step is one
-        # prefill batch of batch/2 requests (batch/2 x 512 = 8192 tokens = one prefill chunk)
+        # one /generate with a list of text prompts: they reach the scheduler together, so its first step is one
+        # prefill batch of batch/2 requests (about batch/2 x 512 = 8192 tokens = one prefill chunk)
         window(f"prefill_b{P['batch'] // 2}", lambda: srv.request("/generate", {
-            "input_ids": [sg.random_ids(P["prompt"], 80 + i) for i in range(P["batch"] // 2)],
+            "text": [sg.random_text(P["prompt"], 80 + i) for i in range(P["batch"] // 2)],
             "sampling_params": {**SP, "max_new_tokens": 1}}))
         while_decoding(P["batch"])
     return ncu.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv"))), windows
@@ -377,19 +380,47 @@ def counter_graphs(P) -> dict:
             "cuda_graph_bs_prefill": sorted({P["prompt"], P["prompt"] * (P["batch"] // 2)})}
 
 
-def window_specs(kt, names, P) -> list[dict]:
-    """Which traced step each ncu window stands for, and which steps take its counters."""
+def prefill_paths(kt, spans=None) -> dict:
+    """Each prefill step's attention path: "warm" when its prompt found a prefix in the radix cache (attention
+    reads it from the paged KV), "cold" when nothing was cached; from the scheduler log's cached tokens (``spans``
+    of analyse_story, in step order), or where the log says nothing, from a merge kernel in the step."""
+    out = {}
+    steps = sorted(int(s) for s in kt[kt["mode"] == "EXTEND"]["step"].unique())
+    by_step = dict(zip(sorted(int(s) for s in kt["step"].unique()), spans or []))
+    for s in steps:
+        cached = (by_step.get(s) or {}).get("cached_token")
+        if cached is None:
+            cached = int(kt[kt["step"] == s]["kernel"].str.contains("Merge").any())
+        out[s] = "warm" if cached else "cold"
+    return out
+
+
+def window_specs(kt, names, P, spans=None) -> list[dict]:
+    """Which traced step each ncu window stands for, and which steps take its counters. A prefill window stands
+    for the traced prefill of its path (cold: "prefill-cold_*", else warm) nearest in tokens; a decode window for
+    the middle traced decode step of its batch size. A window no traced step matches keeps its place (step None),
+    so the windows after it still align, and takes no kernel."""
+    paths = prefill_paths(kt, spans)
     specs = []
     for name in names:
         mode = "EXTEND" if name.startswith("prefill") else "DECODE"
         bs = int(name.split("_b")[1])
-        m = kt[(kt["mode"] == mode) & (kt["bs"] == bs)]
+        spec = {"name": name, "step": None, "match": {}}
         if mode == "EXTEND":
-            m = m[m["toks"] == bs * P["prompt"]]
-        if len(m):
-            step = int(m["step"].iloc[len(m) // 2]) if mode == "DECODE" else int(m["step"].iloc[0])
-            match = {"mode": mode, "bs": bs} | ({"toks": bs * P["prompt"]} if mode == "EXTEND" else {})
-            specs.append({"name": name, "step": step, "match": match})
+            want = "cold" if name.startswith("prefill-cold") else "warm"
+            m = kt[(kt["mode"] == mode) & kt["step"].map(lambda s: paths.get(int(s)) == want)]
+            if len(m):
+                per = m.groupby("step")[["bs", "toks"]].first().reset_index()
+                per["d"] = (per["toks"] - bs * P["prompt"]).abs() * 1000 + (per["bs"] - bs).abs()
+                best = per.sort_values(["d", "step"]).iloc[0]
+                spec = {"name": name, "step": int(best["step"]),
+                        "match": {"mode": mode, "bs": int(best["bs"]), "toks": int(best["toks"])}}
+        else:
+            m = kt[(kt["mode"] == mode) & (kt["bs"] == bs)]
+            if len(m):
+                steps = sorted(m["step"].unique())
+                spec = {"name": name, "step": int(steps[len(steps) // 2]), "match": {"mode": mode, "bs": bs}}
+        specs.append(spec)
     return specs
 
 
@@ -670,6 +701,26 @@ def _step_state(kt, step) -> dict:
     return out
 
 
+def cold_attention(rows, info) -> list[dict]:
+    """The attention kernels of one layer of the cold prefill window (ncu rows of "prefill-cold_*"): the cold side
+    of the cache transition, which no traced story runs."""
+    w = next((i for i in info if i["window"].startswith("prefill-cold") and i.get("ncu_rows")), None)
+    if w is None:
+        return []
+    lo, hi = w["ncu_rows"]
+    att = [r for r in rows.iloc[lo:hi + 1].to_dict("records") if trace.kernel_class(r["kernel"]) == "attention"]
+    n_layers = 2                                   # the server under ncu runs 2 layers: keep the second one's
+    per = len(att) // n_layers if len(att) >= n_layers else len(att)
+    return att[per * (n_layers - 1):] if per else att
+
+
+def _attention_hw(rows) -> str:
+    """'Kernel 12.3 us (ncu), tensor 45%, DRAM 20%' for each attention kernel of one layer."""
+    f = story.fmt
+    return " + ".join(f"{r['kernel'][:40]} {f(r.get('ncu_time_us'))} us (ncu), tensor {f(r.get('tensor_pct'))}%, "
+                      f"DRAM {f(r.get('dram_pct'))}%" for r in rows)
+
+
 def transitions(data) -> list[dict]:
     """The plan's transitions as events (t: epoch s, kind, text): prefill -> decode with what the hardware does,
     cache cold -> warm per request, and under pressure each change of the scheduler's state."""
@@ -692,9 +743,18 @@ def transitions(data) -> list[dict]:
                     + " -> " + ", ".join(f"{k} {f(v)}%" for k, v in b["shares"].items())
                     + f"; GPU busy {f(a['busy_pct'])}% -> {f(b['busy_pct'])}%" + hw})
     prev = None
+    cold, warm = data.get("cold_attention") or [], []
+    warm_steps = [s for s, p in prefill_paths(kt, data.get("spans_one")).items() if p == "warm"]
+    if warm_steps and "ncu_time_us" in kt:
+        g = kt[(kt["step"] == warm_steps[0]) & (kt["layer"] == 1) & (kt["cls"] == "attention")]
+        warm = [r for r in g.to_dict("records") if _ok(r.get("ncu_time_us"))]
     for c in data["cache"]:
         if c["outcome"] != prev:
             path = "paged + merge (prefix in the cache)" if c["api_cached"] else "ragged only (nothing cached)"
+            hw = cold if not c["api_cached"] else warm
+            if hw:
+                path += f"; per layer, a {'cold' if not c['api_cached'] else 'warm'} {data['P']['prompt']}-token prefill under ncu: " \
+                        + _attention_hw(hw)
             out.append({"t": c["t"], "kind": f"cache {c['outcome']}", "text":
                         f"cache request {c['request']} (prefix {c['group']}): {prev or 'start'} -> {c['outcome']}, "
                         f"{c['api_cached']} of {c['prompt']} tokens cached; attention {path}"})
@@ -838,14 +898,16 @@ def analyse(run, data, cfg) -> None:
     if data.get("windows"):
         rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
-            data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows,
-                                                                 window_specs(data[f"kt_{name}"], data["windows"], data["P"]),
-                                                                 pk)
-            info = [{**i, **same_kernels(data[f"kt_{name}"], i["window"])} for i in info]
+            specs = window_specs(data[f"kt_{name}"], data["windows"], data["P"], data[f"spans_{name}"])
+            data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows, specs, pk)
+            info = [{**i, "step": w["step"], **same_kernels(data[f"kt_{name}"], i["window"])}
+                    for i, w in zip(info, specs)]
             run.table(f"ncu_windows_{name}", info)
-            run.log(f"counters on {name}: " + ", ".join(f"{i['window']} {i['matched']}/{i['expected']} by name, "
-                                                        f"{i['same_grid_pct']:.0f}% same grid, ncu/traced median "
-                                                        f"{i['ncu_over_traced']:.2f}" for i in info))
+            run.log(f"counters on {name}: " + ", ".join(f"{i['window']} (step {i['step']}) {i['matched']}/{i['expected']} "
+                                                        f"by name, {i['same_grid_pct']:.0f}% same grid, ncu/traced "
+                                                        f"median {i['ncu_over_traced']:.2f}" for i in info if i["expected"]))
+            if name == "one":
+                data["cold_attention"] = cold_attention(rows, info)
     data["transitions"] = transitions(data)     # after the counters: prefill -> decode names their change
 
 
