@@ -187,25 +187,16 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
         kt[c] = None
     rows = ncu_rows.to_dict("records")
     ncu_names = [r["kernel"] for r in rows]
-    expected, owners = [], []
-    for w in windows:
-        if w.get("step") is None:
-            continue
-        names, keys = _collapse(kt[kt["step"] == w["step"]], keep_layers)
-        expected += names
-        owners += [(w["name"], k) for k in keys]
-    sm = difflib.SequenceMatcher(None, expected, ncu_names, autojunk=False)
-    mapping = {}
-    for a, b, size in sm.get_matching_blocks():
-        for k in range(size):
-            mapping[a + k] = b + k
+    traced = [w for w in windows if w.get("step") is not None]
+    parts = [_collapse(kt[kt["step"] == w["step"]], keep_layers) for w in traced]
+    owners = [(w["name"], k) for w, (_n, keys) in zip(traced, parts) for k in keys]
     by_window: dict = {w["name"]: {} for w in windows}
     span: dict = {}
-    for i, (wname, key) in enumerate(owners):
-        if i in mapping:
-            by_window[wname][key] = rows[mapping[i]]
-            lo, hi = span.get(wname, (mapping[i], mapping[i]))
-            span[wname] = (min(lo, mapping[i]), max(hi, mapping[i]))
+    for w, (_names, keys), mapping in zip(traced, parts, _align_in_order([n for n, _k in parts], ncu_names)):
+        for i, j in mapping.items():
+            by_window[w["name"]][keys[i]] = rows[j]
+        if mapping:
+            span[w["name"]] = (min(mapping.values()), max(mapping.values()))
     for n, w in enumerate(windows):
         if w.get("step") is None:
             before = [span[v["name"]][1] for v in windows[:n] if v["name"] in span]
@@ -240,6 +231,34 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
         info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied,
                      "ncu_rows": span.get(w["name"])})
     return kernels.joined(kt, ceilings), info
+
+
+def _align_in_order(parts: list[list[str]], names: list[str], slack: float = 0.1) -> list[dict]:
+    """Each window's expected kernel names matched to the ncu rows, window after window: a window is looked for
+    after the last row of the one before, at the start (one of its first three kernels) whose stretch of rows
+    (its own length plus ``slack``) matches most of its names, the earliest of equals. So a window without a
+    traced step (rows in no part) is skipped, never half-matched. Returns {expected index: row index} per part."""
+    out, cursor = [], 0
+    for exp in parts:
+        n, best, mapping = len(exp), (0, None, None), {}
+        width = n + max(4, int(n * slack))
+        heads = set(exp[:3])
+        for s in range(cursor, len(names)):
+            if names[s] not in heads:
+                continue
+            sm = difflib.SequenceMatcher(None, exp, names[s:s + width], autojunk=False)
+            got = sum(b.size for b in sm.get_matching_blocks())
+            if got > best[0]:
+                best = (got, s, sm)
+                if got == n:
+                    break
+        if best[1] is not None:
+            for a, b, size in best[2].get_matching_blocks():
+                for k in range(size):
+                    mapping[a + k] = best[1] + b + k
+            cursor = max(mapping.values()) + 1
+        out.append(mapping)
+    return out
 
 
 def _seg_index(kt, idx) -> int:

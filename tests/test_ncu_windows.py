@@ -64,3 +64,57 @@ def test_cold_attention_is_the_cold_windows_second_layer(s08, kt, ncu_rows):
     assert cold and all(trace.kernel_class(r["kernel"]) == "attention" for r in cold)
     assert any("PrefillWithKVCache" in r["kernel"] for r in cold) and len(cold) <= 2
     assert all(r["ncu_time_us"] > 0 for r in cold)
+
+
+
+@pytest.fixture(scope="module")
+def run_h200():
+    """The H200 run of 2026-11-25 (`08_execution_story.py --quick --ncu`, commit c447205): its one-request story's
+    kernel table cut to the prefill (step 0) and the decode step the decode window stands for (step 33), and the
+    raw ncu CSV of its five windows (cold prefill, served prefill, decode b1, prefill of 16, decode b32)."""
+    import gzip
+
+    import pandas as pd
+    from common import ncu
+    fx = ROOT / "tests" / "fixtures"
+    kt = pd.read_csv(fx / "sglang_08_kernels_steps_0_33_h200.csv.gz")
+    rows = ncu.summarize(ncu.read_raw(gzip.open(fx / "sglang_08_ncu_five_windows_h200.csv.gz", "rt").read()), peaks=H200)
+    return kt, rows
+
+
+def test_the_served_prefill_takes_its_own_window_on_the_real_run(s08, run_h200):
+    """On this run one global alignment took 56 of the served prefill's 57 kernels from the cold window's rows
+    (the cold window lacks only the paged and merge kernels). Window after window, it takes its own rows."""
+    from common import timeline
+    kt, rows = run_h200
+    names = ["prefill-cold_b1", "prefill_b1", "decode_b1", "prefill_b16", "decode_b32"]
+    specs = s08.window_specs(kt, names, {"prompt": 512, "batch": 32})
+    assert [w["step"] for w in specs] == [None, 0, 33, None, None]     # the 8192-token window: no such step here
+    j, info = timeline.attach_counters(kt, rows, specs, H200)
+    by = {i["window"]: i for i in info}
+    cold_lo, cold_hi = by["prefill-cold_b1"]["ncu_rows"]
+    assert cold_lo == 0 and by["prefill_b1"]["ncu_rows"][0] == cold_hi + 1
+    assert not rows.iloc[cold_lo:cold_hi + 1]["kernel"].str.contains("Merge").any()   # the cold rows: no merge
+    assert by["prefill_b1"]["matched"] >= by["prefill_b1"]["expected"] - 1
+    same = s08.same_kernels(j, "prefill_b1")
+    assert same["same_grid_pct"] == 100.0 and 1.0 < same["ncu_over_traced"] < 1.5
+
+
+
+def test_the_batch_prefill_is_not_half_taken_from_the_cold_window(run_h200):
+    """The batch story of the same run (kernel table cut to its first prefill, 1 request of 511 tokens, and the
+    decode step at batch 32): one global alignment spread its prefill window over rows 1-113, the cold window's
+    and its own. Window after window, it takes only its own rows."""
+    import pandas as pd
+    from common import timeline
+    _kt, rows = run_h200
+    kt = pd.read_csv(ROOT / "tests" / "fixtures" / "sglang_08_batch_kernels_steps_0_36_h200.csv.gz")
+    specs = [{"name": "prefill-cold_b1", "step": None},
+             {"name": "prefill_b1", "step": 0, "match": {"mode": "EXTEND", "bs": 1}},
+             {"name": "decode_b1", "step": None}, {"name": "prefill_b16", "step": None},
+             {"name": "decode_b32", "step": 36, "match": {"mode": "DECODE", "bs": 32}}]
+    _j, info = timeline.attach_counters(kt, rows, specs, H200)
+    by = {i["window"]: i for i in info}
+    assert by["prefill-cold_b1"]["ncu_rows"] == (0, 56)                         # the cold window, whole
+    assert by["prefill_b1"]["ncu_rows"] == (57, 113)
+    assert by["decode_b32"]["matched"] == by["decode_b32"]["expected"] == 43

@@ -395,10 +395,13 @@ def prefill_paths(kt, spans=None) -> dict:
     return out
 
 
+SAME_TOKENS = 0.1     # a prefill window stands for a traced prefill whose token count is within 10% of its own
+
+
 def window_specs(kt, names, P, spans=None) -> list[dict]:
     """Which traced step each ncu window stands for, and which steps take its counters. A prefill window stands
-    for the traced prefill of its path (cold: "prefill-cold_*", else warm) nearest in tokens; a decode window for
-    the middle traced decode step of its batch size. A window no traced step matches keeps its place (step None),
+    for the traced prefill of its path (cold: "prefill-cold_*", else warm) nearest in tokens, within SAME_TOKENS; a
+    decode window for the middle traced decode step of its batch size. A window no traced step matches keeps its place (step None),
     so the windows after it still align, and takes no kernel."""
     paths = prefill_paths(kt, spans)
     specs = []
@@ -409,9 +412,10 @@ def window_specs(kt, names, P, spans=None) -> list[dict]:
         if mode == "EXTEND":
             want = "cold" if name.startswith("prefill-cold") else "warm"
             m = kt[(kt["mode"] == mode) & kt["step"].map(lambda s: paths.get(int(s)) == want)]
-            if len(m):
-                per = m.groupby("step")[["bs", "toks"]].first().reset_index()
-                per["d"] = (per["toks"] - bs * P["prompt"]).abs() * 1000 + (per["bs"] - bs).abs()
+            per = m.groupby("step")[["bs", "toks"]].first().reset_index()
+            per["d"] = (per["toks"] - bs * P["prompt"]).abs() * 1000 + (per["bs"] - bs).abs()
+            per = per[(per["toks"] - bs * P["prompt"]).abs() <= SAME_TOKENS * bs * P["prompt"]]
+            if len(per):
                 best = per.sort_values(["d", "step"]).iloc[0]
                 spec = {"name": name, "step": int(best["step"]),
                         "match": {"mode": mode, "bs": int(best["bs"]), "toks": int(best["toks"])}}
