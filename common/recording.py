@@ -53,8 +53,9 @@ class Recording:
     def args_like(self, args) -> argparse.Namespace:
         """The recording's own arguments (its summary's ``args``) over ``args``: the plan the analysis needs is the
         one that was measured, not the defaults of this call."""
-        merged = {**vars(args), **{k: v for k, v in (self.summary.get("args") or {}).items() if k in vars(args)}}
-        merged["reanalyse"] = getattr(args, "reanalyse", None)
+        mine = ("reanalyse", "out")              # where this call reads from and writes to stay this call's
+        merged = {**vars(args), **{k: v for k, v in (self.summary.get("args") or {}).items()
+                                   if k in vars(args) and k not in mine}}
         return argparse.Namespace(**merged)
 
 
@@ -94,7 +95,7 @@ def run(script_file, args, rec: Recording):
     """``with recording.run(__file__, args, rec) as run:`` the Run of a re-analysis: the recording's provenance
     and notes, its raw files copied in; it ends like any run (results/<stem>/ or --out, .failed/ on an error)."""
     from .results import Run
-    with Run(script_file, args, out=getattr(args, "out", None)) as r:
+    with Run(script_file, rec.args_like(args), out=getattr(args, "out", None)) as r:   # --quick etc. as recorded
         r.reanalysis_of(rec.summary, rec.src)
         for n in rec.summary.get("notes", []):
             if not n.startswith("re-analysed"):

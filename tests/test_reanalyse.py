@@ -48,6 +48,8 @@ def check_reanalysis(system: str, stem: str, tmp_path: Path) -> Path:
     before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
     assert _verdicts(after) == _verdicts(before) and len(_verdicts(after)) >= 3
     assert after["provenance"]["gpu"] == before["provenance"]["gpu"] and "reanalysed" in after["provenance"]
+    assert after["args"].get("quick") == before["args"].get("quick")       # the mode of the measured run, kept
+    assert after["args"].get("out") == str(out)                            # ... but this call's output folder
     assert (out / "story.txt").read_text().strip()
     return out
 

@@ -39,6 +39,9 @@ def test_reanalysis_keeps_the_recordings_provenance(redone):
     s = json.loads((redone / "summary.json").read_text())
     assert s["status"] == "ok" and s["provenance"]["git"]["commit"].startswith("023318a")
     assert s["provenance"]["gpu"] == "NVIDIA H200" and "reanalysed" in s["provenance"]
+    raw = json.loads((redone / "raw.json").read_text())          # the recording travels: it can be re-analysed again
+    assert all((redone / t["log"]).is_file() for t in raw["traced_one"] + raw["traced_batch"])
+    assert s["args"]["quick"] is True                             # the recorded run's mode, not this call's default
 
 
 def test_verdicts_on_the_real_repetitions(redone):

@@ -77,7 +77,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, clocks, kernels, models, ncu, story, timeline, trace  # noqa: E402
+from common import ceilings, cli, clocks, kernels, models, ncu, recording, story, timeline, trace  # noqa: E402
 from common.checks import SetupError, run_main  # noqa: E402
 from common.results import Run, load_summary  # noqa: E402
 from common.verdicts import declare  # noqa: E402
@@ -996,11 +996,16 @@ def reanalyse(args) -> int:
     prev = load_summary(src) or {}
     data = load_raw(src)
     cfg = models.config((prev.get("args") or {}).get("preset") or "llama-3.1-8b")
-    with Run(__file__, args, out=args.out) as run:
+    import shutil
+    with Run(__file__, recording.Recording(src, prev).args_like(args), out=args.out) as run:
         run.reanalysis_of(prev, src)
-        if data["windows"]:
-            import shutil
-            shutil.copyfile(src / "ncu" / "ncu.csv", run.path("ncu/ncu.csv"))
+        # the recording travels with the new run, so that it can be re-analysed in its turn
+        keep = ["raw.json", *(["ncu/ncu.csv"] if data["windows"] else [])]
+        keep += [t[k] for name in ("one", "batch") for t in json.loads((src / "raw.json").read_text())[f"traced_{name}"]
+                 for k in ("trace", "log")]
+        for rel in keep:
+            if ".." not in Path(rel).parts and (src / rel).is_file() and (src / rel).resolve() != (run.dir / rel).resolve():
+                shutil.copyfile(src / rel, run.path(rel))
         analyse(run, data, cfg)
         finish(run, data, data["pk"], data["backend_why"])
     return 0
