@@ -13,7 +13,8 @@ into the same record the analysis takes, so a script needs only::
         return 0
 
 The recording's hardware provenance stays (common.results.Run.reanalysis_of); its notes carry over; raw files
-the story or figures read (``copy``: trace.json, ...) are copied in. A missing or unreadable recording is one
+the story or figures read (``copy``: trace.json, ...) and the tables read are copied in, so the new run can be
+re-analysed in its turn. A missing or unreadable recording is one
 [setup] line naming the folder and what is missing. Read everything before the Run starts: a run that writes
 back into DIR itself (the default results folder) replaces it.
 """
@@ -87,6 +88,8 @@ def open(src, script_file, tables=(), optional=(), copy=()) -> Recording:  # noq
     out = {t: pd.read_csv(src / f"{t}.csv") for t in tables}
     out.update({t: (pd.read_csv(src / f"{t}.csv") if (src / f"{t}.csv").is_file() else None) for t in optional})
     files = {f: (src / f).read_bytes() for f in copy if (src / f).is_file()}
+    # the tables travel too (the analysis may write its own over them): the new run is a recording in its turn
+    files.update({f"{t}.csv": (src / f"{t}.csv").read_bytes() for t in out if out[t] is not None})
     return Recording(src, summary, out, files)
 
 

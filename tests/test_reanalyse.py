@@ -50,6 +50,8 @@ def check_reanalysis(system: str, stem: str, tmp_path: Path) -> Path:
     assert after["provenance"]["gpu"] == before["provenance"]["gpu"] and "reanalysed" in after["provenance"]
     assert after["args"].get("quick") == before["args"].get("quick")       # the mode of the measured run, kept
     assert after["args"].get("out") == str(out)                            # ... but this call's output folder
+    tables = [f.name for f in src.glob("*.csv")]
+    assert tables and all((out / t).is_file() for t in tables)             # the tables travel: re-analysable again
     assert (out / "story.txt").read_text().strip()
     return out
 
