@@ -284,3 +284,27 @@ def test_prefill_to_decode_names_the_counters_when_they_were_joined(redone_new):
     src = (ROOT / "sglang/scripts/08_execution_story.py").read_text()   # and analyse() calls it after the join
     body = src[src.index("def analyse("):src.index("SAME_TIME =")]
     assert body.index("attach_counters") < body.index('data["transitions"] = transitions(data)')
+
+
+def test_the_decode_step_is_read_from_sglangs_clock_not_the_log_stamps():
+    """The ITL waterfall's untraced part, the scheduler's decode step, comes from each Decode line's gen
+    throughput (SGLang's perf_counter), not from the lines' whole-ms time stamps: on the recording's real log it
+    agrees with that repetition's client ITL within 1%, and moving every other Decode line's stamp by 1 ms (what
+    ms rounding does) leaves it unchanged (the mean gap between stamps, used before, moved)."""
+    import re
+    raw = json.loads((FIX / "sglang_08_recording_h200" / "raw.json").read_text())
+    one = raw["traced_one"][0]
+    text = (FIX / "sglang_08_recording_h200" / one["log"]).read_text()
+    ttft = one["results"][0]["client"]["ttft_s"] * 1e3
+    itl = next(r["itl_ms"] for r in raw["observer"] if r["traced"] and abs(r["ttft_ms"] - ttft) < 1e-6)
+    fig = _script().client_figures(one["results"], text)
+    assert fig["step_ms"] == pytest.approx(itl, rel=0.01)
+    n = [0]
+
+    def shift(m):      # +1 ms on every other Decode line
+        n[0] += 1
+        return m.group(0) if n[0] % 2 else f"{m.group(1)}{int(m.group(2)) + 1:03d}] Decode"
+    jittered = re.sub(r"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.)(\d{3})\] Decode",
+                      lambda m: shift(m) if m.group(2) != "999" else m.group(0), text)
+    assert jittered != text
+    assert _script().client_figures(one["results"], jittered)["step_ms"] == fig["step_ms"]

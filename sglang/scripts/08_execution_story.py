@@ -159,15 +159,18 @@ def batch_requests(srv, seed, P):
 
 
 def client_figures(results, log_text) -> dict:
-    """Client TTFT / ITL medians and the scheduler's decode step time (gaps between its decode lines)."""
+    """Client TTFT / ITL medians and the scheduler's decode step (median, from SGLang's own clock:
+    _sgl_logs.decode_step_ms)."""
     ok = [r["client"] for r in results if "error" not in r]
-    dec = [r for r in sg.parse_batch_log(log_text) if r["kind"] == "decode"]
-    # the log's timestamps have ms resolution: the mean gap over many steps of one batch size is exact enough,
-    # a median of whole milliseconds is not
-    gaps = [(b["ts"] - a["ts"]) * 1e3 for a, b in zip(dec, dec[1:]) if a["running_req"] == b["running_req"]]
     return {"ttft_ms": statistics.median(c["ttft_s"] for c in ok) * 1e3,
             "itl_ms": statistics.median(x for c in ok for x in c["itl_s"]) * 1e3,
-            "log_step_ms": statistics.fmean(gaps) if gaps else math.nan, "requests": len(ok)}
+            "step_ms": sg.decode_step_ms(sg.parse_batch_log(log_text)), "requests": len(ok)}
+
+
+def step_key(obs) -> str:
+    """The observer rows' decode-step column: step_ms, or log_step_ms in recordings made before it (the mean gap
+    between the Decode lines' whole-ms time stamps)."""
+    return "step_ms" if all("step_ms" in r for r in obs) else "log_step_ms"
 
 
 def serve_story(srv, run, name, send, P, prof_dir):
@@ -565,8 +568,10 @@ def waterfalls(data, cfg) -> dict:
         u = waterfall.with_split(u, "prefill forward", split)
     obs = data["observer"]
     med = lambda key, traced: statistics.median(r[key] for r in obs if r["story"] == "one" and r["traced"] == traced)  # noqa: E731
-    itl_u = sg.itl_waterfall(med("itl_ms", False), med("log_step_ms", False), label="untraced, median of the repetitions")
-    itl_t = sg.itl_waterfall(med("itl_ms", True), med("log_step_ms", True), label="traced", source="traced")
+    sk = step_key(obs)
+    itl_u = sg.itl_waterfall(med("itl_ms", False), med(sk, False), label="untraced, median of the repetitions",
+                             step_from=sk)
+    itl_t = sg.itl_waterfall(med("itl_ms", True), med(sk, True), label="traced", source="traced", step_from=sk)
     if dec:
         itl_u = waterfall.with_split(itl_u, "scheduler decode step", dec)
     out.update(ttft=u, ttft_traced=t, ttft_by_kind=per_kind, itl=itl_u, itl_traced=itl_t, split=split, decode=dec,

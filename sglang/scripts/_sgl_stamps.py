@@ -287,10 +287,15 @@ def decode_split(ev, bs: int | None = None) -> dict:
     return wf
 
 
-def itl_waterfall(itl_ms: float, step_ms: float, label: str = "", source: str = "untraced") -> dict:
-    """A decode step's ITL at the client (median) against the scheduler's decode step (the mean period of its
-    Decode lines, --decode-log-interval 1): the step is the one part, the rest is delivery (the remainder)."""
+STEP_FROM = {"step_ms": "median step of the scheduler's Decode lines (running requests / gen throughput)",
+             "log_step_ms": "mean gap between the scheduler's Decode lines (whole-ms log stamps)"}
+
+
+def itl_waterfall(itl_ms: float, step_ms: float, label: str = "", source: str = "untraced",
+                  step_from: str = "step_ms") -> dict:
+    """A decode step's ITL at the client (median) against the scheduler's decode step (``step_from``: a key of
+    STEP_FROM, --decode-log-interval 1): the step is the one part, the rest is delivery (the remainder)."""
     from common import waterfall
     return waterfall._finish({"label": label, "total_ms": itl_ms, "source": source, "parts": [
         {"name": "scheduler decode step", "ms": step_ms, "start": None, "end": None, "from": None, "to": None,
-         "source": source, "what": "mean period of the scheduler's Decode lines (log, ms stamps)", "split": None}]})
+         "source": source, "what": STEP_FROM[step_from], "split": None}]})
