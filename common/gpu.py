@@ -186,6 +186,19 @@ def gpus() -> list[dict]:
     return g
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The host CPU's model name (Linux /proc/cpuinfo; else platform.processor()): the CPU-side times of a run
+    (tokenize, schedule, launch, plan(), compiles) follow it, so two runs on one GPU model can differ by host."""
+    try:
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def snapshot(argv: list[str] | None = None, extra: dict | None = None) -> dict:
     """Provenance stored with every result: machine, software, code version, command, date."""
     g = gpus()
@@ -195,7 +208,7 @@ def snapshot(argv: list[str] | None = None, extra: dict | None = None) -> dict:
         "command": " ".join(argv if argv is not None else [Path(sys.argv[0]).name if sys.argv else "python"] + sys.argv[1:]),
         "git": _git(),
         "host": {"python": platform.python_version(), "platform": platform.platform(terse=True),
-                 "cpus": os.cpu_count()},
+                 "cpus": os.cpu_count(), "cpu_model": cpu_model()},
         "gpu_count": len(g),
         "gpu": g[0]["name"] if g else None,
         "gpus": g,

@@ -254,6 +254,8 @@ _MACHINE = (
     ("L2 (MB)", lambda p, s: p.get("l2_mb")),
     ("max SM clock (MHz)", lambda p, s: _gpu0(p).get("max_sm_clock_mhz")),
     ("max memory clock (MHz)", lambda p, s: _gpu0(p).get("max_mem_clock_mhz")),
+    ("host CPU", lambda p, s: (p.get("host") or {}).get("cpu_model")),     # CPU-side times follow the host
+    ("host CPUs", lambda p, s: (p.get("host") or {}).get("cpus")),
     ("measured DRAM ceiling (TB/s)", lambda p, s: _ceiling(p, s, "dram_tb_s")),
     ("measured bf16 ceiling (TFLOP/s)", lambda p, s: _ceiling(p, s, "bf16_tflops")),
 )
@@ -457,6 +459,8 @@ class Renderer:
         machine = []
         for label, get in _MACHINE:
             va, vb = get(pa, env[0]), get(pb, env[1])
+            if va is None and vb is None:       # runs that predate the field
+                continue
             ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
             machine.append({"": label, ga: va, gb: vb, f"{gb.split(' (')[0]} / {ga.split(' (')[0]}": ratio})
         rows, changed, judged, kept, one_only = [], 0, 0, [], []

@@ -322,3 +322,21 @@ def test_a_measured_ceilings_set_records_how_each_was_measured(fixture_path):
     pk = rec.peaks
     assert pk["sources"]["dram_copy_tb_s"] == "measured" and pk["l2_mb"] == 60
     assert "the measured DRAM copy ceiling" in __import__("common.timing", fromlist=["x"]).dram_ceiling_text(pk, "copy")
+
+
+def test_versus_block_names_the_host_cpu_when_a_run_recorded_it(tmp_path, fixture_path):
+    """CPU-side times (tokenize, schedule, launch, plan()) follow the host, so the machine table shows the host CPU
+    beside the GPU; runs that predate the field (the real H200 fixtures) show no such row rather than a blank one."""
+    from common import gpu
+    model = gpu.cpu_model(str(fixture_path("proc_cpuinfo_first_cpu_amd_epyc.txt")))
+    assert model == "AMD EPYC" and gpu.cpu_model(str(tmp_path / "none")) in (None, __import__("platform").processor())
+    page = _other_gpu_world(tmp_path, fixture_path)
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert "| host CPU |" not in page.read_text()
+    page.write_text(VERSUS_PAGE)
+    for p in (tmp_path / "flashinfer" / "results" / "other-gpu").glob("*/summary.json"):
+        s = json.loads(p.read_text())
+        s["provenance"]["host"]["cpu_model"] = model
+        p.write_text(json.dumps(s))
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert "| host CPU | - | AMD EPYC |" in page.read_text()
