@@ -130,6 +130,33 @@ def unexplained_changes(text: str) -> list[str]:
     return [h for h in changed if f"`{h}`" not in prose]
 
 
+# a measured figure in prose: a number with a unit (the plan's expectations live in plan.md, not checked here)
+FIGURE = re.compile(r"(?<![\w.\-/])(\d[\d,]*(?:\.\d+)?)\s?(?:ms|µs|us|ns|s|%|TB/s|GB/s|TFLOP/s|MHz|MB|GB|KB|×|x)"
+                    r"(?![\w/])")
+NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+CITES_RUN = re.compile(r"results/")     # a paragraph that names a run folder takes its figures from that run
+
+
+def block_numbers(texts: list[str]) -> set[float]:
+    """Every number in the machine-written blocks of these pages (the runs the pages show)."""
+    return {float(m.group(0).replace(",", "")) for t in texts for b in BLOCK.finditer(t)
+            for m in NUMBER.finditer(b.group("body"))}
+
+
+def _shown(figure: str, numbers: set[float]) -> bool:
+    """The figure is a block number as written or rounded to the figure's own decimals."""
+    d = len(figure.split(".")[1]) if "." in figure else 0
+    x = float(figure.replace(",", ""))
+    return any(abs(round(n, d) - x) < 1e-9 for n in numbers)
+
+
+def unsourced_figures(text: str, numbers: set[float]) -> list[str]:
+    """Figures of the hand-written prose that no block of the system's pages shows: left from an older run when
+    the blocks were refreshed, or never measured. A paragraph that cites a results/ folder is exempt."""
+    return [m.group(0) for para in re.split(r"\n\s*\n", hand_written(text)) if not CITES_RUN.search(para)
+            for m in FIGURE.finditer(para) if not _shown(m.group(1), numbers)]
+
+
 def test_no_percent_of_a_ceiling_above_100():
     bad = {str(p.relative_to(ROOT)): above_ceiling(p.read_text()) for p in pages()}
     assert not {k: v for k, v in bad.items() if v}, "a % of a ceiling above 100 means the ceiling probe is wrong"
@@ -205,12 +232,31 @@ def test_one_verdict_per_hypothesis(system):
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_analysis_opens_with_the_joined_story(system):
     text = (ROOT / system / "reports" / "analysis.md").read_text()
+    page = ("<!-- auto:08_s/story -->\n| x | 4.67 ms | 88.93 |\n<!-- /auto -->\nIt takes 4.67 ms, 88.9% of it; 4.74 ms "
+            "before.\n\nThe H100 took 2.63 TB/s (`results/other-gpu/03/`).\n")
+    assert unsourced_figures(page, block_numbers([page])) == ["4.74 ms"]
     assert first_block_stem(text) in STORY_FIRST[system], \
         f"{system}/reports/analysis.md opens with {first_block_stem(text)}, not its joined story {STORY_FIRST[system]}"
     index = (ROOT / system / "reports" / "INDEX.md").read_text()
     assert "analysis.md" in index and index.find("analysis.md") < min(
         (i for i in (index.find("plan.md"), index.find("experiments.md")) if i >= 0), default=len(index)), \
         f"{system}/reports/INDEX.md: the reading order starts at the story (analysis.md), not the plan"
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_every_figure_in_the_prose_is_shown_by_a_block(system):
+    """A number in prose sits in a machine block: each measured figure of a page's hand-written text is one that a
+    block of its system's pages shows (as written or rounded), so refreshed blocks cannot leave stale prose."""
+    texts = {p: p.read_text() for p in pages(system) if p.name != "plan.md"}
+    numbers = block_numbers(list(texts.values()))
+    bad = {str(p.relative_to(ROOT)): f for p, t in texts.items() if (f := unsourced_figures(t, numbers))}
+    assert not bad, f"figures in prose that no block shows (stale or unmeasured): {bad}"
+
+
+def test_every_figure_on_the_cross_system_page_is_shown_by_a_block():
+    texts = [p.read_text() for p in pages()] + [(ROOT / "CROSS-SYSTEM.md").read_text()]
+    bad = unsourced_figures((ROOT / "CROSS-SYSTEM.md").read_text(), block_numbers(texts))
+    assert not bad, f"CROSS-SYSTEM.md: figures in prose that no block shows: {bad}"
 
 
 def test_each_guard_fails_on_a_bad_report():
