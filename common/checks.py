@@ -175,7 +175,9 @@ def _install_signal_handlers() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return old
     from . import interrupted_at_start
-    if signal.getsignal(signal.SIGINT) is interrupted_at_start:   # the imports are done: Ctrl-C raises again
+    # the imports are done: Ctrl-C raises again. Also where the script started with SIGINT ignored (a background job
+    # of a non-interactive shell, `nohup ... &`): `kill -INT` then stops it as Ctrl-C would, as the pipeline does
+    if signal.getsignal(signal.SIGINT) in (interrupted_at_start, signal.SIG_IGN):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_signal(signum, frame):

@@ -68,8 +68,12 @@ def test_failed_run_keeps_last_good_result(tmp_path):
     assert (failed / "sweep.csv").read_text().splitlines()[1] == "999"     # the failed run's own files
 
 
-def test_interrupted_run_is_recorded_not_promoted(tmp_path):
-    """A real Ctrl-C (SIGINT) in the middle of a run: earlier results stay, the run says 'interrupted'."""
+@pytest.mark.parametrize("start", ["inherited", "ignored"])
+def test_interrupted_run_is_recorded_not_promoted(tmp_path, start):
+    """A real Ctrl-C (SIGINT) in the middle of a run: earlier results stay, the run says 'interrupted'. Also when
+    the script started with SIGINT ignored, as a background job of a non-interactive shell (`( python x.py & )`,
+    `nohup ... &`) starts it: Python then installs no KeyboardInterrupt handler, and before run_main put it back a
+    `kill -INT` did nothing (the test timed out)."""
     script = _script(tmp_path)
     root = Path(__file__).resolve().parents[1]
     code = textwrap.dedent(f"""
@@ -81,7 +85,10 @@ def test_interrupted_run_is_recorded_not_promoted(tmp_path):
                 run.table("sweep", [{{"a": 2}}]); print("ready", flush=True); time.sleep(30)
         run_main(main)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if start == "ignored" else (
+        lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=pre)
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
