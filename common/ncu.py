@@ -24,6 +24,7 @@ follows how the kernel was timed (build_cmd).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import os
@@ -301,6 +302,7 @@ def read_raw(src):
 
 # ------------------------------------------------------------------ per-kernel summary
 
+@functools.lru_cache(maxsize=8192)      # a trace names the same few hundred kernels tens of thousands of times
 def short_name(full: str) -> str:
     """'void flashinfer::BatchDecodeKernel<0, 2>(Params)' -> 'BatchDecodeKernel'."""
     s = full.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").strip()

@@ -65,6 +65,7 @@ timeline.png, layer_tree.png, pressure.png, cache.png, server logs, raw.json (fo
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -229,11 +230,24 @@ def parse_step(name: str) -> dict:
     return {"mode": m.get("mode"), "bs": m.get("bs"), "toks": m.get("toks") or m.get("bs")}
 
 
+def story_events(trace_path):
+    """A traced story's events and their step kernel table, read and joined once per analysis: the median
+    repetition's trace serves the story, the attention shares and the waterfall's split (callers do not change
+    them). Keyed by the file's path, size and time, so a changed file is read again."""
+    st = Path(trace_path).stat()
+    return _story_events(str(trace_path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)         # the median traces of both stories and the one-request repetitions
+def _story_events(trace_path, _size, _mtime):
+    ev = trace.read_chrome_trace(trace_path)
+    return ev, trace.step_kernels(ev, sg.STEP_RANGE, outer=sg.OUTER_RANGE, parse=parse_step)
+
+
 def analyse_story(trace_path, log_text, cfg, pk):
     """Kernel table of a traced story with its steps joined to the scheduler log and the work of each role."""
-    ev = trace.read_chrome_trace(trace_path)
-    kt = timeline.layered(trace.step_kernels(ev, sg.STEP_RANGE, outer=sg.OUTER_RANGE, parse=parse_step),
-                          layers=cfg["num_hidden_layers"])
+    ev, kt = story_events(trace_path)
+    kt = timeline.layered(kt, layers=cfg["num_hidden_layers"])
     steps = [{"mode": g["mode"].iloc[0], "bs": int(g["bs"].iloc[0]), "toks": int(g["toks"].iloc[0])}
              for _s, g in kt.groupby("step")]
     joined, info = sg.join_steps(steps, sg.parse_batch_log(log_text))
@@ -553,7 +567,7 @@ def waterfalls(data, cfg) -> dict:
                            for i, t in enumerate(ones)], label=f"traced, median of {len(ones)}")
     split = dec = None
     try:
-        ev = trace.read_chrome_trace(ones[pick]["trace"])
+        ev, _kt = story_events(ones[pick]["trace"])
         split = sg.prefill_split(ev, sg.request_stamps(ones[pick]["results"][0]), layers=cfg["num_hidden_layers"])
         dec = sg.decode_split(ev)
     except (trace.TraceError, KeyError, IndexError) as e:
@@ -898,8 +912,7 @@ def analyse(run, data, cfg) -> None:
                      f"results_{name}": last["results"], f"join_{name}": info})
     shares = []
     for t in data["traced_one"]:
-        ev = trace.read_chrome_trace(t["trace"])
-        kt = trace.step_kernels(ev, sg.STEP_RANGE, outer=sg.OUTER_RANGE, parse=parse_step)
+        _ev, kt = story_events(t["trace"])
         pre = kt[kt["mode"] == "EXTEND"]
         shares.append(100 * pre[pre["cls"] == "attention"]["dur_us"].sum() / pre["dur_us"].sum())
     data["attention_shares"] = shares
