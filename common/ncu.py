@@ -189,12 +189,31 @@ def profile(app: list[str], out_dir: str | Path, *, name: str = "ncu", timeout: 
     # stops both (killing ncu alone would leave the profiled application running)
     with Group(cmd, app_out, env={**os.environ, **(env or {})}, name="ncu", echo=echo) as g:
         try:
-            rc = g.wait(timeout)
+            rc = g.wait(timeout, every=HEARTBEAT_S, heartbeat=lambda s: echo(progress_line(s, log_path, app_out)))
         except ProcError:
             raise NcuError(f"ncu did not finish within {timeout:.0f} s (ncu and the profiled application were "
                            f"stopped); see {app_out}") from None
     df = read_log(log_path, csv_path, extra_log=app_out, what=f"kernel regex {kw.get('kernel')!r}, rc={rc}")
     return NcuResult(cmd, csv_path, log_path, df, rc)
+
+
+HEARTBEAT_S = 60.0     # a profile that runs longer says every minute how far it is
+
+
+def progress_line(seconds: float, log_path, app_out) -> str:
+    """One line on a profile still running: the kernel launches ncu has profiled so far (its '==PROF== Profiling'
+    lines) and the profiled application's last line of output, so a stall before the first kernel (a compile, a
+    wait) shows where it is."""
+    def text(p):
+        try:
+            return Path(p).read_text(errors="replace")
+        except OSError:
+            return ""
+    n = text(log_path).count('==PROF== Profiling "')
+    last = next((ln.strip() for ln in reversed(text(app_out).splitlines())
+                 if ln.strip() and not ln.startswith(("==PROF==", "$ "))), "")
+    return (f"ncu: still running after {seconds:.0f} s: {n} kernel launch(es) profiled so far"
+            + (f"; the application's last line: {last[:160]}" if last else "; the application has printed nothing"))
 
 
 def read_log(log_path, csv_path=None, *, extra_log=None, what: str = ""):

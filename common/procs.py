@@ -300,13 +300,21 @@ class Group:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the command; ProcError on timeout (the group is then stopped)."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise ProcError(f"{self.name} did not finish within {timeout:.0f} s (stopped; log: {self.log_path})") from None
+    def wait(self, timeout: float | None = None, *, every: float = 60.0, heartbeat=None) -> int:
+        """Wait for the command; ProcError on timeout (the group is then stopped). With ``heartbeat``, call
+        ``heartbeat(seconds waited)`` every ``every`` s while the command runs: a long wait says it is alive."""
+        t0 = time.monotonic()
+        while True:
+            left = None if timeout is None else timeout - (time.monotonic() - t0)
+            step = left if heartbeat is None else (every if left is None else min(every, left))
+            try:
+                return self.proc.wait(None if step is None else max(step, 0.0))
+            except subprocess.TimeoutExpired:
+                if left is not None and time.monotonic() - t0 >= timeout:
+                    self.stop()
+                    raise ProcError(f"{self.name} did not finish within {timeout:.0f} s (stopped; log: "
+                                    f"{self.log_path})") from None
+                heartbeat(time.monotonic() - t0)
 
     def stop(self, first=()) -> dict:
         if self.proc is None:

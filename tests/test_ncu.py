@@ -210,3 +210,32 @@ def test_a_closer_look_at_one_kernel_from_the_full_set(fixture_path):
     assert lines[3].startswith("instructions: 147,730,016 warp instructions") and "per DRAM byte" in lines[3]
     assert lines[4].startswith("stalls: ") and ncu.top_stall(s) in lines[4]
     assert ncu.look({"launch__grid_size": "n/a"}) == []                  # nothing to say: nothing said
+
+
+def test_a_long_profile_says_every_minute_how_far_it_is(tmp_path, monkeypatch):
+    """ncu.profile waits with a heartbeat (common.procs.Group.wait): while ncu runs it prints how many kernel
+    launches ncu has profiled ('==PROF== Profiling' lines of its --log-file, as ncu 2025 writes them) and the
+    application's last line, so a stall before the first kernel (a compile, a wait) shows where it is. Here the
+    tests' stand-in ncu hangs around an application that printed one line; the beat is shortened to 0.3 s."""
+    import os
+    import sys
+    from pathlib import Path
+    fakes = Path(__file__).parent / "fakes"
+    monkeypatch.setenv("PATH", f"{fakes}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_NCU", "hang")
+    monkeypatch.setenv("FAKE_NCU_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setattr(ncu, "HEARTBEAT_S", 0.3)
+    said = []
+    with pytest.raises(ncu.NcuError, match="did not finish within 2 s"):
+        ncu.profile([sys.executable, "-c", "print('building the decode module', flush=True); "
+                     "import time; time.sleep(60)"], tmp_path / "out", timeout=2, echo=said.append)
+    beats = [s for s in said if s.startswith("ncu: still running after")]
+    assert len(beats) >= 2, said
+    assert beats[-1].endswith("0 kernel launch(es) profiled so far; the application's last line: "
+                              "building the decode module")
+    log = tmp_path / "log.txt"
+    log.write_text('==PROF== Connected to process 502514 (python3.10)\n'
+                   '==PROF== Profiling "distribution_elementwise_grid..." - 0: 0%....50%....100% - 38 passes\n'
+                   '==PROF== Profiling "vectorized_elementwise_kernel" - 1: 0%....50%....100% - 38 passes\n')
+    assert ncu.progress_line(61.2, log, tmp_path / "none.txt") == (
+        "ncu: still running after 61 s: 2 kernel launch(es) profiled so far; the application has printed nothing")
