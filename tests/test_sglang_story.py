@@ -308,3 +308,39 @@ def test_the_decode_step_is_read_from_sglangs_clock_not_the_log_stamps():
                       lambda m: shift(m) if m.group(2) != "999" else m.group(0), text)
     assert jittered != text
     assert _script().client_figures(one["results"], jittered)["step_ms"] == fig["step_ms"]
+
+
+def test_a_reanalysis_reads_the_decode_step_from_the_recorded_logs(tmp_path):
+    """The scheduler's decode step of each repetition is read again from its recorded log (decode_steps_again):
+    with the untraced runs' logs recorded, the ITL waterfall's untraced part is SGLang's per-step clock; a recording
+    without them (the H200 one of 023318a) keeps its recorded column, named as such. The untraced logs here are the
+    recording's real traced log, copied: the plumbing, not a new measurement."""
+    pytest.importorskip("pandas")
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
+    import _sglang as sg
+    src = tmp_path / "rec" / "08_execution_story"
+    shutil.copytree(FIX / "sglang_08_recording_h200", src)
+    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", src.parent)
+    raw = json.loads((src / "raw.json").read_text())
+    for name in ("one", "batch"):
+        raw[f"untraced_{name}"] = [{"log": f"logs/{name}_0.log"}] * 3
+    (src / "raw.json").write_text(json.dumps(raw))
+    want = sg.decode_step_ms(sg.parse_batch_log((src / "logs" / "one_0.log").read_text()))
+
+    def itl_step(out):
+        import csv
+        with open(out / "waterfall.csv") as fh:
+            return next((float(r["ms"]), r["what"]) for r in csv.DictReader(fh)
+                        if r["waterfall"] == "itl" and r["part"] == "scheduler decode step")
+
+    out = tmp_path / "out" / "08_execution_story"
+    assert _script().main(["--reanalyse", str(src), "--out", str(out)]) == 0
+    ms, what = itl_step(out)
+    assert ms == pytest.approx(want, abs=0.01) and what.startswith("median step of the scheduler's Decode lines")
+    old = tmp_path / "old" / "08_execution_story"
+    shutil.copytree(FIX / "sglang_08_recording_h200", tmp_path / "rec_old" / "08_execution_story")
+    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", tmp_path / "rec_old")
+    assert _script().main(["--reanalyse", str(tmp_path / "rec_old" / "08_execution_story"), "--out", str(old)]) == 0
+    ms, what = itl_step(old)                                       # the recorded mean gap of whole-ms stamps
+    assert ms == pytest.approx(5.0, abs=0.01) and what.startswith("mean gap between the scheduler's Decode lines")

@@ -176,15 +176,18 @@ def step_key(obs) -> str:
 
 def serve_story(srv, run, name, send, P, prof_dir):
     """Untraced then traced repetitions of one story: the observer rows (with the SM clock and power NVML read while
-    each ran: common.clocks) and every traced run (trace, log, results)."""
+    each ran: common.clocks), every traced run (trace, log, results) and every untraced run's log (so that a
+    re-analysis reads the scheduler's decode step from it again)."""
     send(srv, 900 + len(name), P)                                           # warm this shape once
-    rows, traced = [], []
+    rows, traced, plain = [], [], []
     with clocks.Sampler(period_s=0.01) as sampler:
         for rep in range(P["reps"]):
             mark, t0 = srv.log_mark(), time.time()
             res = send(srv, 10 * rep + 1, P)
-            rows.append({"story": name, "traced": False, "rep": rep, **client_figures(res, srv.log_since(mark)),
+            log = srv.log_since(mark)
+            rows.append({"story": name, "traced": False, "rep": rep, **client_figures(res, log),
                          **clock_cols(sampler, t0)})
+            plain.append({"log": log})
         for rep in range(P["reps"]):
             mark, t0 = srv.log_mark(), time.time()
             (tr, *_), res = srv.traced(prof_dir, lambda rep=rep: send(srv, 10 * rep + 5, P))
@@ -193,7 +196,7 @@ def serve_story(srv, run, name, send, P, prof_dir):
             traced.append({"trace": tr, "log": log, "results": res})
             run.log(f"{name}: traced rep {rep}: TTFT {rows[-1]['ttft_ms']:.1f} ms, ITL {rows[-1]['itl_ms']:.2f} ms"
                     + (f", SM {rows[-1]['sm_mhz']:.0f} MHz" if rows[-1].get("sm_mhz") else ""))
-    return rows, traced
+    return rows, traced, plain
 
 
 def clock_cols(sampler, t0: float) -> dict:
@@ -886,8 +889,8 @@ def measure(args, run, P, model_dir, base, backend, backend_why="") -> dict:
             raise RuntimeError(f"sanity request came back wrong: {check['meta_info']}")
         run.log("sanity: 8 tokens back ✅  Starting the stories.")
         data["waterfall"] = waterfall_phase(srv, run, P)
-        obs_one, data["traced_one"] = serve_story(srv, run, "one", one_request, P, prof)
-        obs_b, data["traced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
+        obs_one, data["traced_one"], data["untraced_one"] = serve_story(srv, run, "one", one_request, P, prof)
+        obs_b, data["traced_batch"], data["untraced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
         data["observer"] = obs_one + obs_b
         data["gpu_metrics"] = metrics_phase(srv, run, P)
         data["pressure"], data["mem"], data["bench"] = pressure(srv, run, P)
@@ -968,6 +971,10 @@ def save_raw(run, data) -> None:
             run.path(f"logs/{name}_{i}.log").write_text(t["log"])
             raw[f"traced_{name}"].append({"trace": str(Path(t["trace"]).relative_to(run.dir)),
                                           "log": f"logs/{name}_{i}.log", "results": t["results"]})
+        raw[f"untraced_{name}"] = []
+        for i, u in enumerate(data.get(f"untraced_{name}") or []):
+            run.path(f"logs/{name}_untraced_{i}.log").write_text(u["log"])
+            raw[f"untraced_{name}"].append({"log": f"logs/{name}_untraced_{i}.log"})
     run.json("raw", raw)
 
 
@@ -978,7 +985,19 @@ def load_raw(folder: Path) -> dict:
     for name in ("one", "batch"):
         data[f"traced_{name}"] = [{"trace": folder / t["trace"], "log": (folder / t["log"]).read_text(),
                                    "results": t["results"]} for t in raw[f"traced_{name}"]]
+        data[f"untraced_{name}"] = [{"log": (folder / u["log"]).read_text()} for u in raw.get(f"untraced_{name}") or []]
     return data
+
+
+def decode_steps_again(data) -> None:
+    """A re-analysis reads each repetition's decode step from its recorded scheduler log again
+    (_sgl_logs.decode_step_ms), so a better reading applies to old runs too; the untraced logs are recorded since
+    the step is read from SGLang's clock: in older recordings only the traced rows get it, and step_key then keeps
+    the recorded column for all."""
+    for r in data["observer"]:
+        runs = data.get(f"{'traced' if r['traced'] else 'untraced'}_{r['story']}") or []
+        if r["rep"] < len(runs):
+            r["step_ms"] = sg.decode_step_ms(sg.parse_batch_log(runs[r["rep"]]["log"]))
 
 
 def main(argv=None) -> int:
@@ -1016,8 +1035,10 @@ def reanalyse(args) -> int:
         run.reanalysis_of(prev, src)
         # the recording travels with the new run, so that it can be re-analysed in its turn
         keep = ["raw.json", *(["ncu/ncu.csv"] if data["windows"] else [])]
-        keep += [t[k] for name in ("one", "batch") for t in json.loads((src / "raw.json").read_text())[f"traced_{name}"]
-                 for k in ("trace", "log")]
+        raw = json.loads((src / "raw.json").read_text())
+        keep += [t[k] for name in ("one", "batch") for t in raw[f"traced_{name}"] for k in ("trace", "log")]
+        keep += [u["log"] for name in ("one", "batch") for u in raw.get(f"untraced_{name}") or []]
+        decode_steps_again(data)
         for rel in keep:
             if ".." not in Path(rel).parts and (src / rel).is_file() and (src / rel).resolve() != (run.dir / rel).resolve():
                 shutil.copyfile(src / rel, run.path(rel))
