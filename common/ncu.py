@@ -197,6 +197,14 @@ def profile(app: list[str], out_dir: str | Path, *, name: str = "ncu", timeout: 
     return NcuResult(cmd, csv_path, log_path, df, rc)
 
 
+def _text(path) -> str:
+    """A log's text, or "" where it is not (yet) written."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 HEARTBEAT_S = 60.0     # a profile that runs longer says every minute how far it is
 
 
@@ -204,13 +212,8 @@ def progress_line(seconds: float, log_path, app_out) -> str:
     """One line on a profile still running: the kernel launches ncu has profiled so far (its '==PROF== Profiling'
     lines) and the profiled application's last line of output, so a stall before the first kernel (a compile, a
     wait) shows where it is."""
-    def text(p):
-        try:
-            return Path(p).read_text(errors="replace")
-        except OSError:
-            return ""
-    n = text(log_path).count('==PROF== Profiling "')
-    last = next((ln.strip() for ln in reversed(text(app_out).splitlines())
+    n = _text(log_path).count('==PROF== Profiling "')
+    last = next((ln.strip() for ln in reversed(_text(app_out).splitlines())
                  if ln.strip() and not ln.startswith(("==PROF==", "$ "))), "")
     return (f"ncu: still running after {seconds:.0f} s: {n} kernel launch(es) profiled so far"
             + (f"; the application's last line: {last[:160]}" if last else "; the application has printed nothing"))
@@ -222,8 +225,8 @@ def read_log(log_path, csv_path=None, *, extra_log=None, what: str = ""):
     ``csv_path`` when given) and parsed with :func:`read_raw`. Used by :func:`profile` and by scripts
     that run ncu around a server (the server exits, then its log is read)."""
     log_path = Path(log_path)
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    both = text + ("\n" + Path(extra_log).read_text(errors="replace") if extra_log and Path(extra_log).exists() else "")
+    text = _text(log_path)
+    both = text + ("\n" + _text(extra_log) if extra_log and Path(extra_log).exists() else "")
     if "ERR_NVGPUCTRPERM" in both:
         raise SetupError(PERM_HINT)
     csv_text = extract_csv(text)

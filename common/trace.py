@@ -256,8 +256,8 @@ def step_ranges(ev, step: str, parse=None) -> list[dict]:
 
 class Shared(list):
     """A list a table carries in its ``.attrs`` (the step ranges), shared by every frame derived from it: pandas
-    deep-copies ``.attrs`` on each operation that derives a frame (``__finalize__``), which made 40 of the ~110 s of
-    a profiled SGLang 08 analysis of six 64-step traces. The ranges are read, never changed, after the join."""
+    deep-copies ``.attrs`` on each operation that derives a frame (``__finalize__``), once per filter of a long
+    analysis. The ranges are read, never changed, after the join."""
 
     def __deepcopy__(self, memo):
         return self

@@ -23,13 +23,19 @@ def _script():
     return kit.load_script(ROOT / "sglang" / "scripts" / "08_execution_story.py", "story08")
 
 
+def _copy_recording(root):
+    """A copy of the H200 recording under root/08_execution_story, with the cut trace its stories point at."""
+    src = root / "08_execution_story"
+    shutil.copytree(FIX / "sglang_08_recording_h200", src)
+    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", root)
+    return src
+
+
 @pytest.fixture(scope="module")
 def redone(tmp_path_factory):
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
-    src = tmp_path_factory.mktemp("rec") / "08_execution_story"
-    shutil.copytree(FIX / "sglang_08_recording_h200", src)
-    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", src.parent)
+    src = _copy_recording(tmp_path_factory.mktemp("rec"))
     out = tmp_path_factory.mktemp("out") / "08_execution_story"
     assert _script().main(["--reanalyse", str(src), "--out", str(out)]) == 0
     return out
@@ -97,10 +103,8 @@ def _new_recording(root: Path, skew: float = 1.0) -> Path:
     import gzip
     sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
     import _sglang as sg
-    src = root / "08_execution_story"
-    shutil.copytree(FIX / "sglang_08_recording_h200", src)
-    for f in ("sglang_story_trace_graphs_llama8b_h200_cut.json.gz", "sglang_trace_one_text_request_h100.json.gz"):
-        shutil.copy(FIX / f, root)
+    src = _copy_recording(root)
+    shutil.copy(FIX / "sglang_trace_one_text_request_h100.json.gz", root)
     rec = json.load(gzip.open(FIX / "sglang_request_stamps_h100.json.gz"))
     raw = json.loads((src / "raw.json").read_text())
     wf = {"text": [], "ids": []}
@@ -319,9 +323,8 @@ def test_a_reanalysis_reads_the_decode_step_from_the_recorded_logs(tmp_path):
     pytest.importorskip("matplotlib")
     sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
     import _sglang as sg
-    src = tmp_path / "rec" / "08_execution_story"
-    shutil.copytree(FIX / "sglang_08_recording_h200", src)
-    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", src.parent)
+    (tmp_path / "rec").mkdir()
+    src = _copy_recording(tmp_path / "rec")
     raw = json.loads((src / "raw.json").read_text())
     for name in ("one", "batch"):
         raw[f"untraced_{name}"] = [{"log": f"logs/{name}_0.log"}] * 3
@@ -339,8 +342,7 @@ def test_a_reanalysis_reads_the_decode_step_from_the_recorded_logs(tmp_path):
     ms, what = itl_step(out)
     assert ms == pytest.approx(want, abs=0.01) and what.startswith("median step of the scheduler's Decode lines")
     old = tmp_path / "old" / "08_execution_story"
-    shutil.copytree(FIX / "sglang_08_recording_h200", tmp_path / "rec_old" / "08_execution_story")
-    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", tmp_path / "rec_old")
-    assert _script().main(["--reanalyse", str(tmp_path / "rec_old" / "08_execution_story"), "--out", str(old)]) == 0
+    (tmp_path / "rec_old").mkdir()
+    assert _script().main(["--reanalyse", str(_copy_recording(tmp_path / "rec_old")), "--out", str(old)]) == 0
     ms, what = itl_step(old)                                       # the recorded mean gap of whole-ms stamps
     assert ms == pytest.approx(5.0, abs=0.01) and what.startswith("mean gap between the scheduler's Decode lines")

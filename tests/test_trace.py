@@ -180,7 +180,7 @@ def test_step_join_gives_the_rows_of_the_helpers_it_replaced(fixture_path, name)
 
 def test_frames_derived_from_a_step_table_share_its_step_ranges(fixture_path):
     """pandas deep-copies .attrs into every frame it derives (a filter, an assign): the step ranges a step_kernels
-    table carries are shared instead (trace.Shared), which halved a re-analysis of six 64-step SGLang traces."""
+    table carries are shared instead (trace.Shared), not copied on every filter of an analysis."""
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sglang" / "scripts"))
