@@ -84,9 +84,13 @@ PERM_HINT = ("ncu cannot read the GPU performance counters (ERR_NVGPUCTRPERM). R
 MARKER_KERNEL = "spin_kernel"
 
 
-def mark() -> None:
-    """Launch the marker kernel (call before each point in ncu target mode)."""
+def mark(i: int | None = None, n: int | None = None, what: str = "") -> None:
+    """Launch the marker kernel (call before each point in ncu target mode). With ``i``/``n`` it first prints
+    ``ncu-target: point i+1/n: what`` (flushed): in CSV mode ncu writes no kernel row until the application ends,
+    so this line is what a long profile's heartbeat (progress_line) can show of where it is."""
     import torch
+    if i is not None:
+        print(f"ncu-target: point {i + 1}/{n}: {what}", flush=True)
     torch.cuda._sleep(1)
 
 
@@ -185,6 +189,7 @@ def profile(app: list[str], out_dir: str | Path, *, name: str = "ncu", timeout: 
     echo(f"ncu: {shlex.join(cmd)[:400]}")
     app_out = out_dir / f"{name}_app_stdout.txt"
     app_out.unlink(missing_ok=True)
+    release_gpu_cache(echo)
     # ncu and the application it starts run in their own process group: a timeout, an error or Ctrl-C
     # stops both (killing ncu alone would leave the profiled application running)
     with Group(cmd, app_out, env={**os.environ, **(env or {})}, name="ncu", echo=echo) as g:
@@ -209,14 +214,39 @@ HEARTBEAT_S = 60.0     # a profile that runs longer says every minute how far it
 
 
 def progress_line(seconds: float, log_path, app_out) -> str:
-    """One line on a profile still running: the kernel launches ncu has profiled so far (its '==PROF== Profiling'
-    lines) and the profiled application's last line of output, so a stall before the first kernel (a compile, a
-    wait) shows where it is."""
+    """One line on a profile still running: the kernel launches ncu has profiled so far where its log says
+    ('==PROF== Profiling' lines; in CSV mode, as every profile here runs, ncu writes none and prints its rows only
+    when the application ends, as the real H100 log tests/fixtures/ncu_log_csv_mode_h100_head.txt shows) and the
+    profiled application's last line of output (the ncu targets print one per point: mark), so a stall shows where
+    it is."""
     n = _text(log_path).count('==PROF== Profiling "')
     last = next((ln.strip() for ln in reversed(_text(app_out).splitlines())
-                 if ln.strip() and not ln.startswith(("==PROF==", "$ "))), "")
-    return (f"ncu: still running after {seconds:.0f} s: {n} kernel launch(es) profiled so far"
+                 if ln.strip() and not ln.startswith(("==PROF==", "==WARNING==", "$ "))), "")
+    done = (f"{n} kernel launch(es) profiled so far" if n else
+            "no kernel row yet (in CSV mode ncu writes its rows when the application ends)")
+    return (f"ncu: still running after {seconds:.0f} s: {done}"
             + (f"; the application's last line: {last[:160]}" if last else "; the application has printed nothing"))
+
+
+def release_gpu_cache(echo=print) -> float:
+    """Before a profiled application starts: give the GPU memory this process's torch allocator keeps cached back
+    to the driver, so the application (and ncu's save and restore of its buffers between replay passes, which go to
+    host memory when the device has no room) has the whole GPU. On an H100 (80 GB) the FlashInfer decode sweep's
+    largest KV cache (34 GB) stayed cached in the parent while its ncu child ran; that child then sat ~10 min with
+    no output where an H200 (141 GB) took 30 s (suspected cause, not proven). Returns the GB released."""
+    import sys
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return 0.0
+        held = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - a stand-in or broken torch: nothing to release
+        return 0.0
+    gb = held / 1e9
+    if gb >= 1.0:
+        echo(f"ncu: released {gb:.1f} GB of GPU memory this process kept cached, for the profiled application")
+    return gb
 
 
 def read_log(log_path, csv_path=None, *, extra_log=None, what: str = ""):

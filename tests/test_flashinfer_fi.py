@@ -407,3 +407,40 @@ def test_a_cupti_session_after_torch_profiler_reads_twice(fixture_path):
         first, *repeats = [float(x) for x in r["ratio_reps"].split(";")]
         assert 0.99 < first < 1.02 and all(0.46 < x < 0.50 for x in repeats)
         assert 2.0 < r["bgt_cupti_graph_first_ms"] / r["bgt_cupti_graph_ms"] < 2.2
+
+
+def test_the_ncu_target_loop_says_each_point_and_drops_its_buffers_before_the_next(monkeypatch, capsys):
+    """_fi.run_once_each under ncu: one 'ncu-target: point i/n' line per point before its marker kernel (in CSV mode
+    ncu writes nothing until the application ends, so this line is what a long profile's heartbeat shows), and a
+    point's buffers (held by its closure as well as by keep) are gone before the next point allocates its own: the
+    sweep's largest decode KV cache is 34 GB, two of them do not fit an 80 GB H100 beside the parent's."""
+    import gc
+    import types
+    import weakref
+    calls = []
+    import contextlib
+
+    from common import ranges
+    cuda = types.SimpleNamespace(_sleep=lambda n: calls.append("mark"), synchronize=lambda: None,
+                                 empty_cache=lambda: None)
+    fake = types.SimpleNamespace(cuda=cuda)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(ranges, "nvtx_range", lambda name: contextlib.nullcontext())
+
+    class Buf:
+        pass
+    alive = []
+
+    def make(p):
+        gc.collect()
+        calls.append(("make", p["n"], [r() is not None for r in alive]))
+        buf = Buf()
+        alive.append(weakref.ref(buf))
+        return (lambda: calls.append(("run", p["n"], id(buf)))), {"t": buf}
+    assert _fi.run_once_each(fake, [{"n": 0}, {"n": 1}, {"n": 2}], make, lambda p: f"point {p['n']}") == 0
+    said = capsys.readouterr()
+    assert "[ERROR]" not in said.err, said.err
+    assert [ln for ln in said.out.splitlines() if ln.startswith("ncu-target")] == [
+        "ncu-target: point 1/3: point 0", "ncu-target: point 2/3: point 1", "ncu-target: point 3/3: point 2"]
+    assert [c[:3] for c in calls if c[0] == "make"] == [("make", 0, []), ("make", 1, [False]),
+                                                        ("make", 2, [False, False])]

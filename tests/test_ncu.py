@@ -212,11 +212,13 @@ def test_a_closer_look_at_one_kernel_from_the_full_set(fixture_path):
     assert ncu.look({"launch__grid_size": "n/a"}) == []                  # nothing to say: nothing said
 
 
-def test_a_long_profile_says_every_minute_how_far_it_is(tmp_path, monkeypatch):
-    """ncu.profile waits with a heartbeat (common.procs.Group.wait): while ncu runs it prints how many kernel
-    launches ncu has profiled ('==PROF== Profiling' lines of its --log-file, as ncu 2025 writes them) and the
-    application's last line, so a stall before the first kernel (a compile, a wait) shows where it is. Here the
-    tests' stand-in ncu hangs around an application that printed one line; the beat is shortened to 0.3 s."""
+def test_a_long_profile_says_every_minute_how_far_it_is(tmp_path, monkeypatch, fixture_path):
+    """ncu.profile waits with a heartbeat (common.procs.Group.wait): while ncu runs it prints the application's
+    last line (the ncu targets print one per point) and, where ncu's --log-file has them, how many kernel launches
+    ncu has profiled. In CSV mode it has none until the application ends (the real H100 log): the line says so
+    instead of "0 profiled", which read as a stall before the first kernel on the H100 run where FlashInfer 03's
+    child sat ~10 min. Here the tests' stand-in ncu hangs around an application that printed one line; the beat is
+    shortened to 0.3 s."""
     import os
     import sys
     from pathlib import Path
@@ -225,17 +227,61 @@ def test_a_long_profile_says_every_minute_how_far_it_is(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NCU", "hang")
     monkeypatch.setenv("FAKE_NCU_PIDS", str(tmp_path / "pids"))
     monkeypatch.setattr(ncu, "HEARTBEAT_S", 0.3)
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(reserved=40e9, allocated=6e9))
     said = []
     with pytest.raises(ncu.NcuError, match="did not finish within 2 s"):
         ncu.profile([sys.executable, "-c", "print('building the decode module', flush=True); "
                      "import time; time.sleep(60)"], tmp_path / "out", timeout=2, echo=said.append)
+    assert said[1] == "ncu: released 34.0 GB of GPU memory this process kept cached, for the profiled application"
+    assert sys.modules["torch"].cuda.freed   # before the application started (said[1] comes before any beat)
     beats = [s for s in said if s.startswith("ncu: still running after")]
     assert len(beats) >= 2, said
-    assert beats[-1].endswith("0 kernel launch(es) profiled so far; the application's last line: "
-                              "building the decode module")
-    log = tmp_path / "log.txt"
-    log.write_text('==PROF== Connected to process 502514 (python3.10)\n'
-                   '==PROF== Profiling "distribution_elementwise_grid..." - 0: 0%....50%....100% - 38 passes\n'
-                   '==PROF== Profiling "vectorized_elementwise_kernel" - 1: 0%....50%....100% - 38 passes\n')
-    assert ncu.progress_line(61.2, log, tmp_path / "none.txt") == (
-        "ncu: still running after 61 s: 2 kernel launch(es) profiled so far; the application has printed nothing")
+    assert beats[-1].endswith("no kernel row yet (in CSV mode ncu writes its rows when the application ends); "
+                              "the application's last line: building the decode module")
+    # the real log of a CSV-mode profile while its application ran (one H100): no 'Profiling' line to count, so the
+    # line must not claim "0 kernel launches profiled"; the application's per-point line (ncu.mark) says where it is
+    log = fixture_path("ncu_log_csv_mode_h100_head.txt")
+    out = tmp_path / "app.txt"
+    out.write_text("==WARNING== Note: Running with uncontrolled GPU caches.\n"
+                   "ncu-target: point 9/24: decode cuda b=256 kv=32768\n")
+    assert ncu.progress_line(61.2, log, out) == (
+        "ncu: still running after 61 s: no kernel row yet (in CSV mode ncu writes its rows when the application "
+        "ends); the application's last line: ncu-target: point 9/24: decode cuda b=256 kv=32768")
+    assert "2 kernel launch(es) profiled so far" in ncu.progress_line(
+        5, _lines(tmp_path, '==PROF== Profiling "a" - 0: 0%....100% - 38 passes', '==PROF== Profiling "b" - 1: 0%'), out)
+
+
+def _lines(tmp_path, *lines):
+    p = tmp_path / "log_lines.txt"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+class _FakeTorch:
+    """Just the torch.cuda calls ncu.release_gpu_cache makes."""
+    def __init__(self, reserved, allocated, initialized=True):
+        self.cuda = self
+        self.reserved, self.allocated, self.initialized, self.freed = reserved, allocated, initialized, False
+
+    def is_initialized(self):
+        return self.initialized
+
+    def memory_reserved(self):
+        return self.reserved
+
+    def memory_allocated(self):
+        return self.allocated
+
+    def empty_cache(self):
+        self.freed = True
+
+
+def test_release_gpu_cache_says_what_it_gave_back_and_only_when_it_matters(monkeypatch):
+    import sys
+    said = []
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(reserved=0.5e9, allocated=0.2e9))
+    assert ncu.release_gpu_cache(said.append) == pytest.approx(0.3) and said == []   # under 1 GB: freed, not said
+    monkeypatch.setitem(sys.modules, "torch", _FakeTorch(reserved=9e9, allocated=0, initialized=False))
+    assert ncu.release_gpu_cache(said.append) == 0.0 and not sys.modules["torch"].freed   # CUDA never started
+    monkeypatch.delitem(sys.modules, "torch")
+    assert ncu.release_gpu_cache(said.append) == 0.0 and said == []                      # no torch in this process

@@ -406,17 +406,19 @@ def run_once_each(torch, points, make, label) -> int:
     inside the NVTX range ``label(p)``. A failed point is one [ERROR] line and still advances the point index."""
     from common import ncu
     from common.ranges import nvtx_range
-    for p in points:
-        ncu.mark()  # before the try: a failed point still advances the point index
+    for i, p in enumerate(points):
+        ncu.mark(i, len(points), label(p))  # before the try: a failed point still advances the point index
         try:
             fn, keep = make(p)
             with nvtx_range(label(p)):
                 fn()
             torch.cuda.synchronize()
-            del keep
         except Exception as e:  # noqa: BLE001 - a rejected shape or OOM: said, the other points still run
             print(f"[ERROR] {p} -> {e.__class__.__name__}: {str(e)[:200]}", file=sys.stderr)
             torch.cuda.empty_cache()
+        finally:
+            # this point's buffers (its closure holds them too) go before the next point allocates its own
+            fn = keep = None  # noqa: F841
     return 0
 
 

@@ -262,8 +262,8 @@ def run_points(torch, calls) -> int:
     for _label, fn in calls:
         fn()
     torch.cuda.synchronize()
-    for label, fn in calls:
-        ncu.mark()
+    for i, (label, fn) in enumerate(calls):
+        ncu.mark(i, len(calls), label)
         with nvtx_range(label):
             fn()
     torch.cuda.synchronize()
