@@ -182,9 +182,8 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
     where info has one row per window: kernels expected / profiled / matched by name, and ``ncu_rows``
     (first, last) index of the window's rows in ``ncu_rows`` (None when none is known).
     """
+    import pandas as pd
     kt = kt.copy()
-    for c in COUNTER_COLUMNS + ("ncu_window", "ncu_grid", "ncu_block"):
-        kt[c] = None
     rows = ncu_rows.to_dict("records")
     ncu_names = [r["kernel"] for r in rows]
     traced = [w for w in windows if w.get("step") is not None]
@@ -204,7 +203,8 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
             lo, hi = (max(before) + 1 if before else 0), (min(after) - 1 if after else len(rows) - 1)
             if lo <= hi:
                 span[w["name"]] = (lo, hi)
-    info = []
+    info, hits = [], {}   # hits: row index -> (window, its ncu row); a later window's wins, as it always did
+    seg_pos = kt.groupby(["step", "segment"], sort=False, dropna=False).cumcount()   # _seg_index of every row
     for w in windows:
         got = by_window[w["name"]]
         n_exp = sum(1 for o in owners if o[0] == w["name"])
@@ -214,22 +214,26 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
         for col, val in (w.get("match") or {}).items():
             sel &= kt[col] == val
         applied = 0
-        for idx in kt.index[sel]:
-            r = kt.loc[idx]
-            if r["segment"] == "layer":
-                key = ("layer", min(int(r["layer"]), keep_layers - 1), int(r["pos"]))
-            else:
-                key = (r["segment"], _seg_index(kt, idx))
+        sub = kt.loc[sel, ["segment", "layer", "pos", "kernel"]]
+        for idx, seg, layer, pos, name, k in zip(sub.index, sub["segment"], sub["layer"], sub["pos"], sub["kernel"],
+                                                 seg_pos[sel]):
+            key = ("layer", min(int(layer), keep_layers - 1), int(pos)) if seg == "layer" else (seg, int(k))
             c = got.get(key)
-            if c is None or c["kernel"] != r["kernel"]:
+            if c is None or c["kernel"] != name:
                 continue
             applied += 1
-            kt.at[idx, "ncu_window"] = w["name"]
-            for col in COUNTER_COLUMNS:
-                kt.at[idx, col] = c.get(col)
-            kt.at[idx, "ncu_grid"], kt.at[idx, "ncu_block"] = c.get("grid"), c.get("block")
+            hits[idx] = (w["name"], c)
         info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied,
                      "ncu_rows": span.get(w["name"])})
+    # one column at a time (a cell at a time was 1.3 million pandas writes on a --quick recording: ~50 s)
+    pos_of = {idx: i for i, idx in enumerate(kt.index)}
+    sources = {**{c: (lambda h, c=c: h[1].get(c)) for c in COUNTER_COLUMNS}, "ncu_window": lambda h: h[0],
+               "ncu_grid": lambda h: h[1].get("grid"), "ncu_block": lambda h: h[1].get("block")}
+    for col, get in sources.items():
+        vals = [None] * len(kt)
+        for idx, h in hits.items():
+            vals[pos_of[idx]] = get(h)
+        kt[col] = pd.Series(vals, index=kt.index, dtype=object)
     return kernels.joined(kt, ceilings), info
 
 
@@ -259,13 +263,6 @@ def _align_in_order(parts: list[list[str]], names: list[str], slack: float = 0.1
             cursor = max(mapping.values()) + 1
         out.append(mapping)
     return out
-
-
-def _seg_index(kt, idx) -> int:
-    """Position of row ``idx`` among the rows of its step and segment (pre/post)."""
-    r = kt.loc[idx]
-    same = kt[(kt["step"] == r["step"]) & (kt["segment"] == r["segment"])]
-    return int(list(same.index).index(idx))
 
 
 # ------------------------------------------------------------------ the layer tree
