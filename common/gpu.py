@@ -100,8 +100,15 @@ def _git() -> dict:
     if env:
         return {"commit": env.removesuffix("-dirty"), "dirty": env.endswith("-dirty"), "source": "HANDS_ON_GIT_COMMIT"}
     sha = _run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"])
-    dirty = _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"])
+    dirty = _run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                  *(f":(exclude){g}" for g in GENERATED)])
     return {"commit": sha or "unknown", "dirty": bool(dirty)}
+
+
+# what the workbook writes itself (make reports, each pipeline that ends ok): a change there is a result, not a change
+# of the code that ran. In `make quick` the FlashInfer pipeline refreshes its reports before mini-SGLang and SGLang
+# start, which made every later run of a clean checkout read "dirty" (seen on an H100 run of e8f6082).
+GENERATED = ("*/reports/*", "CROSS-SYSTEM.md")
 
 
 def _gpus_nvml() -> list[dict] | None:

@@ -474,3 +474,26 @@ def test_the_l2_size_is_mib_when_a_working_set_is_compared_with_it():
     far = timing.rates(0.1, bytes=260e6, peaks=pk, mix="read")
     assert far["eff_pct"] == pytest.approx(100 * far["eff_tb_s"] / 4.6)
     assert timing.l2_multiple(60 * 2**20, pk) == 1.0
+
+
+def test_a_refreshed_report_does_not_make_the_checkout_dirty(tmp_path, monkeypatch):
+    """The commit a run records: the reports a pipeline refreshes are its output, so a run after them still names a
+    clean commit (in `make quick` every run after FlashInfer's pipeline read 'dirty'); a changed script does not."""
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t", *a], check=True,
+                       capture_output=True)
+    for f in ("common/x.py", "sglang/reports/analysis.md", "CROSS-SYSTEM.md"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("a\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    monkeypatch.delenv("HANDS_ON_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(gpu, "REPO_ROOT", tmp_path)
+    (tmp_path / "sglang/reports/analysis.md").write_text("refreshed\n")
+    (tmp_path / "CROSS-SYSTEM.md").write_text("refreshed\n")
+    (tmp_path / "untracked.txt").write_text("x\n")
+    assert gpu._git()["dirty"] is False
+    (tmp_path / "common/x.py").write_text("changed\n")
+    assert gpu._git()["dirty"] is True
+
