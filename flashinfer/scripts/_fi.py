@@ -403,7 +403,8 @@ def with_repeats(points, reference) -> list[dict]:
 
 def run_once_each(torch, points, make, label) -> int:
     """The --ncu-target loop: for each point the marker kernel, then ``make(p)`` -> (fn, keep) and ``fn()`` once
-    inside the NVTX range ``label(p)``. A failed point is one [ERROR] line and still advances the point index."""
+    inside the NVTX range ``label(p)``; then the point's buffers are freed and handed back to the driver. A failed
+    point is one [ERROR] line and still advances the point index."""
     from common import ncu
     from common.ranges import nvtx_range
     for i, p in enumerate(points):
@@ -415,10 +416,12 @@ def run_once_each(torch, points, make, label) -> int:
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a rejected shape or OOM: said, the other points still run
             print(f"[ERROR] {p} -> {e.__class__.__name__}: {str(e)[:200]}", file=sys.stderr)
-            torch.cuda.empty_cache()
         finally:
-            # this point's buffers (its closure holds them too) go before the next point allocates its own
+            # this point's buffers (its closure holds them too) go, and back to the driver, before the next point:
+            # memory torch keeps cached is still allocated for ncu, which saves and restores what a kernel could
+            # reach around every replay pass, in host memory when the device has no room
             fn = keep = None  # noqa: F841
+            torch.cuda.empty_cache()
     return 0
 
 
