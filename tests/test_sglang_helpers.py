@@ -843,3 +843,21 @@ def test_every_server_flag_the_scripts_pass_is_one_launch_server_takes():
     ServerArgs.add_cli_args(p)
     known = {o for a in p._actions for o in a.option_strings}
     assert sorted(_server_flags_in_scripts() - known) == []
+
+
+def test_every_name_taken_from_the_sglang_helper_is_there():
+    """_sglang gathers its rooms (_sgl_logs, _sgl_stamps, ...) with `from room import *`, which also re-exports what a
+    room imports: a room's unused imports cannot be dropped blindly. Every `sg.<name>` a script, a test or common/
+    uses (where `sg` is _sglang) must exist on the assembled module (a name that only a GPU run would reach fails
+    here, on the CPU)."""
+    import re
+    root = SCRIPTS.parents[1]
+    used = {}
+    for f in [*root.glob("sglang/scripts/*.py"), *root.glob("tests/*.py"), *root.glob("common/*.py")]:
+        text = f.read_text()
+        for alias in set(re.findall(r"import _sglang as (\w+)", text)):
+            for name in re.findall(rf"\b{alias}\.(\w+)", text):
+                used.setdefault(name, f.name)
+    assert len(used) > 40, used            # the scan found the helper's users
+    assert [f"{n} (used in {f})" for n, f in sorted(used.items()) if not hasattr(sg, n)] == []
+

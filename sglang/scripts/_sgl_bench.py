@@ -3,29 +3,19 @@ that imports it once per server (BenchWorker, run_bench). Part of _sglang."""
 from __future__ import annotations
 
 import atexit
-import contextlib
-import datetime as _dt
 import functools
 import json
 import math
 import os
-import re
 import shlex
-import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import cli, procs, stats, timeline, trace  # noqa: E402
-from common.checks import SetupError  # noqa: E402
+from common import procs, stats  # noqa: E402
 from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
-from _sglang import _LOCAL, _last_stop, _server_arg  # noqa: E402,F401
+from _sglang import _last_stop  # noqa: E402,F401
 
 
 # ================================================================== bench_serving

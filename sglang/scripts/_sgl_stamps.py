@@ -3,30 +3,14 @@ range names), each step beside its scheduler log line, the per-request time stam
 traced splits of a prefill and a decode step. Part of _sglang."""
 from __future__ import annotations
 
-import atexit
-import contextlib
-import datetime as _dt
-import functools
-import json
 import math
-import os
 import re
-import shlex
-import signal
-import subprocess
 import sys
-import threading
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import cli, procs, stats, timeline, trace  # noqa: E402
-from common.checks import SetupError  # noqa: E402
+from common import trace  # noqa: E402
 from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
-from _sglang import _LOCAL, _server_arg  # noqa: E402,F401
 
 
 # ================================================================== traces: steps and their kernels
