@@ -233,7 +233,8 @@ def release_gpu_cache(echo=print) -> float:
     to the driver, so the application (and ncu's save and restore of its buffers between replay passes, which go to
     host memory when the device has no room) has the whole GPU. On an H100 (80 GB) the FlashInfer decode sweep's
     largest KV cache (34 GB) stayed cached in the parent while its ncu child ran; that child then sat ~10 min with
-    no output where an H200 (141 GB) took 30 s (suspected cause, not proven). Returns the GB released."""
+    no output, where the whole step took 55 s on an H200 (141 GB) (the suspected cause, not proven). Returns the GB
+    released."""
     import sys
     torch = sys.modules.get("torch")
     try:
