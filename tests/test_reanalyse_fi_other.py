@@ -50,7 +50,10 @@ def test_07_reads_its_passes_table_and_each_cli_calls_text(tmp_path):
     out = tmp_path / "out"
     assert m07.main(["--reanalyse", str(src), "--out", str(out)]) == 0
     after = json.loads((out / "summary.json").read_text())
-    assert (out / "story.txt").read_text() == summary["story"] + "\n"
+    # the same story, but an unset MAX_JOBS reads 'unset' (the recording printed Python's None); read back the same
+    assert "MAX_JOBS=None" in summary["story"]
+    assert (out / "story.txt").read_text() == summary["story"].replace("MAX_JOBS=None", "MAX_JOBS=unset") + "\n"
+    assert m07.passes_from_story((out / "story.txt").read_text())["max_jobs"].isna().iloc[0]
     assert not any("passes" in n for n in after["notes"])
     cmd = "python -m flashinfer module-status --filter compiled"
     text = "\n\n".join(f"$ {cmd}\n{body}" for body in ("A\n\n=== Summary ===\nCompiled: 1", "B\n\nCompiled: 5"))

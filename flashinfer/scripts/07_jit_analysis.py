@@ -329,7 +329,7 @@ def tell(x) -> str:
     ps = {r["pass"]: {k: _plain(v) for k, v in r.items()} for r in x.passes.to_dict("records")}
     cold, warm, mine = ps["cold"], ps["warm"], ps["your cache"]
     mine_steps = lines("your cache")
-    items = [(f"cold pass (empty cache, {cold['cpus']} CPUs, MAX_JOBS={cold['max_jobs']}): "
+    items = [(f"cold pass (empty cache, {cold['cpus']} CPUs, MAX_JOBS={'unset' if cold['max_jobs'] is None else cold['max_jobs']}): "
               f"{cold['wall_s']:.1f} s wall", lines("cold")),
              (f"warm pass (same cache): {warm['wall_s']:.1f} s wall", lines("warm")),
              (f"your cache ({mine['jit_dir']}): {mine['module_folders']} module folder(s)",
@@ -408,7 +408,7 @@ def passes_from_story(story_text: str) -> Any:
         raise SetupError("--reanalyse: no passes.csv, and the recording's story does not state the passes' wall times "
                          "(re-run 07_jit_analysis.py on a GPU)")
     rows = [{"pass": "cold", "wall_s": float(c.group(3)), "cpus": int(c.group(1)) if c.group(1).isdigit() else None,
-             "max_jobs": None if c.group(2) == "None" else c.group(2)},
+             "max_jobs": None if c.group(2) in ("None", "unset") else c.group(2)},
             {"pass": "warm", "wall_s": float(w.group(1))},
             {"pass": "your cache", "jit_dir": y.group(1), "module_folders": int(y.group(2))}]
     return pd.DataFrame(rows, columns=PASS_COLUMNS)

@@ -312,8 +312,8 @@ def tell(x) -> str:
     if x.launches is None:
         return story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items)
     first = x.launches[x.launches["call"] == 0]
-    calls = [(label[6:], [(f"#{int(r['order'])} {r['gpu_kind']} {r['kernel']} grid {r['grid'] or '-'} block "
-                           f"{r['block'] or '-'} {r['dur_us']:.1f} us", []) for r in g.to_dict("records")])
+    calls = [(label[6:], [(f"#{int(r['order'])} {r['gpu_kind']} {r['kernel']} grid {story.fmt(r['grid'])} block "
+                           f"{story.fmt(r['block'])} {r['dur_us']:.1f} us", []) for r in g.to_dict("records")])
              for label, g in first.groupby("label", sort=False)]
     items.append((f"launches per call (torch.profiler, GPU order; call #0 of {REPEATS})", calls))
     return story.tree("KERNEL CHECKS — mini-SGLang custom kernels vs torch", items)

@@ -325,7 +325,7 @@ def tell(x) -> str:
     if x.launches is not None:
         first = x.launches[(x.launches["call"] == 0) & (x.launches["tokens"] == 8192)]
         items.append(("Execution (torch.profiler, call #0 of each)", [
-            (lb[6:], [(f"#{int(r['order'])} {r['kernel']} grid {r['grid']} block {r['block']} {r['dur_us']:.1f} us: "
+            (lb[6:], [(f"#{int(r['order'])} {r['kernel']} grid {story.fmt(r['grid'])} block {story.fmt(r['block'])} {r['dur_us']:.1f} us: "
                        f"{r['copies']}", []) for r in gg.to_dict("records")]) for lb, gg in first.groupby("label", sort=False)]))
     items.append((f"Per warp: one token's K row then V row, {g['steps_per_row']} x 512-B steps each "
                   f"({g['lane_bytes']}-B lanes); {g['grid']} blocks of 128 threads at 8192 tokens", []))

@@ -416,7 +416,7 @@ def tell(x) -> str:
                     + (f" -> {timing.eff_text(r, x.pk)}" if phase == "decode"
                        else f" -> {r['tflop_s']:.0f} TFLOP/s ({r['pct_bf16_ceiling']:.0f}% of the bf16 ceiling)")
                     + f" (median of {REPEATS})")
-            items.append((head, [(f"#{int(k['order'])} {k['gpu_kind']} {k['kernel']} grid {k['grid'] or '-'} "
+            items.append((head, [(f"#{int(k['order'])} {k['gpu_kind']} {k['kernel']} grid {story.fmt(k['grid'])} "
                                   f"{k['dur_us']:.1f} us", []) for k in (ks.to_dict("records") if len(ks) else [])]))
     if x.ncu is not None:
         items.append(("hardware (ncu)", [kernels.node(r, head=f"{r['call']}: {r['kernel']} (ncu) [{ncu.bound_why(r)}]")
