@@ -300,8 +300,8 @@ COUNTERS = [
         ("launch__waves_per_multiprocessor",), lambda m: m.col("launch__waves_per_multiprocessor")),
     Col("top_stalls", "counters", "", "the three largest warp-stall reasons, each as % of all stall samples "
         "(smsp__average_warps_issue_stalled_*)", tuple(STALL_METRIC.format(r) for r in STALL_REASONS), _top_stalls,
-        lambda r: f"stalls {r['top_stalls']}" + (f": {r['stall_note']}" if r.get("stall_note") else "")
-        if r.get("top_stalls") else None),
+        lambda r: f"stalls {r['top_stalls']}" + (f": {r['stall_note']}" if _ok(r.get("stall_note")) else "")
+        if _ok(r.get("top_stalls")) else None),
 ]
 JOINED = [
     Col("ncu_ratio", "joined", "x", "ncu's kernel time over the traced kernel time (the observer effect of ncu: "
