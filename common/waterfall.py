@@ -3,7 +3,7 @@
     chain = [("send", None), ("received", "HTTP receive"), ("first", "the rest")]   # stamps in order, part names
     wf = build(stamps, chain, total_ms=ttft_ms, label="rep 0")     # one request: parts between present stamps
     check(wf)                                                       # WaterfallError unless it adds up within 5%
-    med = median([wf0, wf1, ...], total_ms=median_ttft)             # per-part medians, the median repetition
+    med = median([wf0, wf1, ...], total_ms=median_ttft)             # the median repetition, spread per part
     med = with_split(med, "prefill forward", sub)                   # a part split further (e.g. from a traced run)
     lines = render(med, traced=traced_med)                          # text lines <= 120 chars, traced/untraced per part
     spans = spans_of(wf)                                            # (part, start_s, end_s) for the Perfetto export
@@ -12,8 +12,8 @@ A waterfall is a dict: label, total_ms (what the client measured), parts (list o
 source, what, split), sum_ms, remainder_ms (total - sum: never hidden), remainder_pct, negative (parts < 0:
 two clocks that disagree), ok (adds up within ``tol``), tol. Stamps are seconds on one clock (epoch time.time());
 a stamp that is missing merges the two parts around it ("A + B") instead of dropping time. Parts between
-consecutive stamps add up by construction; what is judged is the sum of per-part medians against the median
-total, a split measured on another run against its parent, and parts that go negative (clocks that disagree).
+consecutive stamps add up by construction; what is judged is the median repetition's parts against the total
+the client measured, a split measured on another run against its parent, and parts that go negative (clocks that disagree).
 
 Nothing here knows a serving system: SGLang's stamp names stay in sglang/scripts/_sglang.py, mini-SGLang's in
 its 08 script.
@@ -98,31 +98,27 @@ def check(wf: dict, tol: float | None = None, what: str = "waterfall") -> dict:
 
 
 def median(wfs: list[dict], total_ms: float | None = None, label: str = "median", tol: float = TOL) -> dict:
-    """Per-part medians over repetitions (parts matched by name, in the order of their first appearance), the
-    median repetition (the one whose total is the median; the lower middle for an even count) and the spread.
-    ``total_ms``: the median the client measured (default: the median of the repetitions' totals). The parts'
-    medians need not add up to the median total: the remainder says by how much."""
+    """The median repetition (the one whose total is the median; the lower middle for an even count) part by
+    part, each part with its spread over the repetitions (``median_ms``, ``min_ms``, ``max_ms``: parts matched by
+    name). Its parts are one real request's, so they add up as that request did; per-part medians would not: the
+    sum of medians is not the median of sums, and a part with a wide spread (a first launch of 22-40 ms) makes
+    them differ by more than the tolerance with nothing unattributed in any repetition. ``total_ms``: the median
+    the client measured (default: the median repetition's own total); the remainder says what is left over."""
     wfs = [w for w in wfs if w and w.get("parts")]
     if not wfs:
         return _finish({"label": label, "total_ms": total_ms, "parts": [], "n": 0, "median_rep": None}, tol)
-    names: list[str] = []
-    for w in wfs:
-        for p in w["parts"]:
-            if p["name"] not in names:
-                names.append(p["name"])
-    parts = []
-    for n in names:
-        vals = [p["ms"] for w in wfs for p in w["parts"] if p["name"] == n and _num(p.get("ms"))]
-        ref = next(p for w in wfs for p in w["parts"] if p["name"] == n)
-        parts.append({**{k: ref.get(k) for k in ("name", "from", "to", "source", "what")},
-                      "ms": statistics.median(vals) if vals else math.nan, "min_ms": min(vals, default=math.nan),
-                      "max_ms": max(vals, default=math.nan), "n": len(vals), "start": None, "end": None, "split": None})
     totals = [w["total_ms"] for w in wfs if _num(w.get("total_ms"))]
     order = sorted(range(len(wfs)), key=lambda i: wfs[i]["total_ms"] if _num(wfs[i].get("total_ms")) else math.inf)
-    mid = order[(len(totals) - 1) // 2] if totals else None
-    tot = total_ms if total_ms is not None else (statistics.median(totals) if totals else math.nan)
-    return _finish({"label": label, "total_ms": tot, "parts": parts, "n": len(wfs), "median_rep": mid,
-                    "median_rep_label": wfs[mid].get("label") if mid is not None else None,
+    mid = order[(len(totals) - 1) // 2] if totals else 0
+    parts = []
+    for ref in wfs[mid]["parts"]:
+        vals = [p["ms"] for w in wfs for p in w["parts"] if p["name"] == ref["name"] and _num(p.get("ms"))]
+        parts.append({**{k: ref.get(k) for k in ("name", "from", "to", "source", "what")}, "ms": ref.get("ms"),
+                      "median_ms": statistics.median(vals) if vals else math.nan, "min_ms": min(vals, default=math.nan),
+                      "max_ms": max(vals, default=math.nan), "n": len(vals), "start": None, "end": None, "split": None})
+    tot = total_ms if total_ms is not None else wfs[mid].get("total_ms", math.nan)
+    return _finish({"label": label, "total_ms": tot, "parts": parts, "n": len(wfs), "median_rep": mid if totals else None,
+                    "median_rep_label": wfs[mid].get("label") if totals else None,
                     "totals_ms": totals, "source": wfs[0].get("source")}, tol)
 
 
@@ -214,11 +210,13 @@ def _ms(v) -> str:
 
 
 def render(wf: dict, traced: dict | None = None, title: str = "", total_name: str = "total",
-           width: int = 120) -> list[str]:
+           width: int = 120, judged: bool = True) -> list[str]:
     """Text lines (the table's lines <= ``width`` characters; a split part's free-text source is left whole for
     the story to fold, story.fold): one per part with ms, share of the total, a bar, the traced ms
     and traced/untraced; a split part's sub-parts indented with their own source; the sum, the total and the
-    unattributed remainder with the verdict (✓ adds up within 5% / ✗ does not: never shown as fine)."""
+    unattributed remainder with the verdict (✓ adds up within 5% / ✗ does not: never shown as fine).
+    ``judged=False``: a waterfall whose parts add up by construction (consecutive stamps of one clock and the
+    total their span): the remainder is printed, the verdict is replaced by why there is none."""
     total = wf.get("total_ms")
     rt = ratios(wf, traced) if traced else {}
     tmap = {p["name"]: p["ms"] for p in (traced or {}).get("parts", [])}
@@ -251,7 +249,9 @@ def render(wf: dict, traced: dict | None = None, title: str = "", total_name: st
     lines.append(f"{total_name[:34]:34s} {_ms(total)}"
                  + (f"{'':30s} {_ms(traced.get('total_ms'))} {rt['total']:4.2f}x" if traced and rt.get("total") else "")
                  [:width])
-    verdict = (f"✓ adds up within {100 * wf['tol']:.0f}%" if wf["ok"] else
+    verdict = (("(not judged: adds up by construction)" if wf["ok"] else
+                "(not judged: each run adds up; medians differ)") if not judged else
+               f"✓ adds up within {100 * wf['tol']:.0f}%" if wf["ok"] else
                f"✗ DOES NOT ADD UP (limit {100 * wf['tol']:.0f}%)" + (f"; negative: {', '.join(wf['negative'])}"
                                                                        if wf["negative"] else ""))
     lines.append(f"{'unattributed (total - sum)':34s} {_ms(wf['remainder_ms'])} "

@@ -13,11 +13,15 @@ from test_reanalyse import REC, check_reanalysis
 
 
 def test_minisgl08_reanalysis_gives_the_recordings_verdicts(tmp_path):
-    out = check_reanalysis("mini-sglang", "08_forward_timeline", tmp_path)
+    # the TTFT waterfall's add-up is no longer judged: its parts are consecutive stamps, it adds up by construction
+    ttft = "the ttft waterfall of the offline engine adds up"
+    out = check_reanalysis("mini-sglang", "08_forward_timeline", tmp_path, dropped=(ttft,))
     before, after = (json.loads((d / "summary.json").read_text()) for d in (REC / "mini-sglang/08_forward_timeline", out))
-    # the same detail on every verdict (the layer checks, the timed steps, the counters, the waterfalls' add-up)
+    # the same detail on every other verdict (the layer checks, the timed steps, the counters, the decode add-up)
     assert [(o.get("hypothesis") or o["expected"], o.get("detail")) for o in after["observations"]] == \
-        [(o.get("hypothesis") or o["expected"], o.get("detail")) for o in before["observations"]]
+        [(o.get("hypothesis") or o["expected"], o.get("detail")) for o in before["observations"]
+         if not (o.get("hypothesis") or o["expected"]).startswith(ttft)]
+    assert "(not judged: " in (out / "story.txt").read_text()
     for k, v in before["headline"].items():           # observer_pct_*: the recording's own (it predates traced_steps.csv)
         assert after["headline"][k] == pytest.approx(v), k
     assert "TTFT waterfall" in (out / "story.txt").read_text()

@@ -45,8 +45,9 @@ What it measures
        mini-SGLang records no time stamps of its own, so the script wraps, for these generates only, receive_msg
        (the tokenizer), _schedule_next_batch, attn_backend.prepare_metadata, _forward, FlashInfer's plan(),
        _process_last_data and send_result (perf_counter before and after): the TTFT from generate() to the first
-       token handed over, and one decode step as the overlap loop spends it (common.waterfall: per-part medians,
-       the 5% add-up check, the unattributed remainder printed). No HTTP, detokenizer process or queue here.
+       token handed over, and one decode step as the overlap loop spends it (common.waterfall: the median generate
+       with each part's spread; the 5% add-up check on the decode step, whose loop time is not stamped). No HTTP,
+       detokenizer process or queue here.
 
 What the plan expected (hypotheses: H_* below, judged on 3 repetitions or on every traced step / layer)
     * Per layer ~10 kernels in a fixed order: norm, QKV GEMM, RoPE, store_kv_cache, attention (+ merge
@@ -735,7 +736,8 @@ def waterfall_items(w) -> list:
     if not w:
         return []
     out = [("TTFT waterfall — one generate of the offline engine, " + w["ttft"]["label"],
-            [(ln, []) for ln in waterfall.render(w["ttft"], total_name="first token handed over (median)", width=110)]
+            [(ln, []) for ln in waterfall.render(w["ttft"], total_name="first token handed over (median)", width=110,
+                                                    judged=False)]
             + [(WHAT_IT_CANNOT[i:i + 110], []) for i in range(0, len(WHAT_IT_CANNOT), 110)])]
     if w.get("decode"):
         out.append(("ITL waterfall — " + w["decode"]["label"],
@@ -744,13 +746,14 @@ def waterfall_items(w) -> list:
 
 
 def judge_waterfall(run, w) -> None:
-    """The add-up checks as observations (refuted when a waterfall does not add up: never printed as fine)."""
-    for key in ("ttft", "decode"):
-        wf = w.get(key)
-        if wf:
-            run.observe(f"the {key} waterfall of the offline engine adds up within 5% ({wf['label']})",
-                        f"parts {wf['sum_ms']:.2f} ms of {wf['total_ms']:.2f} ms ({wf['remainder_pct']:+.1f}% unattributed)",
-                        "confirmed" if wf["ok"] else "refuted", "waterfall.csv")
+    """The decode step's add-up check as an observation (refuted when it does not add up: never printed as fine).
+    The TTFT waterfall is not judged: its parts run between consecutive stamps of one clock and its total is their
+    span, so every generate adds up by construction (a check that cannot fail); it is shown, not tested."""
+    wf = w.get("decode")
+    if wf:
+        run.observe(f"the decode waterfall of the offline engine adds up within 5% ({wf['label']})",
+                    f"parts {wf['sum_ms']:.2f} ms of {wf['total_ms']:.2f} ms ({wf['remainder_pct']:+.1f}% unattributed)",
+                    "confirmed" if wf["ok"] else "refuted", "waterfall.csv")
 
 
 # ------------------------------------------------------------------ figures, verdicts, headline, story (GPU run and --reanalyse)
