@@ -187,7 +187,7 @@ def test_a_waterfall_that_does_not_add_up_is_refuted_not_printed_as_fine(tmp_pat
     block = (out / "story.txt").read_text().split("ITL waterfall")[0]
     assert "✗ DOES NOT ADD UP (limit 5%)" in block and "✓ adds up" not in block.split("split (traced")[0]
     obs = [o for o in json.loads((out / "summary.json").read_text())["observations"] if "TTFT waterfall" in o["expected"]]
-    assert obs[0]["verdict"] == "refuted" and "(+10.3%)" in obs[0]["observed"]
+    assert obs[0]["verdict"] == "refuted" and "(+9.1%)" in obs[0]["observed"]     # the median repetition's parts
 
 
 def test_the_traced_tree_is_the_median_repetition():

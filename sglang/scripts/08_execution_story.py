@@ -605,7 +605,8 @@ def waterfall_text(w: dict) -> list:
     kids.append(_wrapped(src))
     pk = w["ttft_by_kind"]
     if {"text", "ids"} <= set(pk):
-        g = {k: {p["name"]: p["ms"] for p in v["parts"]} for k, v in pk.items()}
+        # per-part medians over each kind's requests (the parts shown above are the median repetition's)
+        g = {k: {p["name"]: p.get("median_ms", p["ms"]) for p in v["parts"]} for k, v in pk.items()}
         tok = g["text"].get("tokenize + dispatch", math.nan) - g["ids"].get("tokenize + dispatch", math.nan)
         kids.append(_wrapped(f"tokenizer: text prompts spend {tok:+.2f} ms more in tokenize + dispatch than input_ids "
                              f"ones (medians, {pk['text']['n']} each)"))
