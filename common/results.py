@@ -39,6 +39,7 @@ import errno
 import json
 import math
 import os
+import stat
 import re
 import shutil
 import sys
@@ -161,7 +162,7 @@ def foreign(path: Path, script: str) -> str | None:
             before = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if not os.path.isdir(path):
+        if not stat.S_ISDIR(before.st_mode):        # the stat above, not a second look that a rename can race
             return "is not a folder"
         made = script_of(path)
         try:

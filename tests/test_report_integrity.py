@@ -568,3 +568,17 @@ def test_report_runs_without_pandas_or_matplotlib(tmp_path):
     out, err = p.communicate(timeout=60)
     assert (p.returncode, err, out) == (0, "", "3 []\n")
     assert _block(md.read_text(), "01_demo/table:sweep") == f"{RUN_H200}\n| batch | tb_s |\n|---|---|\n| 1 | 1.23 |\n| 2 | - |\n"
+
+
+def test_a_folder_renamed_away_while_it_is_looked_at_is_not_called_a_file(tmp_path, monkeypatch):
+    """Four runs of one script at once (the test above) failed once under load with '.previous/01_demo is not
+    a folder': another run renamed it between foreign()'s stat and a second look (os.path.isdir). The stat's own
+    mode is the answer; a folder that vanishes between two looks is looked at again."""
+    import common.results as R
+    script = _script(tmp_path)
+    with R.Run(str(script), {"i": 0}, quiet=True) as run:
+        run.path("a.txt").write_text("x")
+    final = tmp_path / "demo" / "results" / "01_demo"
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(R.os.path, "isdir", lambda p: False if Path(p) == final else real_isdir(p))   # "gone"
+    assert R.foreign(final, "demo/scripts/01_demo.py") is None
