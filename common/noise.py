@@ -8,7 +8,7 @@ every interval to clear its bound by that margin before it confirms or refutes (
 the run-to-run noise"), and says the noise it used.
 
     python -m common.noise A B            # compare two result trees (each holding <system>/results/)
-    python -m common.noise A B --write    # ... and record the result in common/noise.json
+    python -m common.noise A B --write    # ... and record it in common/noise.json (the larger spread stays)
 
 Per hypothesis: spread = |point_A - point_B| (the quantity's unit; a verdict's point moved by it must stay on the
 same side of each bound) and noise = spread / mean of the two (a fraction, to read), with the runs. Only
@@ -69,11 +69,15 @@ def lookup(system: str, stem: str, hypothesis: str, path: Path = NOISE_FILE) -> 
 
 
 def write(rows: list[dict], path: Path = NOISE_FILE) -> Path:
-    """Merge ``rows`` into the noise file (a row per system/stem/hypothesis; a new measurement replaces the old)."""
+    """Merge ``rows`` into the noise file (a row per system/stem/hypothesis). Where two pairs of runs measured
+    the same quantity, the larger spread is kept with its runs: a margin is only as safe as the widest
+    run-to-run move seen, and a quieter pair of runs does not make the earlier move untrue."""
     old = load(path)
     for r in rows:
-        old[(r["system"], r["stem"], r["hypothesis"])] = {k: r[k] for k in ("system", "stem", "hypothesis", "a", "b",
-                                                                           "spread", "noise", "runs")}
+        key = (r["system"], r["stem"], r["hypothesis"])
+        if key in old and old[key].get("spread", -1.0) > r["spread"]:
+            continue
+        old[key] = {k: r[k] for k in ("system", "stem", "hypothesis", "a", "b", "spread", "noise", "runs")}
     doc = {"about": "run-to-run noise per judged quantity: spread = |a - b| of two runs on one GPU model, noise = "
                     "spread / their mean (python -m common.noise A B --write); common.verdicts asks a verdict to "
                     "hold with its point moved by the spread",

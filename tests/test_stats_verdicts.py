@@ -148,3 +148,17 @@ def test_run_to_run_noise_from_two_real_runs_and_the_margin_it_sets(fixture_path
     assert rec["verdict"] == "inconclusive" and "within the run-to-run noise" in rec["observed"]
     far = verdicts.judge(h, Interval(0.01, 0.009, 0.011, 3, "range"), noise={"spread": 0.005, "runs": "x"})
     assert far["verdict"] == "refuted" and "holds with the run-to-run noise" in far["observed"]
+
+
+def test_a_second_pair_of_runs_keeps_the_larger_spread(fixture_path, tmp_path):
+    """Two measurements of one quantity's noise: the wider move stays (a quieter pair does not undo it), and a
+    wider new move replaces a narrower one."""
+    from common import noise
+    rows = {r["hypothesis"]: r for r in noise.compare(fixture_path("noise_h200/a"), fixture_path("noise_h200/b"))}
+    lpm = rows["lpm-beats-fcfs-hit-rate"]
+    path = noise.write([lpm], tmp_path / "noise.json")
+    noise.write([{**lpm, "a": 0.03, "b": 0.031, "spread": 0.001, "noise": 0.03, "runs": "quiet pair"}], path)
+    kept = noise.lookup("sglang", "02_radix_cache_analysis", "lpm-beats-fcfs-hit-rate", path)
+    assert kept["spread"] == lpm["spread"] and kept["runs"] == lpm["runs"]
+    noise.write([{**lpm, "spread": 0.05, "noise": 1.0, "runs": "loud pair"}], path)
+    assert noise.lookup("sglang", "02_radix_cache_analysis", "lpm-beats-fcfs-hit-rate", path)["runs"] == "loud pair"
