@@ -13,7 +13,8 @@ source, what, split), sum_ms, remainder_ms (total - sum: never hidden), remainde
 two clocks that disagree), ok (adds up within ``tol``), tol. Stamps are seconds on one clock (epoch time.time());
 a stamp that is missing merges the two parts around it ("A + B") instead of dropping time. Parts between
 consecutive stamps add up by construction; what is judged is the median repetition's parts against the total
-the client measured, a split measured on another run against its parent, and parts that go negative (clocks that disagree).
+the client measured, a split measured on another run against its parent, and parts that go negative (clocks
+that disagree).
 
 Nothing here knows a serving system: SGLang's stamp names stay in sglang/scripts/_sglang.py, mini-SGLang's in
 its 08 script.
