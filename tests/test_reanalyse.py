@@ -37,10 +37,11 @@ def copy_recording(system: str, stem: str, tmp_path: Path, name: str | None = No
     return load(system, stem, name), src
 
 
-def check_reanalysis(system: str, stem: str, tmp_path: Path, dropped: tuple = ()) -> Path:
+def check_reanalysis(system: str, stem: str, tmp_path: Path, dropped: tuple = (), changed: dict | None = None) -> Path:
     """Re-analyse tests/fixtures/recordings_h200/<system>/<stem>/ with the script's --reanalyse; assert the same
     verdicts, the recording's provenance and a story. ``dropped``: hypotheses the script no longer judges (each
-    must be gone from the new run). Returns the new run's folder (for further checks)."""
+    must be gone from the new run); ``changed``: {hypothesis: verdict} the script now judges differently on
+    purpose (each must read so). Returns the new run's folder (for further checks)."""
     pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
     from unittest import mock
@@ -53,6 +54,7 @@ def check_reanalysis(system: str, stem: str, tmp_path: Path, dropped: tuple = ()
         assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0
     before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
     kept = {k: v for k, v in _verdicts(before).items() if not k.startswith(dropped)} if dropped else _verdicts(before)
+    kept.update(changed or {})
     assert _verdicts(after) == kept and len(_verdicts(after)) >= 3
     assert after["provenance"]["gpu"] == before["provenance"]["gpu"] and "reanalysed" in after["provenance"]
     assert after["args"].get("quick") == before["args"].get("quick")       # the mode of the measured run, kept

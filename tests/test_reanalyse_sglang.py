@@ -12,9 +12,26 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["02_radix_cache_analysis", "05_ncu_attention"]
 
 
+# 05's decode verdicts used to pool the launches of another step (one request's 16.8 MB of KV) with the batch's (539 MB);
+# on the batch's 2 launches of that recording they are inconclusive (2 samples), never judged on the other step
+CHANGED = {"05_ncu_attention": {"decode-attention-tensor-low": "inconclusive"}}
+
+
 @pytest.mark.parametrize("stem", SCRIPTS)
 def test_sglang_reanalysis_gives_the_recordings_verdicts(stem, tmp_path):
-    check_reanalysis("sglang", stem, tmp_path)
+    check_reanalysis("sglang", stem, tmp_path, changed=CHANGED.get(stem))
+
+
+def test_05_decode_verdicts_leave_out_the_launches_of_another_step(tmp_path):
+    """The recording's decode window caught two steps: launches 0-1 read one request's KV (16.8 MB per layer), 2-3 the
+    batch's (539 MB). Only 2-3 are the batch 32 x 4k decode: the story names the others and no verdict counts them
+    (before: 4 samples, DRAM 57.5% [24.6, 89.1] of the read ceiling, a range spanning two different steps)."""
+    out = check_reanalysis("sglang", "05_ncu_attention", tmp_path, changed=CHANGED["05_ncu_attention"])
+    s = json.loads((out / "summary.json").read_text())
+    dram = next(o for o in s["observations"] if o["hypothesis"] == "decode-attention-memory-bound")
+    assert dram["interval"]["n"] == 2 and dram["interval"]["lo"] > 85, dram["interval"]
+    assert any("2 of 4 decode launches belong to another step" in n for n in s["notes"])
+    assert "decode, another step (16.8 MB of KV read, the batch's 539 MB)" in (out / "story.txt").read_text()
 
 
 def _script(stem):

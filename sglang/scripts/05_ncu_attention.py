@@ -61,7 +61,7 @@ from common.verdicts import declare  # noqa: E402
 # decode steps per request: enough that the profiling window, opened over HTTP once the batch is
 # decoding, still finds steps to profile (3 of them are profiled; the rest only cost ~ms each)
 DECODE_NEW = 160
-PREFILL_STEPS, DECODE_STEPS = 3, 3
+PREFILL_STEPS, DECODE_STEPS = 3, 5     # decode: its first step may hold fewer requests (mark_other_steps)
 KERNELS = {  # kernel-name regex per backend, and the stage each kernel belongs to
     "flashinfer": ("PrefillWithKVCache|BatchPrefillWithPagedKVCache|BatchDecodeWithPagedKVCache|MergeState",
                    {"PrefillWithKVCacheKernel": "prefill", "BatchPrefillWithPagedKVCacheKernel": "decode",
@@ -184,13 +184,45 @@ def stall_lead(row) -> float:
     return ls / max(other, 1e-9) if ls or other else float("nan")
 
 
+OTHER_STEP = 0.5     # a decode launch reading less than this share of its kernel's largest launch is another step
+
+
+def kv_kernel(s):
+    """The rows of each backend's decode kernel that reads the KV cache (its decode kernel with the most time)."""
+    dec = s[(s["stage"] == "decode") & s["kernel"].str.contains("Paged|_fwd_grouped|Decode")]
+    tot = dec.groupby(["backend", "kernel"])["ncu_time_us"].transform("sum")
+    return dec[tot == tot.groupby(dec["backend"]).transform("max")]
+
+
+def mark_other_steps(s, args):
+    """Relabel the decode launches of a step other than the batch's: the decode window opens once the batch runs,
+    yet its first step can hold fewer requests (every recorded run, on the H100 and the H200: launches 0-1 read
+    16.8 MB per layer, one request's 4k KV, against 539 MB for the batch's launches). A launch of the KV-reading kernel that
+    reads less than OTHER_STEP of that kernel's largest launch, and every decode kernel of the same launch index,
+    gets shape "decode, another step (N MB)" and is left out of the batch's verdicts. Returns s (changed in place)."""
+    if "dram_read_mb" not in s.columns or not len(s):
+        return s
+    for b, g in kv_kernel(s).groupby("backend"):
+        big = g["dram_read_mb"].max()
+        for _, r in g[g["dram_read_mb"] < OTHER_STEP * big].iterrows():
+            rows = (s["backend"] == b) & (s["stage"] == "decode") & (s["launch"] == r["launch"])
+            s.loc[rows, "shape"] = f"decode, another step ({story.fmt(r['dram_read_mb'])} MB of KV read, the batch's " \
+                                   f"{story.fmt(big)} MB)"
+    return s
+
+
 def verdicts(run, s, args, pk) -> None:
-    """On FlashInfer where present (the default backend here): every profiled launch is a repetition."""
+    """On FlashInfer where present (the default backend here): every profiled launch of the batch's decode step
+    (bs x kv, mark_other_steps) is a repetition."""
     main_b = "flashinfer" if "flashinfer" in set(s["backend"]) else s["backend"].iloc[0]
     one = s[s["backend"] == main_b]
-    dec = one[(one["stage"] == "decode") & one["kernel"].str.contains("Paged|_fwd_grouped|Decode")]
-    if len(dec):     # the decode kernel with the most time: the one that reads the KV cache
-        dec = dec[dec["kernel"] == dec.groupby("kernel")["ncu_time_us"].sum().idxmax()]
+    dec = kv_kernel(one)
+    batch = f"decode bs {args.decode_bs} kv {args.decode_kv}"
+    other = dec[dec["shape"] != batch]
+    dec = dec[dec["shape"] == batch]
+    if len(other):
+        run.note(f"{main_b}: {len(other)} of {len(other) + len(dec)} decode launches belong to another step than the "
+                 f"batch's ({other['shape'].iloc[0]}); the decode verdicts use the {len(dec)} of the batch")
     pre = one[one["stage"] == "prefill"]
     if len(dec):
         d = dec.iloc[0]
@@ -245,6 +277,7 @@ class Record:
 
 def analyse(run, x: Record) -> None:
     """Verdicts, headline and story from the profiled launches (a GPU run and --reanalyse alike)."""
+    mark_other_steps(x.s, x.args)
     verdicts(run, x.s, x.args, x.pk)
     run.story(tell(x.s, x.pk, x.args.layers), echo=True)
 
