@@ -156,7 +156,7 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
 
         def window():
             srv.start_profile(prof, activities=["CUDA_PROFILER"], num_steps=DECODE_STEPS)
-            time.sleep(1.0)
+            time.sleep(5.0)          # the window closes itself after DECODE_STEPS steps; 1 s held only 2 under ncu
             srv.stop_profile()
         srv.while_decoding(reqs, window, running=B, timeout=900)
     # the server has exited; ncu printed its CSV into its log file (common.ncu.read_log)
