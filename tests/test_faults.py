@@ -191,6 +191,7 @@ def snapshot(d: Path) -> dict:
 
 
 OTHER_GPU = "NVIDIA A100-SXM4-80GB"      # a GPU model that no committed page shows
+PAGE_GPU = "NVIDIA H100 80GB HBM3"       # the GPU model of the committed pages' runs (a seeded run beside them)
 
 
 def by_design(w, line: str) -> bool:
@@ -284,7 +285,7 @@ class World:
         return {str(p.relative_to(self.root)): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(self.root.glob("*/reports/**/*")) if p.is_file()}
 
-    def seed(self, system: str, stem: str, out: Path | None = None, gpu="NVIDIA H200", torch="2.11.0+cu130",
+    def seed(self, system: str, stem: str, out: Path | None = None, gpu=PAGE_GPU, torch="2.11.0+cu130",
              commit="6ca9eea", files=("table.csv",), keep=True, script: Path | None = None,
              date: str | None = None, story: str | None = None) -> Path:
         """An earlier good run (fixed provenance) in <system>/results/<stem>, or in ``out``, made by
