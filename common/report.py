@@ -19,7 +19,8 @@ machines of the runs in results/<folder>/<stem>/ -- the same experiments on anot
 those of results/<stem>/, see :meth:`Renderer.versus`) and ``runs`` (one per page, near its
 top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
 hidden ``<!-- run: ... -->`` lines every block rendered from runs begins with; a page mixing GPUs
-or stacks says so in one bold line, and `make reports` prints one line for it). A stem written
+or stacks says so in one bold line, and `make reports` prints one line for it; blocks that compare with
+another GPU on purpose, ``versus/<folder>`` and ``<stem>@<folder>``, are listed but make no mix). A stem written
 ``<stem>@<folder>`` reads results/<folder>/<stem>/ instead of results/<stem>/ (e.g. the key tables
 of the run on the other GPU: ``04_profile_rmsnorm@other-gpu/table:fusion``).
 
@@ -577,12 +578,18 @@ def _gpu_models(blocks: list[tuple[str, str]]) -> set[str]:
     return out
 
 
+def _comparison(key: str) -> bool:
+    """A block that shows another GPU's runs on purpose: ``versus/<folder>`` or ``<stem>@<folder>/...``."""
+    return key.startswith("versus/") or "@" in key.split("/", 1)[0]
+
+
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
     the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines.
     A block without a run line counts with the machine its stem's provenance block (also without a
     run line) names, so a new run's blocks beside committed ones from another machine are a mix."""
     runs: dict[str, list[str]] = {}
+    own: set[str] = set()          # runs of the page's own blocks (not of a comparison with another GPU)
     earlier = {k.split("/", 1)[0]: prov_machine(b) for k, b in blocks
                if k.endswith("/provenance") and not RUN_LINE.match(b)}
     older: list[str] = []
@@ -600,19 +607,29 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
             stems = runs.setdefault(run, [])
             if key.split("/", 1)[0] not in stems:
                 stems.append(key.split("/", 1)[0])
+            if not _comparison(key):
+                own.add(run)
     if not runs:
         return None, None
-    rows = []
+    rows, compared = [], []
     for run, stems in runs.items():
         gpu, stack, commit, date = (run.split(" · ") + ["?"] * 4)[:4]
         rows.append({"GPU": gpu, "stack": stack, "commit": commit.removeprefix("commit "), "date": date,
                      "results of": ", ".join(stems)})
-    machines = list(dict.fromkeys([f"{r['GPU']} ({r['stack']})" for r in rows] + older))
+        if run not in own:
+            compared.append(f"{gpu} ({stack})")
+    machines = list(dict.fromkeys([f"{r['GPU']} ({r['stack']})" for r, run in zip(rows, runs) if run in own]
+                                  + older))
     mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}"
              if len(machines) > 1 else None)
+    others = [m for m in dict.fromkeys(compared) if m not in machines]
     out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
     out.append("Runs behind this page (from the run line each block below carries):\n")
     out.append(md_table(rows, max_rows=100))
+    if others:
+        out.append(f"\n_The blocks that compare with another GPU (\"versus\", \"@\" in \"results of\") show runs on "
+                   f"{'; '.join(others)} on purpose; the rest of the page is one machine's._" if not mixed else
+                   f"\n_The blocks that compare with another GPU also show runs on {'; '.join(others)}._")
     if unknown:
         out.append(f"\n_{unknown} block(s) carry no run line (written before runs were recorded)._")
     return "\n".join(out) + "\n", mixed

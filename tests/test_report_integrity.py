@@ -582,3 +582,18 @@ def test_a_folder_renamed_away_while_it_is_looked_at_is_not_called_a_file(tmp_pa
     real_isdir = os.path.isdir
     monkeypatch.setattr(R.os.path, "isdir", lambda p: False if Path(p) == final else real_isdir(p))   # "gone"
     assert R.foreign(final, "demo/scripts/01_demo.py") is None
+
+
+def test_a_comparison_with_another_gpu_is_not_a_mix():
+    """An "On the other GPU" block (versus/<folder>) or a <stem>@<folder> block shows another GPU's runs on purpose:
+    the runs header lists them and says so in one line, but only the page's own blocks can make it a mix (the final
+    reports were flagged as mixing machines for their versus block alone)."""
+    h100 = "<!-- run: 1x NVIDIA H100 80GB HBM3 · torch 2.11.0 · commit aaaaaaa · 2026-11-27 -->\n"
+    h200 = "<!-- run: 1x NVIDIA H200 · torch 2.11.0 · commit bbbbbbb · 2026-11-27 -->\n"
+    blocks = [("01_demo/story", h100 + "x\n"), ("versus/other-gpu", h100 + h200 + "| t |\n"),
+              ("04_x@other-gpu/table:fusion", h200 + "| t |\n")]
+    body, mixed = report.runs_header(blocks)
+    assert mixed is None and "**This page mixes" not in body
+    assert "show runs on 1x NVIDIA H200 (torch 2.11.0) on purpose" in body and "| 1x NVIDIA H200 |" in body
+    body, mixed = report.runs_header(blocks + [("02_demo/story", h200 + "y\n")])      # an own block on the H200
+    assert mixed == "This page mixes runs from 2 machines: 1x NVIDIA H100 80GB HBM3 (torch 2.11.0); 1x NVIDIA H200 (torch 2.11.0)"
