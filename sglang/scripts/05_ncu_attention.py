@@ -12,7 +12,8 @@ What it measures
     {"activities": ["CUDA_PROFILER"], "num_steps": N} brackets exactly the chosen forward steps with
     cudaProfilerStart/Stop:
       prefill: 3 prompts of --prefill-len tokens one after the other, nothing cached (3 EXTEND steps);
-      decode:  --decode-bs requests of --decode-kv tokens decoding together (3 DECODE steps).
+      decode:  --decode-bs requests of --decode-kv tokens decoding together (up to 5 DECODE steps; the
+               first can still hold fewer requests: its launches are named and left out of the verdicts).
     By default the model keeps its real layer shapes but only --layers 2 layers
     (--json-model-override-args): attention kernels see exactly the shapes of the full model,
     and each step launches 2 per kernel instead of 32 (--layers 0 profiles the full model).
@@ -22,7 +23,8 @@ What it measures
     tensor-pipe %, occupancy with registers, shared memory, warps and CTAs per SM, the top warp stalls with
     what each means (common.ncu.STALL_MEANING); prefill attention FLOPs (common.flops) -> TFLOP/s and
     % of the measured bf16 ceiling. Stage comes from the kernel name (FlashInfer ragged prefill vs
-    paged decode; Triton extend vs split-KV decode). Every launch is one repetition of a verdict.
+    paged decode; Triton extend vs split-KV decode). Every launch of the measured shape is one repetition of a
+    verdict.
 
 What the plan expected (hypotheses in H below, A100 figures as the sources)
     * Decode attention (batch 32, KV 4096) is memory-bound: DRAM ~82% of peak, tensor pipe ~15%,
@@ -59,7 +61,7 @@ from common.results import Run  # noqa: E402
 from common.verdicts import declare  # noqa: E402
 
 # decode steps per request: enough that the profiling window, opened over HTTP once the batch is
-# decoding, still finds steps to profile (3 of them are profiled; the rest only cost ~ms each)
+# decoding, still finds steps to profile (DECODE_STEPS of them are profiled; the rest only cost ~ms each)
 DECODE_NEW = 160
 PREFILL_STEPS, DECODE_STEPS = 3, 5     # decode: its first step may hold fewer requests (mark_other_steps)
 KERNELS = {  # kernel-name regex per backend, and the stage each kernel belongs to
@@ -194,12 +196,13 @@ def kv_kernel(s):
     return dec[tot == tot.groupby(dec["backend"]).transform("max")]
 
 
-def mark_other_steps(s, args):
+def mark_other_steps(s):
     """Relabel the decode launches of a step other than the batch's: the decode window opens once the batch runs,
     yet its first step can hold fewer requests (every recorded run, on the H100 and the H200: launches 0-1 read
-    16.8 MB per layer, one request's 4k KV, against 539 MB for the batch's launches). A launch of the KV-reading kernel that
-    reads less than OTHER_STEP of that kernel's largest launch, and every decode kernel of the same launch index,
-    gets shape "decode, another step (N MB)" and is left out of the batch's verdicts. Returns s (changed in place)."""
+    16.8 MB per layer, one request's 4k KV, against 539 MB for the batch's launches). A launch of the KV-reading
+    kernel that reads less than OTHER_STEP of that kernel's largest launch, and every decode kernel of the same
+    launch index, gets shape "decode, another step (N MB ...)" and is left out of the batch's verdicts.
+    Returns s (changed in place)."""
     if "dram_read_mb" not in s.columns or not len(s):
         return s
     for b, g in kv_kernel(s).groupby("backend"):
@@ -277,7 +280,7 @@ class Record:
 
 def analyse(run, x: Record) -> None:
     """Verdicts, headline and story from the profiled launches (a GPU run and --reanalyse alike)."""
-    mark_other_steps(x.s, x.args)
+    mark_other_steps(x.s)
     verdicts(run, x.s, x.args, x.pk)
     run.story(tell(x.s, x.pk, x.args.layers), echo=True)
 
