@@ -626,10 +626,12 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
     out.append("Runs behind this page (from the run line each block below carries):\n")
     out.append(md_table(rows, max_rows=100))
-    if others:
-        out.append(f"\n_The blocks that compare with another GPU (\"versus\", \"@\" in \"results of\") show runs on "
-                   f"{'; '.join(others)} on purpose; the rest of the page is one machine's._" if not mixed else
-                   f"\n_The blocks that compare with another GPU also show runs on {'; '.join(others)}._")
+    if others and not machines:
+        out.append(f"\n_Every block here compares GPUs on purpose: runs on {'; '.join(others)}._")
+    elif others:
+        out.append(f"\n_The blocks that compare with another GPU (\"versus\", \"@\" in \"results of\") also show runs on "
+                   f"{'; '.join(others)}, on purpose; " + ("the rest of the page is one machine's._" if not mixed else
+                                                          "the page's own blocks are the mix above._"))
     if unknown:
         out.append(f"\n_{unknown} block(s) carry no run line (written before runs were recorded)._")
     return "\n".join(out) + "\n", mixed
