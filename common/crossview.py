@@ -19,7 +19,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from . import REPO_ROOT
+from . import REPO_ROOT, ncu
 
 # one layer's K and V of a decode step at batch 32 x 4096 (Llama-3.1-8B: 8 KV heads x 128, bf16): the bytes a
 # decode attention kernel must read; an ncu launch that moved far less is a step with a shorter KV
@@ -73,7 +73,8 @@ def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
     rows, used = [], []
     sg = root / "sglang/results/05_ncu_attention"
     a = [r for r in _rows(sg / "attention_kernels.csv") if r.get("stage") == "decode"]
-    full = {r["launch"] for r in a if "Merge" not in r["kernel"] and _dram_mb(r) * 1e6 >= 0.5 * KV_BYTES_B32_4K}
+    kv = {r["launch"]: _dram_mb(r) * 1e6 for r in a if "Merge" not in r["kernel"]}
+    full = set(kv) - ncu.other_step_launches(kv, expected=KV_BYTES_B32_4K)
     if full:
         rows += _group("SGLang", "served, decode CUDA graph (05; launches that read the whole KV)",
                        [r for r in a if r["launch"] in full])

@@ -453,6 +453,21 @@ STALL_MEANING = {
 MEMORY_STALLS = ("long_scoreboard", "lg_throttle", "drain", "tex_throttle", "imc_miss")
 
 
+OTHER_STEP_SHARE = 0.5   # a KV-reading launch below this share of the batch's bytes belongs to another step
+
+
+def other_step_launches(bytes_by_launch: dict, expected: float | None = None,
+                        share: float = OTHER_STEP_SHARE) -> set:
+    """The launches of one KV-reading decode kernel that belong to a step other than the measured batch's.
+
+    A window opened once the batch decodes can still catch a step of fewer requests: in every recorded SGLang
+    05 run (H100 and H200) its first step read 16.8 MB per layer, one request's 4k KV, against 539 MB for the
+    batch. ``bytes_by_launch``: {launch: bytes the launch moved at DRAM}; a launch under ``share`` of
+    ``expected`` (the batch's KV bytes), or without it of the largest launch, is another step's."""
+    ref = expected if expected else max(bytes_by_launch.values(), default=0.0)
+    return {launch for launch, b in bytes_by_launch.items() if b < share * ref}
+
+
 def top_stall(row) -> str:
     """Name of the largest stall reason of a summarize() row ('' when none recorded)."""
     t = str(row.get("top_stalls") or "")

@@ -285,3 +285,15 @@ def test_release_gpu_cache_says_what_it_gave_back_and_only_when_it_matters(monke
     assert ncu.release_gpu_cache(said.append) == 0.0 and not sys.modules["torch"].freed   # CUDA never started
     monkeypatch.delitem(sys.modules, "torch")
     assert ncu.release_gpu_cache(said.append) == 0.0 and said == []                      # no torch in this process
+
+
+def test_other_step_launches_against_the_largest_or_the_expected_bytes():
+    """The KV reads (MB) of the recorded SGLang 05 decode window (tests/fixtures/recordings_h200/sglang/
+    05_ncu_attention/attention_kernels.csv): launches 0-1 are one request's 4k KV, 2-3 the batch's. The rule is
+    relative to the largest launch, or to the expected bytes when given (a window of short steps only is all
+    'other', never the batch)."""
+    reads = {0: 16.846592, 1: 16.846848, 2: 539.1872, 3: 539.187712}
+    assert ncu.other_step_launches(reads) == {0, 1}
+    assert ncu.other_step_launches({k: v * 1e6 for k, v in reads.items()}, expected=32 * 4096 * 8 * 128 * 2 * 2) == {0, 1}
+    assert ncu.other_step_launches({0: 16.8e6, 1: 16.8e6}, expected=537e6) == {0, 1}
+    assert ncu.other_step_launches({0: 16.8, 1: 16.8}) == set() and ncu.other_step_launches({}) == set()

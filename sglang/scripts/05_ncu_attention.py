@@ -186,9 +186,6 @@ def stall_lead(row) -> float:
     return ls / max(other, 1e-9) if ls or other else float("nan")
 
 
-OTHER_STEP = 0.5     # a decode launch reading less than this share of its kernel's largest launch is another step
-
-
 def kv_kernel(s):
     """The rows of each backend's decode kernel that reads the KV cache (its decode kernel with the most time)."""
     dec = s[(s["stage"] == "decode") & s["kernel"].str.contains("Paged|_fwd_grouped|Decode")]
@@ -197,19 +194,17 @@ def kv_kernel(s):
 
 
 def mark_other_steps(s):
-    """Relabel the decode launches of a step other than the batch's: the decode window opens once the batch runs,
-    yet its first step can hold fewer requests (every recorded run, on the H100 and the H200: launches 0-1 read
-    16.8 MB per layer, one request's 4k KV, against 539 MB for the batch's launches). A launch of the KV-reading
-    kernel that reads less than OTHER_STEP of that kernel's largest launch, and every decode kernel of the same
-    launch index, gets shape "decode, another step (N MB ...)" and is left out of the batch's verdicts.
-    Returns s (changed in place)."""
+    """Relabel the decode launches of a step other than the batch's (common.ncu.other_step_launches, on the
+    KV-reading kernel's DRAM reads): those launches, and every decode kernel of the same launch index, get shape
+    "decode, another step (N MB ...)" and are left out of the batch's verdicts. Returns s (changed in place)."""
     if "dram_read_mb" not in s.columns or not len(s):
         return s
     for b, g in kv_kernel(s).groupby("backend"):
         big = g["dram_read_mb"].max()
-        for _, r in g[g["dram_read_mb"] < OTHER_STEP * big].iterrows():
-            rows = (s["backend"] == b) & (s["stage"] == "decode") & (s["launch"] == r["launch"])
-            s.loc[rows, "shape"] = f"decode, another step ({story.fmt(r['dram_read_mb'])} MB of KV read, the batch's " \
+        reads = dict(zip(g["launch"], g["dram_read_mb"]))
+        for launch in sorted(ncu.other_step_launches(reads)):
+            rows = (s["backend"] == b) & (s["stage"] == "decode") & (s["launch"] == launch)
+            s.loc[rows, "shape"] = f"decode, another step ({story.fmt(reads[launch])} MB of KV read, the batch's " \
                                    f"{story.fmt(big)} MB)"
     return s
 
