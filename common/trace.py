@@ -186,14 +186,22 @@ def kernels_in_ranges(ev, pattern: str, kinds=("user_annotation",), gpu_kinds=("
                                                           "tid": "launch_tid"})
     cols = ["kind", "short", "name", "ts_us", "dur_us", "end_us", "stream", "correlation", "grid", "block"]
     k = ev[ev["kind"].isin(gpu_kinds) & ev["correlation"].notna()][cols].merge(rt, on="correlation", how="inner")
-    k = k.sort_values("ts_us", kind="stable")
+    k = k.sort_values("ts_us", kind="stable").reset_index(drop=True)
+    # per launching thread, its launches in launch order: a range's launches are one searchsorted slice (a
+    # boolean filter of the whole table per range made a long trace's join quadratic)
+    import numpy as np
+    by_thread = {}
+    for key, g in k.groupby(["launch_pid", "launch_tid"], sort=False):
+        g = g.sort_values(["launch_us"], kind="stable")
+        by_thread[key] = (g["launch_us"].to_numpy(), g.index.to_numpy())
     rows, seen = [], {}
     for r in rng.itertuples():
         label, call = split_label(r.name)
         idx = seen.get(r.name, 0)
         seen[r.name] = idx + 1
-        inside = k[(k["launch_us"] >= r.ts_us) & (k["launch_us"] <= r.end_us) & (k["launch_tid"] == r.tid)
-                   & (k["launch_pid"] == r.pid)]
+        at, pos = by_thread.get((r.pid, r.tid), (np.empty(0), np.empty(0, dtype=int)))
+        lo, hi = np.searchsorted(at, r.ts_us, side="left"), np.searchsorted(at, r.end_us, side="right")
+        inside = k.iloc[np.sort(pos[lo:hi])]
         base = {"range": r.name, "label": label, "call": call, "range_index": idx, "range_ts_us": r.ts_us,
                 "range_end_us": r.end_us}
         if inside.empty and empty_rows:

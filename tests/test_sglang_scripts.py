@@ -80,7 +80,7 @@ def test_every_experiment_is_a_numbered_script():
               "05_ncu_attention.sh", "06_full_pipeline.sh", "07_tp_scaling.sh"):
         assert n in names
     rooms = {n for n in names if n.startswith("_sgl_") and n.endswith(".py")}      # _sglang's rooms, one noun each
-    assert rooms == {"_sgl_server.py", "_sgl_shared.py", "_sgl_logs.py", "_sgl_bench.py", "_sgl_stamps.py"}
+    assert rooms == {"_sgl_server.py", "_sgl_shared.py", "_sgl_logs.py", "_sgl_bench.py", "_sgl_stamps.py", "_sgl_gate.py"}
     assert not [n for n in names if n.startswith("_") and n.endswith(".py") and n not in ("_sglang.py", "_steps.py")
                 and n not in rooms]
     assert not (ROOT / "common" / "serving.py").exists()

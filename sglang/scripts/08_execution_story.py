@@ -65,14 +65,17 @@ timeline.png, layer_tree.png, pressure.png, cache.png, server logs, raw.json (fo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import re
+import shutil
 import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -348,46 +351,64 @@ def cache_story(srv, run, P):
 
 # ------------------------------------------------------------------ phase 5: counters
 
-def counters(args, run, model_dir, base, P, backend):
-    """The server cut to 2 layers under ncu; one-step windows. Returns (summary rows, window names)."""
+def counters_server(args, run, model_dir, base, P, backend):
+    """The server cut to 2 layers under ncu, not started yet. It is launched when the run begins and its scheduler
+    is held by a gate (_sgl_gate, an SGLang plugin) after its imports and before it touches the GPU, so that its
+    start (~60 s of Python imports under ncu on an H100) overlaps phases 1-4; measure() releases it when the
+    stories' server is done with the GPU. Niced: its imports yield the CPU to the stories' server."""
     log_file = run.dir / "ncu" / "ncu_log.txt"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     wrapper = ncu.build_cmd([], log_file=log_file, metrics="summary", launch_count=5000, cache_control="none",
                             extra=["--profile-from-start", "off", "--graph-profiling", "node"])
+    if shutil.which("nice"):
+        wrapper = ["nice", "-n", "10", *wrapper]
     fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, decode_log_interval=1,
                          max_total_tokens=P["pool"], json_model_override_args={"num_hidden_layers": 2},
                          **counter_graphs(P))
+    gate = sg.Gate(run.dir / "ncu" / "gate")
+    srv = sg.Server(model_dir, fl, port=args.port, log_path=run.path("server_ncu.log"), wrapper=wrapper, echo=run.log,
+                    start_timeout=max(args.start_timeout, 1800), env={**ENV, **gate.env()},
+                    name="server[2 layers under ncu]")
+    return srv, gate, log_file
+
+
+def counters(srv, run, P, log_file):
+    """Phase 5 on the (released, healthy) server under ncu: one-step windows; then the server is stopped, so that
+    ncu writes its log. Returns (summary rows, window names)."""
     windows = []
-    with sg.Server(model_dir, fl, port=args.port, log_path=run.path("server_ncu.log"), wrapper=wrapper, echo=run.log,
-                   start_timeout=max(args.start_timeout, 1800), env=ENV, name="server[2 layers under ncu]") as srv:
-        srv.generate(input_ids=sg.random_ids(16, 1), sampling_params={**SP, "max_new_tokens": 2})
+    srv.generate(input_ids=sg.random_ids(16, 1), sampling_params={**SP, "max_new_tokens": 2})
 
-        def window(name, during, steps=1):
-            srv.start_profile(run.dir / "ncu", activities=["CUDA_PROFILER"], num_steps=steps)
-            during()
-            srv.stop_profile()
-            windows.append(name)
-            run.log(f"ncu window {name} done")
+    def window(name, during, steps=1):
+        t0 = time.time()
+        srv.start_profile(run.dir / "ncu", activities=["CUDA_PROFILER"], num_steps=steps)
+        during()
+        srv.stop_profile()
+        windows.append(name)
+        run.log(f"ncu window {name} done in {time.time() - t0:.1f} s")
 
-        def while_decoding(n):
-            reqs = [{"input_ids": sg.random_ids(P["prompt"], 60 + i), "sampling_params": {**SP, "max_new_tokens": 400}}
-                    for i in range(n)]
-            srv.while_decoding(reqs, lambda: window(f"decode_b{n}", lambda: time.sleep(0.5)), running=n, timeout=900)
-        # cache cold: token IDs that share nothing with the cache (attention: the ragged kernel only). No traced
-        # story runs such a step; its counters are the cold side of the cache transition
-        window("prefill-cold_b1", lambda: srv.generate(input_ids=sg.random_ids(P["prompt"], 2),
-                                                       sampling_params={**SP, "max_new_tokens": 1}))
-        # the served prefill: a text prompt after another one finds their common BOS token in the radix cache, so
-        # attention reads that prefix from the paged KV (FlashInfer: ragged + paged + merge), as in the stories
-        srv.generate(text=sg.random_text(16, 3), sampling_params={**SP, "max_new_tokens": 1})
-        window("prefill_b1", lambda: srv.generate(text=sg.random_text(P["prompt"], 4),
-                                                  sampling_params={**SP, "max_new_tokens": 1}))
-        while_decoding(1)
-        # no window for the batch's prefill: its requests reach the scheduler one by one, so its prefill batches
-        # differ from run to run (10, 13 and 8 requests on the H200 run of c447205) and a fixed window of batch/2
-        # prompts (8192 tokens) matched none of them while costing the pass its largest replays
-        while_decoding(P["batch"])
-    return ncu.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv"))), windows
+    def while_decoding(n):
+        reqs = [{"input_ids": sg.random_ids(P["prompt"], 60 + i), "sampling_params": {**SP, "max_new_tokens": 400}}
+                for i in range(n)]
+        srv.while_decoding(reqs, lambda: window(f"decode_b{n}", lambda: time.sleep(0.5)), running=n, timeout=900)
+    # cache cold: token IDs that share nothing with the cache (attention: the ragged kernel only). No traced
+    # story runs such a step; its counters are the cold side of the cache transition
+    window("prefill-cold_b1", lambda: srv.generate(input_ids=sg.random_ids(P["prompt"], 2),
+                                                   sampling_params={**SP, "max_new_tokens": 1}))
+    # the served prefill: a text prompt after another one finds their common BOS token in the radix cache, so
+    # attention reads that prefix from the paged KV (FlashInfer: ragged + paged + merge), as in the stories
+    srv.generate(text=sg.random_text(16, 3), sampling_params={**SP, "max_new_tokens": 1})
+    window("prefill_b1", lambda: srv.generate(text=sg.random_text(P["prompt"], 4),
+                                              sampling_params={**SP, "max_new_tokens": 1}))
+    while_decoding(1)
+    # no window for the batch's prefill: its requests reach the scheduler one by one, so its prefill batches
+    # differ from run to run (10, 13 and 8 requests on the H200 run of c447205) and a fixed window of batch/2
+    # prompts (8192 tokens) matched none of them while costing the pass its largest replays
+    while_decoding(P["batch"])
+    t0 = time.time()
+    srv.stop()
+    rows = ncu.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv")))
+    run.log(f"ncu: server stopped and its log read in {time.time() - t0:.1f} s")
+    return rows, windows
 
 
 def counter_graphs(P) -> dict:
@@ -889,6 +910,7 @@ def measure(args, run, P, model_dir, base, backend, backend_why="") -> dict:
         if check["meta_info"]["completion_tokens"] != 8:
             raise RuntimeError(f"sanity request came back wrong: {check['meta_info']}")
         run.log("sanity: 8 tokens back ✅  Starting the stories.")
+        srv.bench_worker(run.log).warm()     # its import (~20 s) overlaps the stories; the pressure phase uses it
         data["waterfall"] = waterfall_phase(srv, run, P)
         obs_one, data["traced_one"], data["untraced_one"] = serve_story(srv, run, "one", one_request, P, prof)
         obs_b, data["traced_batch"], data["untraced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
@@ -901,23 +923,33 @@ def measure(args, run, P, model_dir, base, backend, backend_why="") -> dict:
     return data
 
 
-def analyse(run, data, cfg) -> None:
-    """The joined tables of the last traced run of each story (with the counters when ncu ran); per-run
-    scalars of every traced run."""
-    pk = data["pk"] = ceilings.complete(data["pk"])
+def trace_tables(data, cfg) -> dict:
+    """The traced stories' tables, without counters: the join of the last traced run of each story, per-run
+    attention shares and the waterfalls. Reads ``data``, changes nothing in it (returns the new keys): safe in a
+    thread while the counters run (main)."""
+    pk = ceilings.complete(data["pk"])
+    out = {"pk": pk}
     for name in ("one", "batch"):
-        data[f"pick_{name}"] = pick = median_traced(data[f"traced_{name}"])
+        out[f"pick_{name}"] = pick = median_traced(data[f"traced_{name}"])
         last = data[f"traced_{name}"][pick]
         kt, spans, base_us, info = analyse_story(last["trace"], last["log"], cfg, pk)
-        data.update({f"kt_{name}": kt, f"spans_{name}": spans, f"base_{name}": base_us,
-                     f"results_{name}": last["results"], f"join_{name}": info})
+        out.update({f"kt_{name}": kt, f"spans_{name}": spans, f"base_{name}": base_us,
+                    f"results_{name}": last["results"], f"join_{name}": info})
     shares = []
     for t in data["traced_one"]:
         _ev, kt = story_events(t["trace"])
         pre = kt[kt["mode"] == "EXTEND"]
         shares.append(100 * pre[pre["cls"] == "attention"]["dur_us"].sum() / pre["dur_us"].sum())
-    data["attention_shares"] = shares
-    data["wf"] = waterfalls(data, cfg)
+    out["attention_shares"] = shares
+    out["wf"] = waterfalls({**data, **out}, cfg)
+    return out
+
+
+def analyse(run, data, cfg, tables: dict | None = None) -> None:
+    """The joined tables of the last traced run of each story (``tables``: trace_tables(), when already made),
+    with the counters when ncu ran; per-run scalars of every traced run."""
+    data.update(tables if tables is not None else trace_tables(data, cfg))
+    pk = data["pk"]
     if data.get("windows"):
         rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
@@ -1012,13 +1044,31 @@ def main(argv=None) -> int:
         run.log(f"{pk['gpu']}: ceilings {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
                 f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s "
                 f"({pk.get('source')}); attention backend: {backend_why}")
-        data = measure(args, run, P, model_dir, base, backend, backend_why)
-        data.update(backend_why=backend_why, pk={k: pk.get(k) for k in PK_KEYS},
-                    windows=[])
-        if args.ncu:
-            rows, data["windows"] = counters(args, run, model_dir, base, P, backend)
+        tables = None
+        with contextlib.ExitStack() as stack:
+            if args.ncu:     # launched now, held by its gate until the stories' server is done with the GPU
+                srv_ncu, gate, log_file = counters_server(args, run, model_dir, base, P, backend)
+                stack.callback(srv_ncu.stop)
+                srv_ncu.launch()
+            data = measure(args, run, P, model_dir, base, backend, backend_why)
+            data.update(backend_why=backend_why, pk={k: pk.get(k) for k in PK_KEYS}, windows=[])
+            if args.ncu:
+                if not srv_ncu.alive():
+                    raise sg.ServerError(f"{srv_ncu.name} exited while held (log: {srv_ncu.log_path}): "
+                                         f"{srv_ncu.last_lines()}")
+                gate.release()
+                run.log("phases 1-4 done: the server under ncu may use the GPU now; the traced stories are joined "
+                        "meanwhile")
+                # the CPU-heavy join of the traces (~20 s) runs in a thread while ncu replays kernels on the GPU
+                with ThreadPoolExecutor(1) as pool:
+                    job = pool.submit(trace_tables, data, cfg)
+                    srv_ncu.wait_ready()
+                    _rows, data["windows"] = counters(srv_ncu, run, P, log_file)
+                    t0 = time.time()
+                    tables = job.result()
+                    run.log(f"traced stories joined (waited {time.time() - t0:.1f} s for it after the counters)")
         save_raw(run, data)
-        analyse(run, data, cfg)
+        analyse(run, data, cfg, tables)
         finish(run, data, data["pk"], backend_why)
     return 0
 
@@ -1031,7 +1081,6 @@ def reanalyse(args) -> int:
     prev = load_summary(src) or {}
     data = load_raw(src)
     cfg = models.config((prev.get("args") or {}).get("preset") or "llama-3.1-8b")
-    import shutil
     with Run(__file__, recording.Recording(src, prev).args_like(args), out=args.out) as run:
         run.reanalysis_of(prev, src)
         # the recording travels with the new run, so that it can be re-analysed in its turn

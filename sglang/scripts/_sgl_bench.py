@@ -129,15 +129,23 @@ class BenchWorker:
         self.runs = 0
         self._at_exit = None
         self.started_at: float | None = None     # when the worker process was spawned (time.time())
-        self.start_s: float | None = None        # spawn -> its import done: what every separate process pays
+        self.start_s: float | None = None        # the part of spawn -> import done that the first run waited for
+        self._proc_runs = 0                      # runs of the current worker process
         self.last: dict = {}                     # the timing of the last run (see run())
 
     @property
     def pid(self) -> int | None:
         return self.group.pid if self.group else None
 
+    def warm(self) -> "BenchWorker":
+        """Start the worker now (if it is not running), so that its import overlaps other work; the first run
+        then pays only what is left of it (``start_s``)."""
+        if self.group is None or not self.group.alive():
+            self._start()
+        return self
+
     def _start(self) -> None:
-        self.started_at, self.start_s = time.time(), None
+        self.started_at, self.start_s, self._proc_runs = time.time(), None, 0
         self.group = procs.Group(self.cmd, self.log_path, env={**os.environ, **self.env}, name="bench_serving worker",
                                  echo=self.echo, stdin_pipe=True).start()
         self._at_exit = functools.partial(_last_stop, self)
@@ -147,9 +155,10 @@ class BenchWorker:
         """One benchmark (``argv``: the module's arguments); its exit code. Output appended to ``log``.
         ``self.last``: {run (1 = the worker's first), wall_s (request sent -> done, here), run_s (its
         cli_main in the worker), start_s (the worker's spawn -> import done, paid by this run; 0 after)}."""
-        started = self.group is None or not self.group.alive()
-        if started:
+        t0 = time.time()
+        if self.group is None or not self.group.alive():
             self._start()
+        first = self._proc_runs == 0       # this worker process's first run: it may wait for the import
         log = Path(log)
         done = log.with_name(log.name + ".done")
         done.unlink(missing_ok=True)
@@ -163,7 +172,6 @@ class BenchWorker:
             self.group.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass                                    # the worker is gone: said just below
-        t0 = time.time()
         while not done.exists():
             if not self.group.alive():
                 rc = self.group.poll()
@@ -176,12 +184,15 @@ class BenchWorker:
                                       f"log: {log})")
             time.sleep(0.05)
         self.runs += 1
+        self._proc_runs += 1
         rep = json.loads(done.read_text())
         done.unlink(missing_ok=True)
-        if started and rep.get("ready_at") and self.started_at:
-            self.start_s = round(float(rep["ready_at"]) - self.started_at, 3)
-        self.last = {"run": self.runs, "wall_s": round(time.time() - (self.started_at if started else t0), 3),
-                     "run_s": rep.get("run_s"), "start_s": self.start_s if started else 0.0}
+        paid = 0.0
+        if first and rep.get("ready_at"):           # the import still running when this run was asked for
+            paid = round(max(0.0, float(rep["ready_at"]) - t0), 3)
+            self.start_s = paid
+        self.last = {"run": self.runs, "wall_s": round(time.time() - t0, 3), "run_s": rep.get("run_s"),
+                     "start_s": paid}
         return int(rep["rc"])
 
     def stop(self) -> None:

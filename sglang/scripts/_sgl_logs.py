@@ -24,6 +24,11 @@ START_PHASES = (
                       "nothing is logged before"),
     ("server_args", r"server_args=ServerArgs\(", "ServerArgs resolved; the HTTP server, Engine and tokenizer-manager "
                                                  "modules imported"),
+    # a server started early under a gate (_sgl_gate): its scheduler's imports, then the wait for the GPU
+    ("scheduler_imports", r"hands-on gate: holding", "scheduler process spawned and its imports done (the main "
+                          "process builds the tokenizer manager meanwhile)"),
+    ("gate", r"hands-on gate: (?:released|not released)", "held by the workbook's gate until the GPU was free for it "
+                                                          "(the run's measurements ran meanwhile)"),
     ("scheduler_start", r"Init torch distributed begin", "scheduler process spawned, importing "
                         "sglang.srt.managers.scheduler (torch again, the model registry); the main process builds "
                         "the tokenizer manager meanwhile"),
@@ -82,6 +87,9 @@ def startup_breakdown(log_text: str, t_launch: float, t_ready: float | None = No
         if hit:
             found.append((key, what, hit[0], hit[1]))
             pos = hit[0]
+    if any(k == "gate" for k, *_ in found):      # gated: the scheduler's imports are a phase of their own
+        found = [(k, "after the gate: the scheduler process configured" if k == "scheduler_start" else w, i, m)
+                 for k, w, i, m in found]
     text = {k: lines[i] for k, _w, i, _m in found}
 
     def line_of(rx):

@@ -115,6 +115,11 @@ class Server:
         return self.group.proc if self.group else None
 
     def start(self) -> "Server":
+        """Launch and wait until healthy."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> "Server":
+        """Start the command and return at once (:meth:`wait_ready` waits for /health)."""
         reap_servers(echo=self.echo)          # servers a SIGKILLed run of any script left behind
         if self.pidfile:
             reap_servers(self.pidfile.parent, self.echo)       # and beside a pidfile given outside the registry
@@ -129,11 +134,16 @@ class Server:
         self._at_exit = functools.partial(_last_stop, self)
         atexit.register(self._at_exit)
         self.echo(f"{self.name}: starting on port {self.port}: {shlex.join(self.cmd)[:400]}")
-        mark, t0 = self.log_mark(), time.time()
+        self._mark, self._t0 = self.log_mark(), time.time()
         try:
             self.group.start()
         except procs.ProcError as e:
             raise ServerError(str(e)) from None
+        return self
+
+    def wait_ready(self) -> "Server":
+        """Wait for /health after :meth:`launch` (start() is both); logs where the start went."""
+        mark, t0 = self._mark, self._t0
         self._wait_ready(t0)
         t1 = time.time()
         self.startup_s = t1 - t0

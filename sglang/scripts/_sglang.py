@@ -380,6 +380,7 @@ from _sgl_server import *  # noqa: E402,F401,F403
 from _sgl_server import _gpu_pids_left  # noqa: E402,F401
 from _sgl_shared import *  # noqa: E402,F401,F403
 from _sgl_shared import _record_start, _sglang_env  # noqa: E402,F401
+from _sgl_gate import Gate  # noqa: E402,F401
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--bench-worker"]:
