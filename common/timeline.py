@@ -213,18 +213,28 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
             sel &= False
         for col, val in (w.get("match") or {}).items():
             sel &= kt[col] == val
-        applied = 0
-        sub = kt.loc[sel, ["segment", "layer", "pos", "kernel"]]
-        for idx, seg, layer, pos, name, k in zip(sub.index, sub["segment"], sub["layer"], sub["pos"], sub["kernel"],
-                                                 seg_pos[sel]):
+        applied = by_shape = 0
+        # a layer's kernel at another place in the profiled layers, same name and launch grid: the first layer of a
+        # model cut to 1 layer opens with RMSNorm where the full model's later layers open with FusedAddRMSNorm,
+        # the kernel (and grid) that the profiled layer runs after its attention
+        shapes = {}
+        for key, c in got.items():
+            if key[0] == "layer":
+                shapes.setdefault((c["kernel"], _dims(c.get("grid"))), c)
+        sub = kt.loc[sel, ["segment", "layer", "pos", "kernel", "grid"]]
+        for idx, seg, layer, pos, name, grid, k in zip(sub.index, sub["segment"], sub["layer"], sub["pos"],
+                                                       sub["kernel"], sub["grid"], seg_pos[sel]):
             key = ("layer", min(int(layer), keep_layers - 1), int(pos)) if seg == "layer" else (seg, int(k))
             c = got.get(key)
+            if (c is None or c["kernel"] != name) and seg == "layer":
+                c = shapes.get((name, _dims(grid)))
+                by_shape += c is not None
             if c is None or c["kernel"] != name:
                 continue
             applied += 1
             hits[idx] = (w["name"], c)
         info.append({"window": w["name"], "expected": n_exp, "matched": len(got), "kernels_with_counters": applied,
-                     "ncu_rows": span.get(w["name"])})
+                     "by_shape": by_shape, "ncu_rows": span.get(w["name"])})
     # one column at a time (a cell at a time was 1.3 million pandas writes on a --quick recording: ~50 s)
     pos_of = {idx: i for i, idx in enumerate(kt.index)}
     sources = {**{c: (lambda h, c=c: h[1].get(c)) for c in COUNTER_COLUMNS}, "ncu_window": lambda h: h[0],
@@ -235,6 +245,16 @@ def attach_counters(kt, ncu_rows, windows: list[dict], ceilings: dict | None = N
             vals[pos_of[idx]] = get(h)
         kt[col] = pd.Series(vals, index=kt.index, dtype=object)
     return kernels.joined(kt, ceilings), info
+
+
+def _dims(grid) -> tuple:
+    """A launch grid as numbers: the traced '2x66x1' and ncu's '(2, 66, 1)' read alike."""
+    return tuple(int(x) for x in re.findall(r"\d+", str(grid)))
+
+
+def same_dims(traced, counted) -> bool:
+    """A traced grid '2x66x1' and ncu's '(2, 66, 1)' name the same launch shape."""
+    return _dims(traced) == _dims(counted) != ()
 
 
 def _align_in_order(parts: list[list[str]], names: list[str], slack: float = 0.1) -> list[dict]:

@@ -35,14 +35,16 @@ its own beside it, and the GPU memory curve of phase 3 then includes the shared 
     4. The cache over time: round-robin over more shared prefixes than the pool holds, then a repeat
        of the most recent one: per request hit / miss / evicted tokens from the scheduler log,
        checked against meta_info.cached_tokens.
-    5. Counters: the same configuration with the model cut to 2 layers (shapes unchanged) under Nsight
+    5. Counters: the same configuration with the model cut to 1 layer (shapes unchanged) under Nsight
        Compute (--graph-profiling node: kernels inside CUDA graphs are profiled one by one), one-step
        windows opened by /start_profile CUDA_PROFILER: prefill of one request (input_ids: nothing cached, FlashInfer
        ragged only), the same as text after another text prompt (its BOS cached: ragged + paged + merge), a decode
        step at batch 1 and one at batch 32 (the batch's prefill steps vary from run to run: no window matches
        them, so they stay without counters and the page says so). Every kernel of the traced steps gets the
-       counters of its position (common.timeline.attach_counters): time, DRAM / SM / tensor %, occupancy
-       and its limiter, top warp stalls.
+       counters of its position (common.timeline.attach_counters; where the cut model runs another kernel there,
+       those of the same kernel at the same grid in its layer): time, DRAM / SM / tensor %, occupancy and its
+       limiter, top warp stalls. The counters' server is launched with the run and held by a gate (_sgl_gate)
+       after its imports until phases 1-4 are done with the GPU; the traces are joined while ncu replays.
 
 What the plan expected (hypotheses; each is judged on an interval of repeated measurements)
     * decode at small batch is bound by reading the weights: its GEMMs stream them near the DRAM ceiling;
@@ -131,7 +133,7 @@ H = declare("""
 def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="plan scale reduced: 200 prompts for the pressure run")
     p.add_argument("--ncu", action="store_true", help="phase 5: every kernel of the traced steps on the Nsight Compute "
-                   "counters (a second server, cut to 2 layers, under ncu; ~2-3 min)")
+                   "counters (a second server, cut to 1 layer, under ncu, started with the run and held until the GPU is free)")
     p.add_argument("--reanalyse", metavar="DIR", default=None, help="no GPU, no server: redo the analysis from the "
                    "files an earlier run recorded in DIR (e.g. a copy of sglang/results/08_execution_story)")
     p.add_argument("--pool", type=cli.positive_int, default=None, help="--max-total-tokens of the server "
@@ -351,8 +353,13 @@ def cache_story(srv, run, P):
 
 # ------------------------------------------------------------------ phase 5: counters
 
+COUNTER_LAYERS = 1    # the server under ncu runs the model cut to this many layers (recordings before: 2)
+
+
 def counters_server(args, run, model_dir, base, P, backend):
-    """The server cut to 2 layers under ncu, not started yet. It is launched when the run begins and its scheduler
+    """The server cut to COUNTER_LAYERS layers under ncu, not started yet. One layer holds every kernel a layer of the
+    full model launches (its FusedAddRMSNorm after attention is the one later layers open with: the join finds it by
+    name and grid), and ncu replays ~35% fewer kernels than with 2 (each kernel costs ~0.5 s of replay on an H100). It is launched when the run begins and its scheduler
     is held by a gate (_sgl_gate, an SGLang plugin) after its imports and before it touches the GPU, so that its
     start (~60 s of Python imports under ncu on an H100) overlaps phases 1-4; measure() releases it when the
     stories' server is done with the GPU. Niced: its imports yield the CPU to the stories' server."""
@@ -363,12 +370,12 @@ def counters_server(args, run, model_dir, base, P, backend):
     if shutil.which("nice"):
         wrapper = ["nice", "-n", "10", *wrapper]
     fl = base + sg.flags(attention_backend=backend, skip_server_warmup=True, decode_log_interval=1,
-                         max_total_tokens=P["pool"], json_model_override_args={"num_hidden_layers": 2},
+                         max_total_tokens=P["pool"], json_model_override_args={"num_hidden_layers": COUNTER_LAYERS},
                          **counter_graphs(P))
     gate = sg.Gate(run.dir / "ncu" / "gate")
     srv = sg.Server(model_dir, fl, port=args.port, log_path=run.path("server_ncu.log"), wrapper=wrapper, echo=run.log,
                     start_timeout=max(args.start_timeout, 1800), env={**ENV, **gate.env()},
-                    name="server[2 layers under ncu]")
+                    name=f"server[{COUNTER_LAYERS} layer{'s' if COUNTER_LAYERS > 1 else ''} under ncu]")
     return srv, gate, log_file
 
 
@@ -412,7 +419,7 @@ def counters(srv, run, P, log_file):
 
 
 def counter_graphs(P) -> dict:
-    """The CUDA graphs the 2-layer server under ncu captures: only the sizes its windows run (decode at batch 1 and
+    """The CUDA graphs the server under ncu captures: only the sizes its windows run (decode at batch 1 and
     at the batch; prefill of one prompt), so ncu follows 3 captures, not ~94. The kernels of those graphs are the
     full server's at the same sizes (its graphs cover every size)."""
     return {"cuda_graph_bs_decode": [1, P["batch"]], "cuda_graph_bs_prefill": [P["prompt"]]}
@@ -746,7 +753,7 @@ def _step_state(kt, step) -> dict:
     return out
 
 
-def cold_attention(rows, info) -> list[dict]:
+def cold_attention(rows, info, n_layers: int = 2) -> list[dict]:
     """The attention kernels of one layer of the cold prefill window (ncu rows of "prefill-cold_*"): the cold side
     of the cache transition, which no traced story runs."""
     w = next((i for i in info if i["window"].startswith("prefill-cold") and i.get("ncu_rows")), None)
@@ -754,7 +761,7 @@ def cold_attention(rows, info) -> list[dict]:
         return []
     lo, hi = w["ncu_rows"]
     att = [r for r in rows.iloc[lo:hi + 1].to_dict("records") if trace.kernel_class(r["kernel"]) == "attention"]
-    n_layers = 2                                   # the server under ncu runs 2 layers: keep the second one's
+    # the server under ncu ran n_layers: keep the last one's (of 2, the second: the one later layers are like)
     per = len(att) // n_layers if len(att) >= n_layers else len(att)
     return att[per * (n_layers - 1):] if per else att
 
@@ -954,7 +961,8 @@ def analyse(run, data, cfg, tables: dict | None = None) -> None:
         rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
             specs = window_specs(data[f"kt_{name}"], data["windows"], data["P"], data[f"spans_{name}"])
-            data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows, specs, pk)
+            data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows, specs, pk,
+                                                                keep_layers=data.get("ncu_layers") or 2)
             info = [{**i, "step": w["step"], **same_kernels(data[f"kt_{name}"], i["window"])}
                     for i, w in zip(info, specs)]
             run.table(f"ncu_windows_{name}", info)
@@ -962,17 +970,11 @@ def analyse(run, data, cfg, tables: dict | None = None) -> None:
                                                         f"by name, {i['same_grid_pct']:.0f}% same grid, ncu/traced "
                                                         f"median {i['ncu_over_traced']:.2f}" for i in info if i["expected"]))
             if name == "one":
-                data["cold_attention"] = cold_attention(rows, info)
+                data["cold_attention"] = cold_attention(rows, info, data.get("ncu_layers") or 2)
     data["transitions"] = transitions(data)     # after the counters: prefill -> decode names their change
 
 
-SAME_TIME = 0.25      # the 2-layer server runs the same kernel when its ncu time is within 25% of the traced time
-
-
-def same_dims(traced, counted) -> bool:
-    """A traced grid '2x66x1' and ncu's '(2, 66, 1)' name the same launch shape."""
-    import re
-    return re.findall(r"\d+", str(traced)) == re.findall(r"\d+", str(counted)) != []
+SAME_TIME = 0.25      # the few-layer server runs the same kernel when its ncu time is within 25% of the traced time
 
 
 def same_kernels(kt, window: str) -> dict:
@@ -982,7 +984,7 @@ def same_kernels(kt, window: str) -> dict:
     g = kt[kt["ncu_window"] == window]
     if not len(g):
         return {"same_grid_pct": math.nan, "ncu_over_traced": math.nan, "within_margin_pct": math.nan}
-    grid = [same_dims(a, b) for a, b in zip(g["grid"], g["ncu_grid"])]
+    grid = [timeline.same_dims(a, b) for a, b in zip(g["grid"], g["ncu_grid"])]
     ratio = g["ncu_ratio"].astype(float)
     return {"same_grid_pct": 100 * sum(grid) / len(g), "ncu_over_traced": float(ratio.median()),
             "within_margin_pct": float(100 * ((ratio - 1).abs() <= SAME_TIME).mean())}
@@ -990,8 +992,8 @@ def same_kernels(kt, window: str) -> dict:
 
 PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_tb_s", "dram_write_tb_s", "bf16_tflops",
            "bf16_sm_mhz", "l2_mb", "source")      # the ceilings a recording keeps (a re-analysis divides by them)
-RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "backend_why", "pk", "waterfall",
-       "startup_log", "gpu_metrics", "server_flags", "quick")
+RAW = ("P", "observer", "pressure", "mem", "bench", "cache", "server_args", "windows", "ncu_layers", "backend_why", "pk",
+       "waterfall", "startup_log", "gpu_metrics", "server_flags", "quick")
 
 
 def save_raw(run, data) -> None:
@@ -1064,6 +1066,7 @@ def main(argv=None) -> int:
                     job = pool.submit(trace_tables, data, cfg)
                     srv_ncu.wait_ready()
                     _rows, data["windows"] = counters(srv_ncu, run, P, log_file)
+                    data["ncu_layers"] = COUNTER_LAYERS
                     t0 = time.time()
                     tables = job.result()
                     run.log(f"traced stories joined (waited {time.time() - t0:.1f} s for it after the counters)")
