@@ -57,7 +57,8 @@ What the plan expected (hypotheses; each is judged on an interval of repeated me
 
 Run
     python sglang/scripts/08_execution_story.py --quick          # phases 1-4 (no counters), ~3 min warm
-    python sglang/scripts/08_execution_story.py --quick --ncu    # + phase 5: the counters (needs ncu), ~+3 min
+    python sglang/scripts/08_execution_story.py --quick --ncu    # + phase 5: the counters (needs ncu)
+      (on an H100 at 1c8479f: 158-167 s in the pipeline, whose server it shares; 230 s on its own: README timings)
     python sglang/scripts/08_execution_story.py --ncu            # plan scale: 500 prompts at 50 req/s
 Writes sglang/results/08_execution_story/: kernels_<story>.csv, steps_<story>.csv, layer_tree.csv,
 class_shares.csv, gemm_efficiency.csv, observer.csv, pressure_steps.csv, gpu_memory.csv, gpu_memory_owners.csv,
