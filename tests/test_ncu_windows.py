@@ -118,3 +118,41 @@ def test_the_batch_prefill_is_not_half_taken_from_the_cold_window(run_h200):
     assert by["prefill-cold_b1"]["ncu_rows"] == (0, 56)                         # the cold window, whole
     assert by["prefill_b1"]["ncu_rows"] == (57, 113)
     assert by["decode_b32"]["matched"] == by["decode_b32"]["expected"] == 43
+
+
+ONE_LAYER = "sglang_08_ncu_1layer_four_windows_h100.csv.gz"
+
+
+def test_a_server_cut_to_one_layer_lends_every_layer_its_counters(kt):
+    """The counters' server cut to 1 layer (08 since 1c8479f): its layer opens with RMSNorm where the full model's
+    later layers open with FusedAddRMSNorm, which the cut layer runs after its attention, at the same grid. Fixture:
+    sglang/results/08_execution_story/ncu/ncu.csv of the H100 pipeline run of 1c8479f (2026-11-27; 156 kernels in
+    four windows: cold prefill, warm prefill, decode at batch 1 and 32), gzipped; the traced steps are the H200
+    fixture's (same shapes, 132 SMs on both GPUs)."""
+    import gzip
+    from common import ncu, timeline
+    rows = ncu.summarize(ncu.read_raw(gzip.open(ROOT / "tests" / "fixtures" / ONE_LAYER, "rt").read()), peaks=H200)
+    wins = [{"name": "prefill-cold_b1", "step": 0, "match": {"mode": "EXTEND", "bs": 1}},
+            {"name": "prefill_b1", "step": None},
+            {"name": "decode_b1", "step": 1, "match": {"mode": "DECODE", "bs": 1}},
+            {"name": "decode_b32", "step": None}]
+    j, info = timeline.attach_counters(kt, rows, wins, H200, keep_layers=1)
+    by = {i["window"]: i for i in info}
+    layers = int(kt["layer"].max()) + 1
+    for name, step in (("prefill-cold_b1", 0), ("decode_b1", 1)):
+        assert by[name]["matched"] >= by[name]["expected"] - 2                  # the cut step aligns (2 H200-only kernels)
+        assert by[name]["by_shape"] == layers - 1                               # each later layer's first norm
+        g = j[(j["step"] == step) & (j["segment"] == "layer")]
+        lo, hi = by[name]["ncu_rows"]
+        profiled = set(rows["kernel"].iloc[lo:hi + 1])
+        # every layer kernel the cut layer also ran has counters (the H200's down_proj GEMM is another cuBLAS
+        # kernel than the H100's: its name is not in the window)
+        assert g[g["kernel"].isin(profiled)]["ncu_window"].notna().all()
+        first = g[(g["layer"] > 0) & (g["pos"] == 0)]
+        assert len(first) == layers - 1 and first["ncu_window"].notna().all()
+        assert (first["kernel"] == "FusedAddRMSNormKernel").all()
+    # by position alone (no kernel of the same name and grid to fall back on) those norms would go without
+    plain = rows.copy()
+    plain.loc[plain["kernel"].str.contains("FusedAddRMSNorm"), "grid"] = "(2, 2, 2)"
+    _j, info2 = timeline.attach_counters(kt, plain, wins, H200, keep_layers=1)
+    assert {i["window"]: i["by_shape"] for i in info2}["decode_b1"] == 0

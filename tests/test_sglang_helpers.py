@@ -296,6 +296,20 @@ def test_startup_breakdown_of_a_warm_start(fixture_path):
     assert len(lines) == 13 and lines[8].startswith("  +  74.4 s    10.6 s   12%  prefill_graphs")
 
 
+def test_startup_breakdown_of_a_gated_start(fixture_path):
+    # SGLang 08's counters server under ncu, launched with the run and held by _sgl_gate while the stories ran (H100,
+    # 1c8479f, 2026-11-27; the log up to "fired up"); the gate's two stamped lines cut the scheduler's start in three
+    text = fixture_path("sglang_server_start_gated_under_ncu_h100.log").read_text()
+    ph = sg.startup_breakdown(text, 1795803423.254, tz=UTC)
+    got = {p["phase"]: p["seconds"] for p in ph}
+    assert list(got)[:5] == ["imports", "server_args", "scheduler_imports", "gate", "scheduler_start"]
+    assert got["gate"] == pytest.approx(67.612, abs=1e-6)                      # 18:17:55.350 -> 18:19:02.962
+    assert got["scheduler_imports"] == pytest.approx(22.3, abs=0.1) and got["scheduler_start"] < 3
+    what = {p["phase"]: p["what"] for p in ph}
+    assert what["scheduler_start"].startswith("after the gate") and "held by the workbook" in what["gate"]
+    assert sum(got.values()) == pytest.approx(131.0, abs=0.5)                 # "ready after 131 s"
+
+
 def test_startup_breakdown_of_a_cold_start_names_the_jit_compiles(fixture_path):
     ph = _breakdown(fixture_path, "cold")
     got = {p["phase"]: p["seconds"] for p in ph}
