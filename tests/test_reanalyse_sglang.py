@@ -32,6 +32,11 @@ def test_05_decode_verdicts_leave_out_the_launches_of_another_step(tmp_path):
     assert dram["interval"]["n"] == 2 and dram["interval"]["lo"] > 85, dram["interval"]
     assert any("2 of 4 decode launches belong to another step" in n for n in s["notes"])
     assert "decode, another step (16.8 MB of KV read, the batch's 539 MB)" in (out / "story.txt").read_text()
+    # the table says it too (it was written before the relabelling: its shape column named all 4 the batch's)
+    import csv
+    rows = [r for r in csv.DictReader((out / "attention_kernels.csv").open()) if r["stage"] == "decode"]
+    other = {r["launch"] for r in rows if r["shape"].startswith("decode, another step (16.8 MB of KV read")}
+    assert other == {"0", "1"} and {r["shape"] for r in rows if r["launch"] in ("2", "3")} == {"decode bs 32 kv 4096"}
 
 
 def _script(stem):

@@ -273,9 +273,18 @@ class Record:
     s: Any = None
 
 
+def write_tables(run, s) -> None:
+    """attention_kernels.csv and stalls.csv (after mark_other_steps, so that their shape column names the launches
+    of another step as the story does)."""
+    cols = ["backend", "stage", "shape", "kernel", "launch", "tflop_s", "pct_bf16_ceiling", *kernels.names("counters")]
+    sg.table(run, "attention_kernels", s[[c for c in cols if c in s.columns]])
+    sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [c for c in s.columns if c.startswith("stall_")]])
+
+
 def analyse(run, x: Record) -> None:
-    """Verdicts, headline and story from the profiled launches (a GPU run and --reanalyse alike)."""
+    """Tables, verdicts, headline and story from the profiled launches (a GPU run and --reanalyse alike)."""
     mark_other_steps(x.s)
+    write_tables(run, x.s)
     verdicts(run, x.s, x.args, x.pk)
     run.story(tell(x.s, x.pk, x.args.layers), echo=True)
 
@@ -324,11 +333,7 @@ def main(argv=None) -> int:
                 run.point_error({"backend": b}, e)
         if not frames:
             raise RuntimeError("no backend was profiled; see point_errors")
-        x.s = s = pd.concat(frames, ignore_index=True)
-        cols = ["backend", "stage", "shape", "kernel", "launch", "tflop_s", "pct_bf16_ceiling",
-                *kernels.names("counters")]
-        sg.table(run, "attention_kernels", s[[c for c in cols if c in s.columns]])
-        sg.table(run, "stalls", s[["backend", "stage", "kernel", "launch"] + [c for c in s.columns if c.startswith("stall_")]])
+        x.s = pd.concat(frames, ignore_index=True)
         analyse(run, x)
     return 0
 
