@@ -63,7 +63,7 @@ all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all)
 	$(call pipelines,--all)
 
 reports: ## refresh the auto blocks of */reports/*.md from */results/ (ACCEPT_MIXED=1: also older / other-GPU runs)
-	@ACCEPT_MIXED=$(ACCEPT_MIXED) $(PYTHON) -m common.report
+	@ACCEPT_MIXED=$(ACCEPT_MIXED) $(PYTHON) -m common report
 
 clean: ## remove raw results (not the committed reports) and the test venv
 	for s in $(SYSTEMS); do find $$s/results -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +; done

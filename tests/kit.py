@@ -2,7 +2,7 @@
 
   load_script(path, name)               a script imported as a module, its main() not run
   STEP_SCRIPTS, FAKE_PAGE               stand-in pipeline steps and a report page with one auto block
-  write_fake_system(root, name, steps)  <root>/<name>/{scripts,reports} for common.pipeline runs
+  write_fake_system(root, name, steps)  <root>/<name>/{scripts,reports} for common.run.pipeline runs
 """
 from __future__ import annotations
 
@@ -24,17 +24,17 @@ def load_script(path: Path, name: str | None = None):
 
 STEP_SCRIPTS = {
     # a real results.Run, so that a report block would change if the reports were refreshed
-    "ok.py": ("import sys\nfrom common.results import Run\nprint('ran', ' '.join(sys.argv[1:]), flush=True)\n"
+    "ok.py": ("import sys\nfrom common.run.results import Run\nprint('ran', ' '.join(sys.argv[1:]), flush=True)\n"
               "with Run(__file__, {}, quiet=True) as run:\n    run.headline(answer=42)\n"),
     "skip.py": "print('[skip] this needs 2 GPUs; 1 visible')\n",
     "setup.py": "import sys\nprint('[setup] no NVIDIA GPU here', file=sys.stderr)\nsys.exit(2)\n",
     # an experiment that fails: run_main's one line, the traceback in a file, exit 1
-    "fail.py": ("from common.checks import run_main\n"
+    "fail.py": ("from common.base.checks import run_main\n"
                 "def main(argv=None):\n    raise RuntimeError('the kernel check failed')\nrun_main(main)\n"),
     "flaky.py": ("import pathlib, sys\n"
                  "sys.exit(0 if pathlib.Path(__file__).with_name('flaky.ok').exists() else 1)\n"),
     # a package a step imports deep inside (argv[1] names it)
-    "needs.py": ("import sys\nfrom common.checks import run_main\n"
+    "needs.py": ("import sys\nfrom common.base.checks import run_main\n"
                  "def main(argv=None):\n    __import__(sys.argv[1])\n    return 0\nrun_main(main)\n"),
     # a child in the step's group and a grandchild in its own session: both must go
     "sleep.py": ("import os, pathlib, subprocess, sys, time\n"
@@ -58,6 +58,6 @@ def write_fake_system(root: Path, name: str, steps: list[str]) -> Path:
     (sd / "reports" / "r.md").write_text(FAKE_PAGE)
     for script, src in STEP_SCRIPTS.items():
         (sd / "scripts" / script).write_text(src)
-    (sd / "scripts" / "_steps.py").write_text("from common.pipeline import ONLY, Step\n\nSTEPS = [\n"
+    (sd / "scripts" / "_steps.py").write_text("from common.run.steps import ONLY, Step\n\nSTEPS = [\n"
                                               + "".join(f"    {s},\n" for s in steps) + "]\n")
     return sd

@@ -1,4 +1,4 @@
-"""common.cli: every bad value is one argparse line before any GPU work."""
+"""common.run.cli: every bad value is one argparse line before any GPU work."""
 import argparse
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common import cli
+from common.run import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_choices_list():
 
 
 def test_argparse_prints_one_error_line_and_exits_2():
-    code = ("import sys, argparse; sys.path.insert(0, %r); from common import cli; p = argparse.ArgumentParser(prog='x');"
+    code = ("import sys, argparse; sys.path.insert(0, %r); from common.run import cli; p = argparse.ArgumentParser(prog='x');"
             "p.add_argument('--batches', type=cli.positive_ints); p.parse_args(['--batches', 'abc'])" % str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "Traceback" not in p.stderr

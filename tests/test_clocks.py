@@ -1,4 +1,4 @@
-"""common.clocks on a real NVML log: the GEMM sweep of a fresh H100 reaching its power cap.
+"""common.capture.clocks on a real NVML log: the GEMM sweep of a fresh H100 reaching its power cap.
 
 tests/fixtures/nvml_clock_log_ceilings_h100.csv is NVML sampled every 10 ms while the version-4 ceilings ran
 (ceilings_log_h100.txt: each probe's line with its epoch time stamp, written when the probe ended).
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common import clocks
+from common.capture import clocks
 
 FIX = Path(__file__).parent / "fixtures"
 

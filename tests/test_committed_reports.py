@@ -77,7 +77,7 @@ def hand_written(text: str) -> str:
 
 
 def declared_hypotheses(path: Path) -> list[tuple[int, str]]:
-    """(line number, line) of every line of the hypotheses a script declares (common.verdicts.declare): the text a
+    """(line number, line) of every line of the hypotheses a script declares (common.judge.verdicts.declare): the text a
     run writes into the observations blocks."""
     s = path.read_text()
     out = []

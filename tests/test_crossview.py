@@ -1,4 +1,4 @@
-"""common.crossview: the same Llama-3.1-8B shapes in the three systems, from their recorded tables.
+"""common.render.crossview: the same Llama-3.1-8B shapes in the three systems, from their recorded tables.
 
 tests/fixtures/crossview_h200/: the tables the H200 pipeline runs recorded (SGLang `--quick --ncu` at 224595d;
 mini-SGLang and FlashInfer `--quick --ncu` at a5d3c27; 2026-11-25), cut to the attention rows, each with its
@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from common import crossview, report
+from common.render import crossview, report
 
 
 @pytest.fixture

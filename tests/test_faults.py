@@ -1,7 +1,7 @@
 """Fault injection: what a user sees when something goes wrong, and that nothing they had is lost.
 
 Each case injects one fault on this CPU machine and runs a real entry point -- a numbered script, a
-06_full_pipeline.sh, ncu_profile.sh, ``python -m common.report``, ``make reports`` -- or the script
+06_full_pipeline.sh, ncu_profile.sh, ``python -m common report``, ``make reports`` -- or the script
 stand-in tests/fakes/experiment.py (run_main + results.Run + a fake SGLang server, the skeleton every
 experiment has) in a subprocess with a timeout. The tools are fakes (tests/fakes/: nvidia-smi, ncu, a
 CPU-only torch; tests/sglang_fake_server.py on 127.0.0.1 with a port the OS chose); missing packages
@@ -34,7 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from common import procs, report, results
+from common.capture import procs, store  # noqa: E402
+from common.render import report  # noqa: E402
+from common.run import results  # noqa: E402
 from kit import write_fake_system
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,12 +83,12 @@ FAULTS = {
     "report-matplotlib-missing": ("reports", "make reports renders the same without matplotlib; exit 0"),
     "report-render-error-last-file": ("reports", "'[failed] reports not refreshed, no file written: ...'; exit 1; "
                                                  "no file written although earlier pages rendered"),
-    "report-clean-clone": ("reports", "make reports / python -m common.report: 0 files changed, byte-identical, "
+    "report-clean-clone": ("reports", "make reports / python -m common report: 0 files changed, byte-identical, "
                                       "exit 0"),
     "report-unbalanced-markers": ("reports", "'[failed] reports not refreshed, no file written: <page> line N: "
                                              "<!-- auto:KEY --> has no closing <!-- /auto --> ...' (or a stray "
                                              "closing marker); exit 1; every report byte-identical"),
-    "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common.report` still imports: '[interrupted] "
+    "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common report` still imports: '[interrupted] "
                                                 "stopped by Ctrl-C; earlier results were left as they were.'; exit 130; "
                                                 "no traceback; byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
@@ -366,7 +368,7 @@ def fake_system(tmp_path: Path, steps: list[str]) -> World:
 
 
 def pipeline(w: World, *args, env, system=FAKESYS, timeout=120) -> subprocess.CompletedProcess:
-    return run([PY, "-m", "common.pipeline", "--root", w.root, "--system", system, *args], env, timeout=timeout)
+    return run([PY, "-m", "common", "pipeline", "--root", w.root, "--system", system, *args], env, timeout=timeout)
 
 
 def good_pipeline_run(w: World, env, only="a") -> Path:
@@ -427,7 +429,7 @@ def test_an_interrupted_pipeline_keeps_reports_and_the_last_good_run(tmp_path, p
     env = env_for(tmp_path)
     good_pipeline_run(w, env)
     pids_file = w.root / FAKESYS / "scripts" / "pids.txt"
-    p = subprocess.Popen([PY, "-m", "common.pipeline", "--root", str(w.root), "--system", FAKESYS], cwd=REPO, env=env,
+    p = subprocess.Popen([PY, "-m", "common", "pipeline", "--root", str(w.root), "--system", FAKESYS], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids.append(p.pid)
     t0 = time.time()
@@ -487,16 +489,16 @@ def test_a_pipeline_whose_results_folder_cannot_be_written(tmp_path, pids):
 PIPELINE_DISK_FULL = """
 import errno, sys
 sys.path.insert(0, {repo!r})
-from common import results
-real = results.write_json_atomic
+from common.capture import store
+real = store.write_json_atomic
 def full(p, data):
     if ".partial-06_full_pipeline" in str(p):
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(p, data)
-results.write_json_atomic = full
-from common.checks import run_main
-from common.pipeline import main
-sys.argv = ["python -m common.pipeline", *sys.argv[1:]]
+store.write_json_atomic = full
+from common.base.checks import run_main
+from common.run.pipeline import main
+sys.argv = ["python -m common pipeline", *sys.argv[1:]]
 run_main(main)
 """
 
@@ -510,7 +512,7 @@ def test_a_pipeline_that_cannot_record_its_run_refreshes_nothing(tmp_path, pids)
     assert out.returncode == 1 and TB not in out.stdout + out.stderr, out.stdout + out.stderr
     final = w.root / FAKESYS / "results" / "06_full_pipeline"
     (err,) = lines(out.stderr)
-    assert re.fullmatch(re.escape("python -m common.pipeline: could not record the run: ResultsError: results of "
+    assert re.fullmatch(re.escape("python -m common pipeline: could not record the run: ResultsError: results of "
                                   f"06_full_pipeline not saved ([Errno 28] No space left on device while finishing); "
                                   f"{final} left as it was; record in {final.parent / '.failed' / '06_full_pipeline'}/")
                         + r"[\d-]+-failed", err), err
@@ -542,8 +544,8 @@ def test_a_pipeline_without_pandas_and_matplotlib(tmp_path, pids):
 # ------------------------------------------------------------------ (b) reports
 
 def report_cmd(w: World, env, *args, timeout=120) -> subprocess.CompletedProcess:
-    """`python -m common.report` of the World's own copy of common/ (its REPO_ROOT is the World)."""
-    return run([PY, "-m", "common.report", *args], env, cwd=w.root, timeout=timeout)
+    """`python -m common report` of the World's own copy of common/ (its REPO_ROOT is the World)."""
+    return run([PY, "-m", "common", "report", *args], env, cwd=w.root, timeout=timeout)
 
 
 def make_reports(w: World, env, *args) -> subprocess.CompletedProcess:
@@ -686,8 +688,8 @@ def test_make_reports_without_an_optional_package_renders_the_same(tmp_path, pid
 RENDER_ERROR = """
 import sys
 sys.path.insert(0, ".")
-from common import report
-from common.checks import run_main
+from common.base.checks import run_main
+from common.render import report
 real = report.Renderer._body
 def body(self, stem, what, s):
     if stem == "99_last":
@@ -728,18 +730,18 @@ def test_a_clone_without_results_keeps_every_report_byte_for_byte(tmp_path, pids
 
 @covers("report-ctrl-c-during-imports")
 def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
-    """The first 0.2 s of `make reports` are imports; the World's copy of common/story.py (imported by the report
+    """The first 0.2 s of `make reports` are imports; the World's copy of common/base/story.py (imported by the report
     module) sleeps at import so that the Ctrl-C lands there. Before: a KeyboardInterrupt traceback."""
     w = World(tmp_path, systems=("flashinfer",), code=True)
     w.seed("flashinfer", "03_profile_decode")                   # a refresh would change the pages
-    story = w.root / "common" / "story.py"
+    story = w.root / "common" / "base" / "story.py"
     story.write_text(story.read_text() + "\nimport pathlib as _p, time as _t\n"
                      "_p.Path(__file__).with_name('importing').touch()\n_t.sleep(30)\n")
-    p = subprocess.Popen([PY, "-m", "common.report"], cwd=w.root, env=env_for(tmp_path), stdout=subprocess.PIPE,
+    p = subprocess.Popen([PY, "-m", "common", "report"], cwd=w.root, env=env_for(tmp_path), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     pids.append(p.pid)
     t0 = time.time()
-    while not (w.root / "common" / "importing").exists() and time.time() - t0 < 30:
+    while not (w.root / "common" / "base" / "importing").exists() and time.time() - t0 < 30:
         time.sleep(0.02)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=30)
@@ -747,7 +749,7 @@ def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
     assert lines(err) == ["[interrupted] stopped by Ctrl-C; earlier results were left as they were."]
     w.check()
     story.write_text(story.read_text().split("\nimport pathlib as _p")[0])     # once main runs: Ctrl-C raises again
-    rep = w.root / "common" / "report.py"                                       # (run_main's cleanup and line)
+    rep = w.root / "common" / "render" / "report.py"                                       # (run_main's cleanup and line)
     rep.write_text(rep.read_text().replace("    a = p.parse_args(argv)\n", "    a = p.parse_args(argv)\n    sig = "
                    "__import__('signal')\n    print('SIGINT raises:', sig.getsignal(2) is sig.default_int_handler)\n"))
     out = report_cmd(w, env_for(tmp_path), "--quiet")
@@ -758,8 +760,8 @@ REPORT_DISK_FULL = """
 import errno, sys
 from pathlib import Path
 sys.path.insert(0, ".")
-from common import report
-from common.checks import run_main
+from common.base.checks import run_main
+from common.render import report
 real, n = Path.write_bytes, [0]
 def write_bytes(self, data):
     if self.name.endswith(".tmp"):
@@ -803,7 +805,7 @@ def _damage(text: str, how: str) -> tuple[str, str]:
 @covers("report-unbalanced-markers")
 @pytest.mark.parametrize("how", ["missing-close", "stray-close", "never-closed"])
 def test_a_page_with_unbalanced_markers_is_refused_whole(tmp_path, pids, how):
-    """`python -m common.report` over a real page whose markers do not pair up: before, the block swallowed the prose and the
+    """`python -m common report` over a real page whose markers do not pair up: before, the block swallowed the prose and the
     next block's opening marker; now nothing is written and the line names the file and the line."""
     w = World(tmp_path, systems=("sglang",), code=True)
     page = w.root / "sglang" / "reports" / "analysis.md"
@@ -891,7 +893,7 @@ def test_failed_runs_are_pruned_to_the_last_five(tmp_path, pids):
         _, err = p.communicate(timeout=30)
         assert p.returncode == 130 and lines(err)[0].startswith("[interrupted] stopped by Ctrl-C; earlier results")
     kept = sorted((out.parent / ".failed" / "01_demo").iterdir())
-    assert len(kept) == results.KEEP_FAILED == 5
+    assert len(kept) == store.KEEP_FAILED == 5
     summaries = [json.loads((k / "summary.json").read_text()) for k in kept]
     assert [(s["args"]["tag"], s["status"]) for s in summaries] == [
         ("t2", "failed"), ("t3", "failed"), ("t4", "failed"), ("t5", "interrupted"), ("t6", "interrupted")]
@@ -924,10 +926,10 @@ def test_two_failing_runs_at_once_keep_their_own_error_files(tmp_path, pids):
 def test_the_suite_writes_nothing_into_the_users_cache(tmp_path, pids):
     """A process a test starts with the inherited environment (not env_for) fails through run_main: its
     traceback file lands in the session's temporary cache. Before, such files went to ~/.cache/hands-on/errors."""
-    from common.checks import cache_dir
+    from common.base.checks import cache_dir
     real = Path.home() / ".cache" / "hands-on"
     assert os.environ.get("HANDS_ON_CACHE") and not cache_dir().resolve().is_relative_to(real.resolve())
-    code = ("import sys\nsys.path.insert(0, %r)\nfrom common.checks import run_main\n"
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom common.base.checks import run_main\n"
             "def main(argv=None):\n    raise RuntimeError('boom')\nrun_main(main)\n" % str(REPO))
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     m = re.fullmatch(r"\[failed\] RuntimeError: boom \(traceback: (\S+)\)", r.stderr.strip())
@@ -1285,7 +1287,7 @@ def test_a_given_port_in_use_starts_nothing(tmp_path, pids):
 
 @covers("proc-ncu-timeout")
 def test_an_ncu_timeout_stops_ncu_and_the_application(tmp_path, pids):
-    """The real flashinfer/scripts/ncu_profile.sh (common.ncu profile) with a fake ncu that hangs and whose
+    """The real flashinfer/scripts/ncu_profile.sh (common.capture.ncu profile) with a fake ncu that hangs and whose
     application runs in a session of its own (out of reach of killpg)."""
     w = World(tmp_path, systems=("flashinfer",))
     pid_file = tmp_path / "ncu.pids"
@@ -1453,7 +1455,7 @@ def _damaged_nsys(src: Path, how: str) -> tuple[Path, str]:
 
 DAMAGED = ["value-ncu-text-in-a-number-column", "value-nsys-csv-without-name", "value-nsys-csv-cut-mid-row",
            "value-nsys-csv-cut-mid-quote", "value-trace-gz-cut"]
-GZ_READER = "import sys\nsys.path.insert(0, {repo!r})\nfrom common import trace\nfrom common.checks import run_main\n" \
+GZ_READER = "import sys\nsys.path.insert(0, {repo!r})\nfrom common.tables import trace\nfrom common.base.checks import run_main\n" \
             "run_main(lambda argv=None: trace.read_chrome_trace(sys.argv[1]))\n"
 
 
@@ -1520,7 +1522,7 @@ OPTIONAL = """
 import sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {fi!r})
 import _fi
-from common.ranges import nvtx_range
+from common.capture.ranges import nvtx_range
 print(_fi.cupti_python())
 with nvtx_range("decode bs=1"):
     print("inside the range")

@@ -1,6 +1,6 @@
 """FlashInfer track helpers (flashinfer/scripts/_fi.py), on real fixtures. The scripts themselves (CLI, main()
 length, verdicts on recorded values) are in tests/test_flashinfer_scripts.py; the FLOP/byte formulas in
-tests/test_flops.py (common.flops).
+tests/test_flops.py (common.tables.flops).
 
 Fixtures added for these tests (tests/fixtures/):
   torch_trace_sglang_extend_step_h200_cut.json
@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import _fi  # noqa: E402
-from common import flops, ncu, stats, trace, verdicts  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.base import stats  # noqa: E402
+from common.capture import ncu  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import verdicts  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 NCU_FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
 TRACE = "torch_trace_sglang_extend_step_h200_cut.json"
@@ -35,7 +38,7 @@ NSYS_TRACE = "sglang_nsys_cuda_gpu_trace_cut_h200.csv"
 
 @pytest.fixture
 def ncu_rows(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    s = kernels.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
     return {k: r for k, r in zip(s["kernel"], s.to_dict("records"))}
 
 
@@ -47,7 +50,7 @@ def run(tmp_path):
     r.finish()
 
 
-# ------------------------------------------------------------------ RoPE bytes (FlashInfer's API facts + common.flops)
+# ------------------------------------------------------------------ RoPE bytes (FlashInfer's API facts + common.tables.flops)
 
 def test_rope_bytes_per_api_against_what_ncu_read(ncu_rows):
     """The cos/sin-cache API reads q, k, an int64 position and an fp32 cos/sin row per token; ncu saw those reads
@@ -103,7 +106,7 @@ def test_page_table():
 # ------------------------------------------------------------------ what one call launched, from the common join
 
 def test_calls_and_per_call_on_a_real_sglang_step(fixture_path):
-    """The common join (common.trace.kernels_in_ranges) read the FlashInfer way: merge kernels, fill kernel, copies."""
+    """The common join (common.tables.trace.kernels_in_ranges) read the FlashInfer way: merge kernels, fill kernel, copies."""
     rows = trace.kernels_in_ranges(trace.read_chrome_trace(fixture_path(TRACE)), r"^step\[")
     kern = rows[rows["gpu_kind"] == "kernel"]
     s = _fi.calls_summary(rows).iloc[0]
@@ -255,7 +258,7 @@ class _T:
 
 
 def _wb(default_ms, write_ms):
-    """A stand-in for common.timing.bench: ``default_ms`` with its default flush, ``write_ms`` with flush='write'."""
+    """A stand-in for common.capture.timing.bench: ``default_ms`` with its default flush, ``write_ms`` with flush='write'."""
     return lambda fn, **kw: (fn(), _T(write_ms if kw.get("flush") == "write" else default_ms))[1]
 
 
@@ -422,7 +425,7 @@ def test_the_ncu_target_loop_says_each_point_and_drops_its_buffers_before_the_ne
     calls = []
     import contextlib
 
-    from common import ranges
+    from common.capture import ranges
     cuda = types.SimpleNamespace(_sleep=lambda n: calls.append("mark"), synchronize=lambda: None,
                                  empty_cache=lambda: calls.append("empty_cache"))
     fake = types.SimpleNamespace(cuda=cuda)

@@ -9,7 +9,7 @@ Recorded values used (real runs, no made-up numbers):
   ncu_raw_fullset_flashinfer_5kernels_h200.csv   ncu --set full of RMSNormKernel / FusedAddRMSNormKernel at 8192 x 4096;
   the ceilings of the committed H200 run (commit 1be49e4, flashinfer/reports/environment.md, peaks table): DRAM read
       4.60 TB/s (triton read), write 4.71 (torch fill_), copy 4.27 (torch copy_), bf16 811 TFLOP/s, L2 60 MB; that
-      probe version measured no "mixed" kind, which then falls back to the fastest probe (common.ceilings.as_peaks).
+      probe version measured no "mixed" kind, which then falls back to the fastest probe (common.capture.ceilings.as_peaks).
 """
 import ast
 import re
@@ -25,9 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import _fi  # noqa: E402
-from common import flops, ncu, story, timing, trace, verdicts  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import rates  # noqa: E402
+from common.base import story  # noqa: E402
+from common.capture import ncu, timing  # noqa: E402
+from common.capture.timing import rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds, verdicts  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 NUMBERED = sorted(p.name for p in SCRIPTS.glob("[0-9][0-9]_*.py"))
 NCU_FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
@@ -70,7 +73,7 @@ def test_shell_wrappers_help(script, bad):
 
 def test_ncu_wrapper_is_thin_and_hands_over_to_common_ncu():
     text = (SCRIPTS / "ncu_profile.sh").read_text()
-    assert len(text.splitlines()) <= 40 and "-m common.ncu profile" in text
+    assert len(text.splitlines()) <= 40 and "-m common ncu profile" in text
     p = subprocess.run(["bash", str(SCRIPTS / "ncu_profile.sh"), "--name", "x", "--count", "two", "--", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith("argument --count: invalid int value: 'two'")
@@ -162,7 +165,7 @@ def test_sweeps_and_their_repetitions():
 
 def test_the_merge_kernel_closer_look(run, fixture_path, monkeypatch):
     """02 --ncu looks at the merge kernel with ncu --set full: the --ncu-target child runs only the reference points
-    (fa2 b1 qo512 first), the first MergeState launch is profiled, read by common.ncu.look; a failed look is a note.
+    (fa2 b1 qo512 first), the first MergeState launch is profiled, read by common.judge.bounds.look; a failed look is a note.
     The ncu CSV is the real full-set fixture (its first row stands in for the merge kernel's)."""
     m02 = load_script("02_profile_prefill")
     a = m02.parse_args(["--quick", "--ncu-target", "--ncu-kind", "reference"])
@@ -269,7 +272,7 @@ def test_writes_are_undercounted_near_the_l2_size(fixture_path):
     """Why the fusion is measured at >= 8x L2: at 8192 x 4096 (one 67 MB tensor, about the L2) ncu counted 69% of
     RMSNormKernel's writes and 81% of FusedAddRMSNormKernel's (the dirty lines left in L2 at the kernel's end)."""
     m04 = load_script("04_profile_rmsnorm")
-    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    s = kernels.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
     rows = {k: r for k, r in zip(s["kernel"], s.to_dict("records"))}
     norm, fused = rows["RMSNormKernel"], rows["FusedAddRMSNormKernel"]
     assert norm["dram_read_mb"] * 1e6 == pytest.approx(8192 * 4096 * 2, rel=0.01)      # the reads are all there
@@ -281,12 +284,12 @@ def test_rmsnorm_is_memory_latency_bound_not_compute_bound(fixture_path, run):
     """SM SOL % (62) above DRAM SOL % (55) with long_scoreboard the top stall: it waits on memory. The old reading
     (DRAM % > SM %) refuted 'memory-bound'; bound() names it memory-latency-bound and says why."""
     m04 = load_script("04_profile_rmsnorm")
-    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    s = kernels.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
     norm = next(r for r in s.to_dict("records") if r["kernel"] == "RMSNormKernel")
-    assert norm["sm_pct"] > norm["dram_sol_pct"] and ncu.top_stall(norm) == "long_scoreboard"
+    assert norm["sm_pct"] > norm["dram_sol_pct"] and bounds.top_stall(norm) == "long_scoreboard"
     assert not norm["dram_sol_pct"] > norm["sm_pct"]                 # what the old rule read: 'refuted'
-    assert m04.memory_bound(norm) and ncu.bound(norm) == "memory-latency-bound"
-    assert run.fact(m04.H["bound"], [m04.memory_bound(norm)], ncu.bound_why(norm)) == "confirmed"
+    assert m04.memory_bound(norm) and bounds.bound(norm) == "memory-latency-bound"
+    assert run.fact(m04.H["bound"], [m04.memory_bound(norm)], bounds.bound_why(norm)) == "confirmed"
     assert "L1TEX" in run.summary["observations"][-1]["observed"]      # the stall's meaning is in the record
 
 
@@ -294,7 +297,7 @@ def test_rmsnorm_at_8192_tokens_is_no_dram_rate_and_a_verdict_on_it_says_why(fix
     """Three real RMSNormKernel calls at 8192 x 4096 (H200). The old reading divided their formula bytes by the time
     and called it 68-72% of a DRAM ceiling, refuting the plan's 75-95%; but x and y (134 MB) are barely twice the
     60 MB L2. Through 04's own work() and rates() they are effective bandwidth only (~3 TB/s, no %), and H["bw"]
-    judged on them is inconclusive, saying why (the guard: common.timing.eff_premise)."""
+    judged on them is inconclusive, saying why (the guard: common.capture.timing.eff_premise)."""
     m04 = load_script("04_profile_rmsnorm")
     k = trace.kernels(trace.read_chrome_trace(fixture_path("torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json")))
     us = list(k[k["short"] == "RMSNormKernel"]["dur_us"])

@@ -1,9 +1,10 @@
-"""common.flops: the napkin math of every kernel class, checked against brute force and real runs."""
+"""common.tables.flops: the napkin math of every kernel class, checked against brute force and real runs."""
 import json
 
 import pytest
 
-from common import flops, models, ncu
+from common.capture import models, ncu  # noqa: E402
+from common.tables import flops, kernels  # noqa: E402
 
 PROBE = "flashinfer_probe_results_h200.jsonl"          # FlashInfer probe on one H200 (tests/fixtures/README.md)
 NCU_FULL = "ncu_raw_fullset_flashinfer_5kernels_h200.csv"
@@ -48,7 +49,7 @@ def test_decode_bytes_reproduce_the_h200_probe(fixture_path):
 
 
 def test_formulas_against_what_ncu_read_from_dram(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
+    s = kernels.summarize(ncu.read_raw(fixture_path(NCU_FULL)))
     rows = {k: r for k, r in zip(s["kernel"], s.to_dict("records"))}
     read = flops.decode_bytes([4096] * 32, 32, 8, 128) - 32 * 32 * 128 * 2
     assert rows["BatchDecodeWithPagedKVCacheKernel"]["dram_read_mb"] * 1e6 == pytest.approx(read, rel=0.01)

@@ -1,4 +1,4 @@
-"""common.kernels, the declared kernel table, on real Nsight Compute output.
+"""common.tables.kernels, the declared kernel table, on real Nsight Compute output.
 
 tests/fixtures/ncu_raw_l2_resident_vs_dram_h100_cache-{none,all}.csv: the same probe run twice on a fresh H100
 (2026-11-25) under ncu, with the caches as the application left them (none) and flushed before each pass (all):
@@ -10,7 +10,10 @@ import re
 
 import pytest
 
-from common import kernels, ncu, story
+from common.base import story  # noqa: E402
+from common.capture import ncu  # noqa: E402
+from common.tables import kernels  # noqa: E402
+from common.judge import bounds  # noqa: E402
 
 H100 = {"dram_tb_s": 3.30, "dram_read_tb_s": 3.16, "dram_write_tb_s": 3.30, "dram_copy_tb_s": 3.02,
         "dram_mixed_tb_s": 3.08, "l2_mb": 50.0, "bf16_tflops": 804.0}
@@ -19,16 +22,16 @@ H100 = {"dram_tb_s": 3.30, "dram_read_tb_s": 3.16, "dram_write_tb_s": 3.30, "dra
 
 
 def _rows(fixture_path, cc):
-    s = ncu.summarize(ncu.read_raw(fixture_path(f"ncu_raw_l2_resident_vs_dram_h100_cache-{cc}.csv")), peaks=H100)
+    s = kernels.summarize(ncu.read_raw(fixture_path(f"ncu_raw_l2_resident_vs_dram_h100_cache-{cc}.csv")), peaks=H100)
     return [r for r in s.to_dict("records") if r["kernel"] != ncu.MARKER_KERNEL]
 
 
 def test_every_declared_counter_is_a_column_of_the_summary(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_l2_resident_vs_dram_h100_cache-none.csv")), peaks=H100)
+    s = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_l2_resident_vs_dram_h100_cache-none.csv")), peaks=H100)
     assert kernels.names("counters") == [c for c in s.columns if c in kernels.names("counters")]
     assert {"gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_sector_hit_rate.pct",
-            "launch__registers_per_thread", "launch__shared_mem_per_block"} <= set(ncu.SUMMARY_METRICS)
-    assert len(set(ncu.SUMMARY_METRICS)) == len(ncu.SUMMARY_METRICS)
+            "launch__registers_per_thread", "launch__shared_mem_per_block"} <= set(kernels.SUMMARY_METRICS)
+    assert len(set(kernels.SUMMARY_METRICS)) == len(kernels.SUMMARY_METRICS)
     for c in kernels.COLUMNS.values():
         assert c.doc and c.group in kernels.GROUPS, c.name
 
@@ -74,7 +77,7 @@ def test_stalls_on_a_saturated_pipe_are_not_called_a_bottleneck():
     assert "saturated DRAM" in kernels.stall_note({"top_stalls": "long_scoreboard 93%", "dram_pct": 89.0})
     assert "latency" in kernels.stall_note({"top_stalls": "long_scoreboard 45%", "dram_pct": 21.0})
     assert kernels.stall_note({"top_stalls": "gmma 40%", "tensor_pct": 20.0}) == ""
-    assert ncu.bound_why({"top_stalls": "gmma 40%, wait 20%", "tensor_pct": 88.0, "dram_sol_pct": 10.0,
+    assert bounds.bound_why({"top_stalls": "gmma 40%, wait 20%", "tensor_pct": 88.0, "dram_sol_pct": 10.0,
                           "sm_pct": 80.0}).endswith("not a bottleneck")
 
 
@@ -99,7 +102,7 @@ def test_l2_hit_rate_out_of_range_is_no_rate(fixture_path):
     small kernels. Such a value is no hit rate: the table leaves it empty and a kernel line does not print it."""
     h200 = {"dram_tb_s": 4.70, "dram_read_tb_s": 4.60, "dram_write_tb_s": 4.70, "dram_copy_tb_s": 4.28,
             "dram_mixed_tb_s": 4.41, "l2_mb": 60.0, "bf16_tflops": 800.0}   # that run's ceilings (its log)
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_l2_hit_out_of_range_h200_sglang08.csv")), peaks=h200)
+    s = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_l2_hit_out_of_range_h200_sglang08.csv")), peaks=h200)
     assert len(s) == 4
     assert s["l2_hit_pct"].isna().sum() == 2 and s["l2_hit_pct"].dropna().between(0, 100).all()
     bad = {**s.iloc[0].to_dict(), "l2_hit_pct": 351.71}             # a recorded row from before the check
@@ -108,13 +111,13 @@ def test_l2_hit_rate_out_of_range_is_no_rate(fixture_path):
 
 
 def test_one_new_ncu_metric_reaches_every_kernel_line_from_its_declaration(fixture_path):
-    """The L1 hit rate was added as one Col of common/kernels.py (its metric, its derivation, its words on a line):
+    """The L1 hit rate was added as one Col of common/tables/kernels.py (its metric, its derivation, its words on a line):
     ncu collects it (SUMMARY_METRICS), summarize derives it and every kernel line prints it. Real --set full rows of
     five FlashInfer kernels on an H200 (ncu_raw_fullset_flashinfer_5kernels_h200.csv)."""
     h200 = {"dram_tb_s": 4.70, "dram_read_tb_s": 4.60, "dram_write_tb_s": 4.70, "dram_copy_tb_s": 4.28,
             "dram_mixed_tb_s": 4.41, "l2_mb": 60.0, "bf16_tflops": 800.0}
-    assert "l1tex__t_sector_hit_rate.pct" in ncu.SUMMARY_METRICS
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks=h200)
+    assert "l1tex__t_sector_hit_rate.pct" in kernels.SUMMARY_METRICS
+    s = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks=h200)
     rms = s[s["kernel"] == "RMSNormKernel"].iloc[0].to_dict()
     assert rms["l1_hit_pct"] == pytest.approx(47.0)
     first = kernels.node(rms)[1][0][0]

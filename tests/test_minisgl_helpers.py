@@ -10,8 +10,8 @@ Fixtures (real tool output, H200):
       160th kernel, the GPU events with those correlation ids (CUDA-graph replays share one),
       the two user_annotation ranges and the metadata rows; events themselves unchanged.
   ncu_raw_fullset_flashinfer_5kernels_h200.csv  shared; see fixtures/README.md
-The byte and FLOP formulas the scripts use live in common/flops.py (tests/test_flops.py); the range -> kernel
-join and the layer assignment in common/trace.py (tests/test_trace.py).
+The byte and FLOP formulas the scripts use live in common/tables/flops.py (tests/test_flops.py); the range -> kernel
+join and the layer assignment in common/tables/trace.py (tests/test_trace.py).
 """
 import math
 import sys
@@ -24,9 +24,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mini-sglang" / "scripts"))
 import _msgl as m  # noqa: E402
-from common import timing, trace  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import Hypothesis  # noqa: E402
+from common.capture import timing  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import Hypothesis  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 MATMUL_TRACE = FIX / "torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json"
@@ -96,7 +97,7 @@ def test_vocab_shard_covers_the_vocab_exactly():
 
 
 def test_ncu_coalescing_on_a_real_full_set_csv():
-    from common.ncu import read_raw
+    from common.capture.ncu import read_raw
     df = read_raw(FIX / "ncu_raw_fullset_flashinfer_5kernels_h200.csv")
     norm = [r for r in df.to_dict("records") if "RMSNormKernel" in r["Kernel Name"]]
     assert len(norm) == 2
@@ -107,7 +108,7 @@ def test_ncu_coalescing_on_a_real_full_set_csv():
 
 # ------------------------------------------------------------------ traces: the common join, calls inside ranges
 def test_launches_per_aten_op_through_the_common_join():
-    """What 01/03 read from their traces: kernels per call with grid x block, via common.trace.kernels_in_ranges."""
+    """What 01/03 read from their traces: kernels per call with grid x block, via common.tables.trace.kernels_in_ranges."""
     j = trace.kernels_in_ranges(trace.read_chrome_trace(MATMUL_TRACE), r"^aten::mm$", kinds=("cpu_op",),
                                 empty_rows=False)
     assert len(j) == 6 and sorted(set(j["range_index"])) == [0, 1, 2]

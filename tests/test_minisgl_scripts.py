@@ -10,7 +10,7 @@ Recorded values used (real runs; no made-up numbers):
       copy ceiling 4.25 TB/s that every % of the older runs divided by (one DRAM figure: a record from before the
       kinds were measured apart); the ceilings of the latest committed run (environment.md, peaks table): DRAM read
       4.68 TB/s (triton read), write 4.70 (torch fill_), copy 4.24 (torch copy_), bf16 792 TFLOP/s, L2 60 MB, no
-      "mixed" probe (it falls back to the fastest, as common.ceilings.as_peaks does); 04's fi decode b32 x kv4096 at
+      "mixed" probe (it falls back to the fastest, as common.capture.ceilings.as_peaks does); 04's fi decode b32 x kv4096 at
       123.9 us (4.34 TB/s, "102% of measured copy ... confirmed"); 03's store at 65536 tokens, 2048-B rows: 99%
       sequential, 94% random of 4.25 TB/s, one store_kv_cache launch per call, two for torch index_put; 01's 18/18
       radix cases; 06's (now 08's) eager steps table of one generate (Llama-3.1-8B, batch 1: GPU ms and the GPU gap
@@ -37,8 +37,10 @@ SCRIPTS = ROOT / "mini-sglang" / "scripts"
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(SCRIPTS))
 import _msgl  # noqa: E402
-from common import flops, models, timing, trace, verdicts  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.capture import models, timing  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import verdicts  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 PY = sorted(p for p in SCRIPTS.glob("[0-9][0-9]_*.py"))
 SH = sorted(SCRIPTS.glob("*.sh"))
@@ -99,7 +101,7 @@ def test_shell_help(script):
 
 def test_ncu_wrapper_is_thin_and_hands_over_to_common_ncu():
     text = (SCRIPTS / "ncu_profile.sh").read_text()
-    assert len(text.splitlines()) <= 40 and "-m common.ncu profile" in text
+    assert len(text.splitlines()) <= 40 and "-m common ncu profile" in text
     p = subprocess.run(["bash", str(SCRIPTS / "ncu_profile.sh"), "--kernel", "index", "--count", "two", "--", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith("argument --count: invalid int value: 'two'")
@@ -140,7 +142,7 @@ def test_bad_values_are_one_argparse_line_before_any_gpu_work(script, args, line
 
 
 def test_tp_larger_than_the_gpus_is_refused_before_any_rank_starts():
-    """--tp is checked with common.cli.check_gpus_for (NVML / nvidia-smi, no torch): this CPU box has no GPU."""
+    """--tp is checked with common.run.cli.check_gpus_for (NVML / nvidia-smi, no torch): this CPU box has no GPU."""
     p = subprocess.run([sys.executable, str(SCRIPTS / "05_profile_comm.py"), "--tp", "2"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "Traceback" not in p.stderr
@@ -178,14 +180,14 @@ def test_generic_jobs_come_from_common():
     for p in PY + [SCRIPTS / "_msgl.py"]:
         text = p.read_text()
         assert "launches_by_range" not in text and "apply_nccl_safe_env" not in text and "def free_port" not in text
-        assert "from torch.profiler import" not in text                 # captures go through common.trace
+        assert "from torch.profiler import" not in text                 # captures go through common.tables.trace
         assert not re.search(r"def (index|store)_bytes|def bus_bandwidth|def kernel_period|def load_events", text)
 
 
 # ------------------------------------------------------------------ verdicts that hold (issue 16, item 2)
 def _decode_cmp(tc_us, cuda_us, pk=MSGL_H200):
     """compare.csv rows of fi / fi tc=off at decode b32 x kv4096 from real kernel times (us), through 04's own work()
-    and common.timing.rates as its measure() writes them (``pk``: the ceilings divided by)."""
+    and common.capture.timing.rates as its measure() writes them (``pk``: the ceilings divided by)."""
     import pandas as pd
     m04 = load("04_profile_attention")
     q, kv = [1] * 32, [4096] * 32
@@ -408,7 +410,8 @@ def test_08_analysis_end_to_end_with_counters(tmp_path):
     class of a layer, the Perfetto trace, the figures."""
     import gzip
 
-    from common import ncu, plots
+    from common.capture import ncu
+    from common.render import plots
     m08 = load("08_forward_timeline")
     tr = json.loads(gzip.open(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", "rt").read())
     names = {"step[EXTEND bs=1 toks=512]": "step[prefill bs=1 pad=1 tokens=512]",
@@ -416,7 +419,7 @@ def test_08_analysis_end_to_end_with_counters(tmp_path):
     for e in tr["traceEvents"]:
         e["name"] = names.get(e.get("name"), e.get("name"))
     (tmp_path / "trace_graph.json").write_text(json.dumps(tr))
-    rows = ncu.summarize(ncu.read_raw(gzip.open(FIX / "sglang_story_ncu_graph_nodes_2layers_h200.csv.gz", "rt").read()))
+    rows = kernels.summarize(ncu.read_raw(gzip.open(FIX / "sglang_story_ncu_graph_nodes_2layers_h200.csv.gz", "rt").read()))
     data = {"traced": {"graph": {"path": tmp_path / "trace_graph.json", "work": [
         {"tokens": 512, "qo_lens": [512], "kv_lens": [512]}, {"tokens": 1, "qo_lens": [1], "kv_lens": [513]}]}},
         "steps": [], "prefix": []}

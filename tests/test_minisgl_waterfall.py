@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common import waterfall
+from common.tables import waterfall
 
 import kit  # tests/kit.py
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common import ceilings, checks, gpu, models, probes, timing
+from common.base import checks
+from common.capture import ceilings, gpu, models, probes, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,8 +96,8 @@ def test_timing_statistics_and_rates():
 
 
 def test_timing_quantile_is_the_one_in_stats():
-    """Timing uses common.stats.quantile (one percentile function in the workbook)."""
-    from common import stats
+    """Timing uses common.base.stats.quantile (one percentile function in the workbook)."""
+    from common.base import stats
     samples = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0]
     t = timing.Timing(samples_ms=samples, method="events", cold_l2=False)
     for q in (0.0, 0.1, 0.5, 0.9, 1.0):
@@ -309,15 +310,15 @@ def test_gemm_sweep_shapes():
 
 
 def test_ceilings_cli_show_needs_no_torch(tmp_path):
-    """`python -m common.ceilings show` and `python3 common/ceilings.py --help` run without torch or a GPU."""
+    """`python -m common ceilings show` and `python -m common ceilings --help` run without torch or a GPU."""
     env = {**os.environ, "HANDS_ON_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     (tmp_path / "ceilings").mkdir()
     (tmp_path / "ceilings" / f"{H200['uuid']}.json").write_text(json.dumps(_fake_set()))
-    out = subprocess.run([sys.executable, "-m", "common.ceilings", "show"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "common", "ceilings", "show"], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "NVIDIA H200" in out.stdout and "triton write" in out.stdout and "781" in out.stdout
-    h = subprocess.run([sys.executable, str(ROOT / "common" / "ceilings.py"), "--help"], cwd=tmp_path,
+    h = subprocess.run([sys.executable, "-m", "common", "ceilings", "--help"], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert h.returncode == 0 and "measure" in h.stdout, h.stderr
 
@@ -328,9 +329,9 @@ def test_cpu_timer():
 
 
 def test_common_imports_no_gpu_package():
-    code = ("import sys; import common.timing, common.gpu, common.ceilings, common.probes, common.clocks, "
-            "common.ncu, common.trace, common.results, "
-            "common.report, common.models, common.story, common.ranges, common.plots, common.nsys, common.checks; "
+    code = ("import sys; import common.capture.timing, common.capture.gpu, common.capture.ceilings, common.capture.probes, common.capture.clocks, "
+            "common.capture.ncu, common.tables.trace, common.run.results, "
+            "common.render.report, common.capture.models, common.base.story, common.capture.ranges, common.render.plots, common.capture.nsys, common.base.checks; "
             "print(sorted(m for m in ('torch', 'flashinfer', 'sglang', 'minisgl') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -338,7 +339,7 @@ def test_common_imports_no_gpu_package():
 
 def test_setup_errors_are_one_line(tmp_path):
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from common.checks import require_module, run_main\n"
+            "from common.base.checks import require_module, run_main\n"
             "def main(argv=None):\n    require_module('no_such_pkg_xyz', 'pip install no-such-pkg')\n"
             "run_main(main)\n") % str(ROOT)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -348,7 +349,7 @@ def test_setup_errors_are_one_line(tmp_path):
 
 def test_ncu_permission_error_is_a_setup_error(tmp_path, monkeypatch):
     """A fake ncu that prints NVIDIA's permission error: the workbook says how to fix it."""
-    from common import ncu
+    from common.capture import ncu
     fake = tmp_path / "ncu"
     fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access "
                     "NVIDIA GPU Performance Counters on the target device 0.'\nexit 1\n")
@@ -382,25 +383,25 @@ def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch
                         _fake_set()["bf16"])
     monkeypatch.setattr(probes, "measure_nvlink", lambda n, q, log: ran.append(("nvlink", n)) or
                         {"busbw_gb_s": 361.5, "gpus": n, "best_bytes": 1 << 30, "sizes": [], "method": "m"})
-    c = ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
+    c = probes.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert ran == [("dram", True), ("gemm", True)] and c["mode"] == "quick" and c["uuid"] == H200["uuid"]
     assert c["version"] == ceilings.CEILINGS_VERSION and c["datasheet"]["model"] == "H200 SXM"
     assert ceilings.load_ceilings(0) == c
-    assert ceilings.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
-    full = ceilings.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
+    assert probes.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
+    full = probes.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
     assert ran[2:] == [("dram", False), ("gemm", False)] and full["mode"] == "full"
-    assert ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
+    assert probes.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
     n_gpus["n"] = 2
     _two_gpus(monkeypatch)
-    with_nv = ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
+    with_nv = probes.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert ran[4:] == [("nvlink", 2)] and with_nv["nvlink"]["busbw_gb_s"] == 361.5 and with_nv["mode"] == "full"
-    ceilings.measure_ceilings(0, quick=True, log=lambda *a: None)
+    probes.measure_ceilings(0, quick=True, log=lambda *a: None)
     assert len(ran) == 5                                                                        # cached now
-    ceilings.measure_ceilings(0, quick=True, refresh=True, nvlink=False, log=lambda *a: None)
+    probes.measure_ceilings(0, quick=True, refresh=True, nvlink=False, log=lambda *a: None)
     assert ran[5:] == [("dram", True), ("gemm", True)]
     # the CLI: measure (from the cache here) and print the table; --json-out gets the same set
     out = fake_gpus / "out.json"
-    assert ceilings.main(["measure", "--quick", "--no-nvlink", "--json-out", str(out)]) == 0
+    assert probes.ceilings_main(["measure", "--quick", "--no-nvlink", "--json-out", str(out)]) == 0
     assert json.loads(out.read_text())["uuid"] == H200["uuid"]
     printed = capsys.readouterr().out
     assert "DRAM read" in printed and "DRAM copy" in printed and "methods:" in printed and "TB/s" in printed
@@ -431,7 +432,7 @@ def test_measuring_child_runs_without_a_profilers_injection():
 def test_peaks_measures_in_a_child_process_that_reports_failure(fake_gpus, monkeypatch):
     """No cache and no GPU for the child (CUDA_VISIBLE_DEVICES=""; on a CPU box torch is missing too): the
     child stops with a one-line setup error (exit 2), raised here as a SetupError with that line."""
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(SetupError, match=r"\(while measuring this GPU's ceilings; log .*measure-.*\.log\)$"):
         ceilings.peaks(0)
@@ -466,9 +467,9 @@ def test_the_l2_size_is_mib_when_a_working_set_is_compared_with_it():
     """l2_mb is what CUDA reports, in MiB (60 on an H200 = 62.9e6 bytes). A working set of 245e6 bytes is above
     4 x 60e6 but below 4 x 60 MiB (251.7e6): still partly servable from L2, so no DRAM % (it was one when the
     size was read as 1e6-byte MB)."""
-    from common import kernels, timing
+    from common.capture import timing
     pk = {"dram_tb_s": 4.7, "dram_read_tb_s": 4.6, "dram_copy_tb_s": 4.28, "l2_mb": 60.0}
-    assert kernels.l2_bytes(pk) == 60 * 2**20 and kernels.l2_bytes({}) is None
+    assert ceilings.l2_bytes(pk) == 60 * 2**20 and ceilings.l2_bytes({}) is None
     near = timing.rates(0.1, bytes=245e6, peaks=pk, mix="read")
     assert math.isnan(near["eff_pct"]) and "MiB" in near["eff_pct_why"]
     far = timing.rates(0.1, bytes=260e6, peaks=pk, mix="read")

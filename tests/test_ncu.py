@@ -1,9 +1,11 @@
-"""common.ncu against real Nsight Compute output captured on an H200 (tests/fixtures/README.md)."""
+"""common.capture.ncu against real Nsight Compute output captured on an H200 (tests/fixtures/README.md)."""
 import math
 
 import pytest
 
-from common import ncu
+from common.capture import ncu  # noqa: E402
+from common.tables import kernels  # noqa: E402
+from common.judge import bounds  # noqa: E402
 
 
 def test_raw_page_kernels_units_and_separators(fixture_path):
@@ -19,7 +21,7 @@ def test_raw_page_kernels_units_and_separators(fixture_path):
 
 
 def test_summary_time_bytes_and_bandwidth(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")),
+    s = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")),
                       peaks={"dram_tb_s": 4.0, "dram_read_tb_s": 3.9, "dram_copy_tb_s": 3.6})
     dec = s.iloc[0]
     assert dec["ncu_time_us"] == pytest.approx(200.512)                  # "200,512" ns
@@ -34,8 +36,8 @@ def test_summary_time_bytes_and_bandwidth(fixture_path):
 
 def test_default_clock_control_slows_the_same_kernels(fixture_path):
     """Why the workbook passes --clock-control none: base clocks read slower than real runs."""
-    base = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-base.csv")))
-    none = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")))
+    base = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-base.csv")))
+    none = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv")))
     assert list(base["kernel"]) == list(none["kernel"])
     assert (base["ncu_time_us"] > none["ncu_time_us"]).all()
     assert base["ncu_time_us"].iloc[0] > 1.2 * none["ncu_time_us"].iloc[0]      # decode: 254 vs 200.5 us
@@ -44,7 +46,7 @@ def test_default_clock_control_slows_the_same_kernels(fixture_path):
 def test_full_set_summary_has_hardware_story(fixture_path):
     df = ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv"))
     assert df.shape == (5, 2238)
-    s = ncu.summarize(df)
+    s = kernels.summarize(df)
     by = {r["kernel"]: r for r in s.to_dict("records")}
     prefill, decode = by["BatchPrefillWithPagedKVCacheKernel"], by["BatchDecodeWithPagedKVCacheKernel"]
     assert prefill["tensor_pct"] > 30 > decode["tensor_pct"]          # FA2 prefill uses the tensor pipe
@@ -56,7 +58,7 @@ def test_full_set_summary_has_hardware_story(fixture_path):
         shares = [v for k, v in r.items() if k.startswith("stall_") and not (isinstance(v, float) and math.isnan(v))]
         assert sum(shares) == pytest.approx(100.0)
         assert r["top_stalls"].count("%") == 3
-    assert ncu.bound(by["FusedAddRMSNormKernel"]) == "memory-bound"
+    assert bounds.bound(by["FusedAddRMSNormKernel"]) == "memory-bound"
 
 
 def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
@@ -80,7 +82,7 @@ def test_csv_parser_agrees_with_nvidias_report_reader(fixture_path):
         assert got == pytest.approx(ref, abs=tol), col
         compared += 1
     assert compared >= 50
-    assert ncu.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(
+    assert kernels.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(
         action.metric_by_name("gpu__time_duration.sum").as_double() / 1e3)
 
 
@@ -89,7 +91,7 @@ def test_summary_metrics_exist_on_hopper(fixture_path):
     import csv
     known = set(fixture_path("ncu_metric_names_gh100_h200.txt").read_text().split())
     header = set(next(csv.reader(open(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")))))
-    for m in ncu.SUMMARY_METRICS:
+    for m in kernels.SUMMARY_METRICS:
         assert m in header or m.split(".")[0] in known, m
 
 
@@ -120,14 +122,14 @@ def test_unexpected_unit_is_rejected(fixture_path):
     df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
     df.attrs["units"]["gpu__time_duration.sum"] = "furlong"
     with pytest.raises(ncu.NcuParseError, match="unexpected unit"):
-        ncu.summarize(df)
+        kernels.summarize(df)
 
 
 def test_usecond_units_are_converted(fixture_path):
     df = ncu.read_raw(fixture_path("ncu_raw_flashinfer_decode-prefill-rmsnorm_h200_clock-none.csv"))
     df["gpu__time_duration.sum"] = df["gpu__time_duration.sum"] / 1e3
     df.attrs["units"]["gpu__time_duration.sum"] = "usecond"
-    assert ncu.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(200.512)
+    assert kernels.summarize(df)["ncu_time_us"].iloc[0] == pytest.approx(200.512)
 
 
 def test_marker_points_split_launches(fixture_path):
@@ -139,13 +141,14 @@ def test_marker_points_split_launches(fixture_path):
     parts = [mark, df.iloc[[0, 1]], mark, df.iloc[[2]], mark, df.iloc[[3]]]
     glued = pd.concat(parts, ignore_index=True)
     glued.attrs = df.attrs
-    s = ncu.summarize(ncu.split_points(glued))
+    s = kernels.summarize(kernels.split_points(glued))
     assert list(s["point"]) == [0, 0, 1, 2]
     assert "spin_kernel" not in set(s["kernel"])
 
 
 def test_build_cmd_flags():
-    cmd = ncu.build_cmd(["python", "x.py"], log_file="l.txt", kernel="Decode", launch_skip=2, launch_count=3)
+    cmd = ncu.build_cmd(["python", "x.py"], log_file="l.txt", kernel="Decode", launch_skip=2, launch_count=3,
+                        metrics=kernels.SUMMARY_METRICS)
     assert cmd[-2:] == ["python", "x.py"]
     assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--kernel-name") + 1] == "regex:Decode"
@@ -168,7 +171,7 @@ def test_read_log_keeps_only_csv_lines(fixture_path, tmp_path):
 
 
 def test_read_log_errors_are_one_line_and_named(fixture_path, tmp_path):
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     with pytest.raises(ncu.NcuError, match="profiled no kernel"):
         ncu.read_log(fixture_path("bad_ncu_log_no_kernels.txt"))
     perm = tmp_path / "perm.txt"
@@ -180,40 +183,40 @@ def test_read_log_errors_are_one_line_and_named(fixture_path, tmp_path):
 def test_a_missing_time_metric_is_named(fixture_path):
     df = ncu.read_raw(fixture_path(FULL)).drop(columns=["gpu__time_duration.sum"])
     with pytest.raises(ncu.NcuParseError, match="gpu__time_duration.sum"):
-        ncu.summarize(df)
+        kernels.summarize(df)
     df = ncu.read_raw(fixture_path(FULL)).drop(columns=["dram__bytes_write.sum"])
-    assert ncu.summarize(df).attrs["missing_metrics"] == ["dram__bytes_write.sum"]
+    assert kernels.summarize(df).attrs["missing_metrics"] == ["dram__bytes_write.sum"]
 
 
 def test_bound_reads_the_stalls_not_only_sm_vs_dram(fixture_path):
-    rows = {r["kernel"]: r for r in ncu.summarize(ncu.read_raw(fixture_path(FULL))).to_dict("records")}
+    rows = {r["kernel"]: r for r in kernels.summarize(ncu.read_raw(fixture_path(FULL))).to_dict("records")}
     norm = rows["RMSNormKernel"]
     # SM 62% > DRAM 55% (ncu's speed-of-light figures), but the warps wait on memory: not compute-bound
-    assert norm["sm_pct"] > norm["dram_sol_pct"] and ncu.top_stall(norm) == "long_scoreboard"
-    assert ncu.bound(norm) == "memory-latency-bound"
-    assert "long_scoreboard" in ncu.bound_why(norm) and "global/local memory load" in ncu.bound_why(norm)
-    assert ncu.bound(rows["BatchPrefillWithPagedKVCacheKernel"]) == "compute-bound (tensor cores)"
-    assert ncu.bound(rows["FusedAddRMSNormKernel"]) == "memory-bound"
-    assert "FIXED-latency" not in ncu.STALL_MEANING["wait"] and "fixed-latency" in ncu.STALL_MEANING["wait"]
-    assert set(ncu.STALL_MEANING) >= set(ncu.STALL_REASONS) - {"selected"}
+    assert norm["sm_pct"] > norm["dram_sol_pct"] and bounds.top_stall(norm) == "long_scoreboard"
+    assert bounds.bound(norm) == "memory-latency-bound"
+    assert "long_scoreboard" in bounds.bound_why(norm) and "global/local memory load" in bounds.bound_why(norm)
+    assert bounds.bound(rows["BatchPrefillWithPagedKVCacheKernel"]) == "compute-bound (tensor cores)"
+    assert bounds.bound(rows["FusedAddRMSNormKernel"]) == "memory-bound"
+    assert "FIXED-latency" not in bounds.STALL_MEANING["wait"] and "fixed-latency" in bounds.STALL_MEANING["wait"]
+    assert set(bounds.STALL_MEANING) >= set(kernels.STALL_REASONS) - {"selected"}
 
 
 def test_a_closer_look_at_one_kernel_from_the_full_set(fixture_path):
-    """ncu.look on the full-set row of FlashInfer's decode kernel (H200): under one wave (1,024 CTAs, 0.97 waves),
+    """bounds.look on the full-set row of FlashInfer's decode kernel (H200): under one wave (1,024 CTAs, 0.97 waves),
     issue slots 77% busy, the ALU the busiest pipe, long_scoreboard-free stalls named with their meaning."""
     df = ncu.read_raw(fixture_path(FULL))
-    s = ncu.summarize(df).iloc[0].to_dict()
-    lines = ncu.look(df.iloc[0].to_dict(), s)
+    s = kernels.summarize(df).iloc[0].to_dict()
+    lines = bounds.look(df.iloc[0].to_dict(), s)
     assert lines[0].startswith("launch: 1,024 CTAs for 132 SMs, 0.97 waves") and "less than one wave" in lines[0]
     assert "77% of the active cycles" in lines[1] and "busy" in lines[1]
     assert lines[2].startswith("pipes (% of peak while active): alu 59%, lsu 36%, fma 34%")
     assert lines[3].startswith("instructions: 147,730,016 warp instructions") and "per DRAM byte" in lines[3]
-    assert lines[4].startswith("stalls: ") and ncu.top_stall(s) in lines[4]
-    assert ncu.look({"launch__grid_size": "n/a"}) == []                  # nothing to say: nothing said
+    assert lines[4].startswith("stalls: ") and bounds.top_stall(s) in lines[4]
+    assert bounds.look({"launch__grid_size": "n/a"}) == []                  # nothing to say: nothing said
 
 
 def test_a_long_profile_says_every_minute_how_far_it_is(tmp_path, monkeypatch, fixture_path):
-    """ncu.profile waits with a heartbeat (common.procs.Group.wait): while ncu runs it prints the application's
+    """ncu.profile waits with a heartbeat (common.capture.procs.Group.wait): while ncu runs it prints the application's
     last line (the ncu targets print one per point) and, where ncu's --log-file has them, how many kernel launches
     ncu has profiled. In CSV mode it has none until the application ends (the real H100 log): the line says so
     instead of "0 profiled", which read as a stall before the first kernel on the H100 run where FlashInfer 03's
@@ -293,7 +296,7 @@ def test_other_step_launches_against_the_largest_or_the_expected_bytes():
     relative to the largest launch, or to the expected bytes when given (a window of short steps only is all
     'other', never the batch)."""
     reads = {0: 16.846592, 1: 16.846848, 2: 539.1872, 3: 539.187712}
-    assert ncu.other_step_launches(reads) == {0, 1}
-    assert ncu.other_step_launches({k: v * 1e6 for k, v in reads.items()}, expected=32 * 4096 * 8 * 128 * 2 * 2) == {0, 1}
-    assert ncu.other_step_launches({0: 16.8e6, 1: 16.8e6}, expected=537e6) == {0, 1}
-    assert ncu.other_step_launches({0: 16.8, 1: 16.8}) == set() and ncu.other_step_launches({}) == set()
+    assert kernels.other_step_launches(reads) == {0, 1}
+    assert kernels.other_step_launches({k: v * 1e6 for k, v in reads.items()}, expected=32 * 4096 * 8 * 128 * 2 * 2) == {0, 1}
+    assert kernels.other_step_launches({0: 16.8e6, 1: 16.8e6}, expected=537e6) == {0, 1}
+    assert kernels.other_step_launches({0: 16.8, 1: 16.8}) == set() and kernels.other_step_launches({}) == set()

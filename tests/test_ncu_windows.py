@@ -12,6 +12,7 @@ import pytest
 
 from tests import kit
 from tests.test_timeline import H200, kt, ncu_rows  # noqa: F401  (fixtures)
+from common.tables import kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 P = {"prompt": 512, "batch": 32}
@@ -41,7 +42,7 @@ def test_windows_stand_for_steps_of_their_own_path(s08, kt):
 
 
 def test_an_untraced_window_keeps_its_place_and_gets_its_rows(kt, ncu_rows):
-    from common import timeline
+    from common.tables import timeline
     wins = [{"name": "prefill_b1", "step": 0, "match": {"mode": "EXTEND", "bs": 1}},
             {"name": "decode_b1", "step": 1, "match": {"mode": "DECODE", "bs": 1}},
             {"name": "decode_b32", "step": None}]
@@ -56,7 +57,7 @@ def test_an_untraced_window_keeps_its_place_and_gets_its_rows(kt, ncu_rows):
 
 
 def test_cold_attention_is_the_cold_windows_second_layer(s08, kt, ncu_rows):
-    from common import timeline, trace
+    from common.tables import timeline, trace
     wins = [{"name": "prefill-cold_b1", "step": None},
             {"name": "decode_b1", "step": 1, "match": {"mode": "DECODE", "bs": 1}}]
     _j, info = timeline.attach_counters(kt, ncu_rows, wins, H200)
@@ -75,17 +76,17 @@ def run_h200():
     import gzip
 
     import pandas as pd
-    from common import ncu
+    from common.capture import ncu
     fx = ROOT / "tests" / "fixtures"
     kt = pd.read_csv(fx / "sglang_08_kernels_steps_0_33_h200.csv.gz")
-    rows = ncu.summarize(ncu.read_raw(gzip.open(fx / "sglang_08_ncu_five_windows_h200.csv.gz", "rt").read()), peaks=H200)
+    rows = kernels.summarize(ncu.read_raw(gzip.open(fx / "sglang_08_ncu_five_windows_h200.csv.gz", "rt").read()), peaks=H200)
     return kt, rows
 
 
 def test_the_served_prefill_takes_its_own_window_on_the_real_run(s08, run_h200):
     """On this run one global alignment took 56 of the served prefill's 57 kernels from the cold window's rows
     (the cold window lacks only the paged and merge kernels). Window after window, it takes its own rows."""
-    from common import timeline
+    from common.tables import timeline
     kt, rows = run_h200
     names = ["prefill-cold_b1", "prefill_b1", "decode_b1", "prefill_b16", "decode_b32"]
     specs = s08.window_specs(kt, names, {"prompt": 512, "batch": 32})
@@ -106,7 +107,7 @@ def test_the_batch_prefill_is_not_half_taken_from_the_cold_window(run_h200):
     decode step at batch 32): one global alignment spread its prefill window over rows 1-113, the cold window's
     and its own. Window after window, it takes only its own rows."""
     import pandas as pd
-    from common import timeline
+    from common.tables import timeline
     _kt, rows = run_h200
     kt = pd.read_csv(ROOT / "tests" / "fixtures" / "sglang_08_batch_kernels_steps_0_36_h200.csv.gz")
     specs = [{"name": "prefill-cold_b1", "step": None},
@@ -130,8 +131,9 @@ def test_a_server_cut_to_one_layer_lends_every_layer_its_counters(kt):
     four windows: cold prefill, warm prefill, decode at batch 1 and 32), gzipped; the traced steps are the H200
     fixture's (same shapes, 132 SMs on both GPUs)."""
     import gzip
-    from common import ncu, timeline
-    rows = ncu.summarize(ncu.read_raw(gzip.open(ROOT / "tests" / "fixtures" / ONE_LAYER, "rt").read()), peaks=H200)
+    from common.capture import ncu
+    from common.tables import timeline
+    rows = kernels.summarize(ncu.read_raw(gzip.open(ROOT / "tests" / "fixtures" / ONE_LAYER, "rt").read()), peaks=H200)
     wins = [{"name": "prefill-cold_b1", "step": 0, "match": {"mode": "EXTEND", "bs": 1}},
             {"name": "prefill_b1", "step": None},
             {"name": "decode_b1", "step": 1, "match": {"mode": "DECODE", "bs": 1}},

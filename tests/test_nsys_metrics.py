@@ -1,5 +1,5 @@
-"""common.nsys.GpuMetrics: the GPU's own counters sampled over a served timeline (nsys --gpu-metrics-devices)."""
-from common import nsys
+"""common.capture.nsys.GpuMetrics: the GPU's own counters sampled over a served timeline (nsys --gpu-metrics-devices)."""
+from common.capture import nsys
 
 
 def test_without_nsys_nothing_is_sampled_and_it_says_why(tmp_path, monkeypatch):

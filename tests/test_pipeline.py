@@ -1,4 +1,4 @@
-"""The one pipeline runner (common/pipeline.py) and the JIT warm-up (common/jit.py), on a CPU machine.
+"""The one pipeline runner (common/run/pipeline.py) and the JIT warm-up (common/capture/jit.py), on a CPU machine.
 
 The runner is exercised on a fake system written into tmp_path (``--root``): a scripts/_steps.py and tiny
 step scripts that exit 0, print [skip], exit 2, exit 1 or sleep; a report stand-in whose bytes must not
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from common import jit, pipeline, procs
-from common.checks import SetupError
+from common.base.checks import SetupError
+from common.capture import jit, procs
+from common.run import pipeline, steps, warmup
 from kit import write_fake_system
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,13 +36,13 @@ def make_system(tmp_path: Path, steps: list[str]) -> Path:
 
 
 def run_pipeline(root: Path, *args, timeout: float = 120, env: dict | None = None):
-    return subprocess.run([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS, *args],
+    return subprocess.run([sys.executable, "-m", "common", "pipeline", "--root", str(root), "--system", SYS, *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
 def last_table(root: Path) -> list[dict]:
-    rows, _ = pipeline.previous_table(root, SYS)
+    rows, _ = steps.previous_table(root, SYS)
     return rows
 
 
@@ -134,7 +135,7 @@ def test_interrupt_stops_the_step_group_and_runs_nothing_after(tmp_path, sig):
     root = make_system(tmp_path, ['Step("first", "ok.py")', 'Step("long", "sleep.py")', 'Step("never", "marker.py")'])
     before = report_bytes(root)
     pids_file = root / SYS / "scripts" / "pids.txt"
-    p = subprocess.Popen([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS],
+    p = subprocess.Popen([sys.executable, "-m", "common", "pipeline", "--root", str(root), "--system", SYS],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids: list[int] = []
     try:
@@ -167,7 +168,7 @@ def test_only_rejects_an_unknown_step_in_one_line(tmp_path):
     out = run_pipeline(root, "--only", "a,zz")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "python -m common.pipeline: --only: unknown step 'zz'; the steps of fakesys: a, b"]
+        "python -m common pipeline: --only: unknown step 'zz'; the steps of fakesys: a, b"]
     assert not (root / SYS / "results").exists()
 
 
@@ -243,7 +244,7 @@ def test_a_warmup_setup_error_does_not_stop_the_steps(tmp_path):
     root = make_system(tmp_path, ['Step("a", "ok.py", jit=("fi:norm",))', 'Step("b", "ok.py", jit=("msgl:radix",))'])
     out = run_pipeline(root)
     assert out.returncode == 0, out.stdout + out.stderr                # the warm-up does not count
-    assert "python -m common.jit --system fakesys --modules fi:norm,msgl:radix" in out.stdout
+    assert "python -m common jit --system fakesys --modules fi:norm,msgl:radix" in out.stdout
     assert re.search(r"^\[1/3\] jit_warmup\s+setup-error \(exit 2\)", out.stdout, re.M)
     rows = last_table(root)
     assert [(r["step"], r["kind"], r["status"]) for r in rows] == [
@@ -277,56 +278,56 @@ def test_real_wrappers_help_and_dry_run(system):
 
 
 def _steps(system):
-    steps, notes = pipeline.load_steps(REPO, system)
-    return {s.name: s for s in steps}, notes
+    loaded, notes = steps.load_steps(REPO, system)
+    return {s.name: s for s in loaded}, notes
 
 
 def test_real_step_lists():
     fi, _ = _steps("flashinfer")
     assert list(fi)[:7] == ["00_check_env", "01_test_kernels", "02_profile_prefill", "03_profile_decode",
                             "04_profile_rmsnorm", "05_profile_rope", "07_jit_analysis"]
-    chosen, _ = pipeline.choose(fi.values(), "quick", True, False, None, 1)
+    chosen, _ = steps.choose(fi.values(), "quick", True, False, None, 1)
     names = [s.name for s, _ in chosen]
     assert {"ncu_decode", "ncu_prefill", "ncu_norm", "ncu_rope"} <= set(names) and "nsys_decode" not in names
     args = dict((s.name, a) for s, a in chosen)
     assert args["02_profile_prefill"] == ["--quick", "--ncu"] and "--count" in args["ncu_decode"]
-    full = dict((s.name, a) for s, a in pipeline.choose(fi.values(), "all", True, False, None, 1)[0])
+    full = dict((s.name, a) for s, a in steps.choose(fi.values(), "all", True, False, None, 1)[0])
     assert "--set" in full["ncu_norm"] and full["00_check_env"] == []
 
     ms, _ = _steps("mini-sglang")
     assert "05_profile_comm" in ms and "08_forward_timeline" in ms and "06_forward_timeline" not in ms
-    assert pipeline.choose(ms.values(), "quick", False, True, None, 1)[0][-1][1][-1] == "--nsys"
+    assert steps.choose(ms.values(), "quick", False, True, None, 1)[0][-1][1][-1] == "--nsys"
 
     sg, notes = _steps("sglang")
     assert sg["04_nsys_profile"].script == "04_nsys_profile.py" and sg["05_ncu_attention"].script == "05_ncu_attention.py"
     for mode, gpus, has07 in (("quick", 8, False), ("all", 1, False), ("all", 2, True)):
-        chosen, left = pipeline.choose(sg.values(), mode, False, False, None, gpus)
+        chosen, left = steps.choose(sg.values(), mode, False, False, None, gpus)
         assert ("07_tp_scaling" in [s.name for s, _ in chosen]) == has07
         assert bool(left) == (mode == "all" and not has07)
         assert "04_nsys_profile" not in [s.name for s, _ in chosen] and "05_ncu_attention" not in [s.name for s, _ in chosen]
     # the same meaning as elsewhere: --nsys adds the timeline step, --ncu the ncu passes (and 08's counters)
-    chosen = dict((s.name, a) for s, a in pipeline.choose(sg.values(), "quick", True, True, None, 1)[0])
+    chosen = dict((s.name, a) for s, a in steps.choose(sg.values(), "quick", True, True, None, 1)[0])
     assert {"04_nsys_profile", "05_ncu_attention"} <= set(chosen) and chosen["08_execution_story"] == ["--quick", "--ncu"]
 
 
 def test_real_steps_name_the_jit_modules_they_load():
     for system in ("flashinfer", "mini-sglang", "sglang"):
-        steps, _ = _steps(system)
-        for s in steps.values():
+        by_name, _ = _steps(system)
+        for s in by_name.values():
             assert set(s.jit) | set(s.jit_all) <= set(jit.MODULES), s.name
     fi, _ = _steps("flashinfer")
     assert set(fi["03_profile_decode"].jit) == {"fi:decode", "fi:prefill_fa2"}      # tensor-core decode = fa2 prefill
     assert fi["00_check_env"].jit == ()
     sg, _ = _steps("sglang")
     assert set(sg["01_baseline_perf"].jit) == {"fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm"}
-    needs = jit.system_modules("mini-sglang")
+    needs = warmup.system_modules("mini-sglang")
     assert "08_forward_timeline" in needs["msgl:index_8192_s4"] and needs["msgl:pynccl"] == ["05_profile_comm"]
-    chosen, _ = pipeline.choose(_steps("mini-sglang")[0].values(), "quick", False, False, ["02_profile_index"], 1)
-    assert pipeline.warmup_modules(chosen, "quick") == ["msgl:index_8192_s4"]
-    assert "msgl:index_8192_s16" in pipeline.warmup_modules(chosen, "all")
+    chosen, _ = steps.choose(_steps("mini-sglang")[0].values(), "quick", False, False, ["02_profile_index"], 1)
+    assert steps.warmup_modules(chosen, "quick") == ["msgl:index_8192_s4"]
+    assert "msgl:index_8192_s16" in steps.warmup_modules(chosen, "all")
 
 
-# ------------------------------------------------------------------ common.jit without torch
+# ------------------------------------------------------------------ common.capture.jit without torch
 
 def test_jit_catalogue_names_the_uris_the_wrappers_load():
     m = jit.MODULES
@@ -401,7 +402,7 @@ def test_jit_csv(tmp_path):
 
 def test_jit_cli_on_a_machine_without_a_gpu(tmp_path):
     def jit_cli(*args):
-        return subprocess.run([sys.executable, "-m", "common.jit", *args], cwd=REPO, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "common", "jit", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=60)
     h = jit_cli("--help")
     assert h.returncode == 0 and "--list" in h.stdout and "spec.build()" in h.stdout
@@ -420,19 +421,19 @@ def test_jit_cli_on_a_machine_without_a_gpu(tmp_path):
 
 
 def test_eta_text_and_durations():
-    P = pipeline.Planned
-    assert pipeline.fmt_s(41) == "41s" and pipeline.fmt_s(72) == "1m12s" and pipeline.fmt_s(3725) == "1h02m"
-    assert pipeline.eta_text([P("a", "measure", [], "", None, 30), P("b", "measure", [], "", None, 240)]) == "ETA 4m30s"
-    assert pipeline.eta_text([P("a", "measure", [], "", None, None)]) == "ETA unknown: no earlier timing of these steps"
+    P = steps.Planned
+    assert steps.fmt_s(41) == "41s" and steps.fmt_s(72) == "1m12s" and steps.fmt_s(3725) == "1h02m"
+    assert steps.eta_text([P("a", "measure", [], "", None, 30), P("b", "measure", [], "", None, 240)]) == "ETA 4m30s"
+    assert steps.eta_text([P("a", "measure", [], "", None, None)]) == "ETA unknown: no earlier timing of these steps"
     assert pipeline.overall(["ok", "ok (skipped)"]) == "ok" and pipeline.overall(["ok", "failed"]) == "partial"
     assert pipeline.overall(["setup-error", "missing"]) == "failed" and pipeline.overall(["ok", "interrupted"]) == "interrupted"
 
 
-@pytest.mark.skipif(__import__("common.nsys", fromlist=["find"]).find() is not None, reason="nsys is usable here")
+@pytest.mark.skipif(__import__("common.capture.nsys", fromlist=["find"]).find() is not None, reason="nsys is usable here")
 def test_an_nsys_step_without_nsys_is_ok_skipped(tmp_path):
     root = make_system(tmp_path, ['Step("timeline", "marker.py", nsys=ONLY, under="nsys")'])
     plan = run_pipeline(root, "--nsys", "--dry-run").stdout
-    assert f"python -m common.pipeline nsys --out {SYS}/results/nsys_timeline/timeline -- python {SYS}/" in plan
+    assert f"python -m common pipeline nsys --out {SYS}/results/nsys_timeline/timeline -- python {SYS}/" in plan
     out = run_pipeline(root, "--nsys")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[skip] Nsight Systems is not usable here" in out.stdout

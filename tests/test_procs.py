@@ -1,4 +1,4 @@
-"""common.procs: children in their own process group, stopped with their whole tree; free ports; pidfiles."""
+"""common.capture.procs: children in their own process group, stopped with their whole tree; free ports; pidfiles."""
 import os
 import signal
 import socket
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common import procs
+from common.capture import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 # a parent that starts a grandchild in ANOTHER session (as a profiler may), then both sleep
@@ -83,7 +83,7 @@ def test_a_pidfile_left_by_a_killed_run_is_found_and_its_group_stopped(tmp_path)
     # run A starts a server-like child and is then SIGKILLed: its Group never stops the child
     runner = textwrap.dedent(f"""
         import sys, time; sys.path.insert(0, {str(ROOT)!r})
-        from common import procs
+        from common.capture import procs
         g = procs.Group([sys.executable, "-c", {TREE!r}], {str(tmp_path / 'a.log')!r}, pidfile={str(pidfile)!r}).start()
         print("started", g.pid, flush=True); time.sleep(120)
     """)
@@ -106,7 +106,7 @@ def test_reap_leaves_a_live_owners_group_alone(tmp_path):
         rec = pidfile.read_text()
         assert str(g.pid) in rec and str(os.getpid()) in rec
         # another run (a different owner pid would be alive): simulate by reaping from a child process
-        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from common import procs; print(procs.reap_stale({str(pidfile)!r}))"
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from common.capture import procs; print(procs.reap_stale({str(pidfile)!r}))"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout
         assert out.strip() == "[]" and g.alive()
     assert not pidfile.exists()

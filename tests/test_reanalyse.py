@@ -1,4 +1,4 @@
-"""`--reanalyse DIR` (common.recording): each numbered script's analysis again, on a CPU, from a real recording.
+"""`--reanalyse DIR` (common.run.recording): each numbered script's analysis again, on a CPU, from a real recording.
 
 tests/fixtures/recordings_h200/<system>/<stem>/: the summary.json and tables of a real run on one H200
 (tests/fixtures/README.md says which run). A re-analysis must give the same verdict for every hypothesis as the
@@ -48,9 +48,9 @@ def check_reanalysis(system: str, stem: str, tmp_path: Path, dropped: tuple = ()
     mod = load(system, stem)
     src = REC / system / stem
     out = tmp_path / stem
-    # judged as the recording was: without the run-to-run noise common/noise.json has measured since (its margins
+    # judged as the recording was: without the run-to-run noise common/judge/noise.json has measured since (its margins
     # move knife-edge verdicts to inconclusive: tests/test_stats_verdicts.py covers them)
-    with mock.patch("common.noise.lookup", return_value=None):
+    with mock.patch("common.judge.noise.lookup", return_value=None):
         assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0
     before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
     kept = {k: v for k, v in _verdicts(before).items() if not k.startswith(dropped)} if dropped else _verdicts(before)
@@ -75,8 +75,8 @@ def test_reanalysis_gives_the_recordings_verdicts(system, stem, tmp_path):
 
 
 def test_a_folder_that_is_no_recording_is_one_line(tmp_path, capsys):
-    from common import recording
-    from common.checks import SetupError
+    from common.run import recording
+    from common.base.checks import SetupError
     with pytest.raises(SetupError, match="no readable summary.json"):
         recording.open(tmp_path, ROOT / "mini-sglang/scripts/03_profile_store.py", tables=("sweep",))
     (tmp_path / "summary.json").write_text(json.dumps({"stem": "02_profile_index"}))

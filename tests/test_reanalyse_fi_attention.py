@@ -39,7 +39,7 @@ def test_decode_per_call_verdicts_come_from_the_recorded_trace(tmp_path):
 
 
 def test_a_recording_without_its_trace_is_one_setup_line(tmp_path):
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     from test_reanalyse import copy_recording
     mod, src = copy_recording("flashinfer", "03_profile_decode", tmp_path, "re_fi03_notrace")
     (src / "trace.json.gz").unlink()

@@ -1,4 +1,4 @@
-"""`--reanalyse DIR` of FlashInfer's 00, 01, 04, 05 and 07 (common.recording): each script's analysis again, on a CPU,
+"""`--reanalyse DIR` of FlashInfer's 00, 01, 04, 05 and 07 (common.run.recording): each script's analysis again, on a CPU,
 from its real H200 recording in tests/fixtures/recordings_h200/flashinfer/<stem>/ (the `--quick --ncu` pipeline run
 of commit a5d3c27, 2026-11-25; tests/fixtures/README.md): the same verdict for every hypothesis as the recording."""
 import pytest
@@ -21,7 +21,7 @@ def test_01_reads_its_probes_table_like_the_facts_it_derives(tmp_path):
     reads the table instead and gives the same verdicts."""
     import json
     pd = pytest.importorskip("pandas")
-    from common import recording
+    from common.run import recording
     m01, src = copy_recording("flashinfer", "01_test_kernels", tmp_path, "re_fi_01_probes")
     facts, how = m01.probes_of(recording.open(src, m01.__file__, tables=("checks", "modules"), optional=("probes",)))
     assert how and facts["cuda_norm"] is True and facts["cutlass_dsl_importable"] is False and facts["rejected"] is True
@@ -68,8 +68,8 @@ def test_00_reads_its_device_table_and_probes_nothing(tmp_path):
     FlashInfer's paths were probed on the GPU machine and recorded only there) it is one [setup] line."""
     import json
     pd = pytest.importorskip("pandas")
-    from common import recording
-    from common.checks import SetupError
+    from common.run import recording
+    from common.base.checks import SetupError
     m00, src = copy_recording("flashinfer", "00_check_env", tmp_path, "re_fi_00_device")
     rec = recording.open(src, m00.__file__, tables=("peaks",), optional=("device",))
     dev, how = m00.device_from(rec, json.loads((src / "environment.json").read_text()))

@@ -24,8 +24,9 @@ def test_04_reads_its_plan_syncs_from_the_table_a_gpu_run_now_writes(tmp_path):
 
     import pandas as pd
 
-    from common import recording, trace
-    from common.checks import SetupError
+    from common.run import recording
+    from common.tables import trace
+    from common.base.checks import SetupError
     from test_reanalyse import _verdicts, copy_recording
     m04, src = copy_recording("mini-sglang", "04_profile_attention", tmp_path, "re_minisgl_04_syncs")
     syncs = m04.plan_syncs(trace.read_chrome_trace(src / "trace.json.gz"))

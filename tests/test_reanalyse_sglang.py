@@ -1,4 +1,4 @@
-"""`--reanalyse DIR` of SGLang's numbered scripts (common.recording): each one's analysis again, on a CPU, without
+"""`--reanalyse DIR` of SGLang's numbered scripts (common.run.recording): each one's analysis again, on a CPU, without
 sglang, from a real recording: tests/fixtures/recordings_h200/sglang/<stem>/ (tests/fixtures/README.md says which
 run), the same verdict for every hypothesis as the run that recorded it (test_reanalyse.check_reanalysis)."""
 import json
@@ -49,7 +49,7 @@ def test_03_recording_without_step_values_is_one_setup_line(tmp_path):
     """The H200 recording of 224595d predates step_values.csv: one [setup] line says why it cannot be re-analysed,
     and no run folder is written."""
     pytest.importorskip("pandas")
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     mod = _script("03_backend_comparison")
     with pytest.raises(SetupError, match=r"no step_values.csv \(a recording of 224595d3d7f8, before 03 wrote it\)"):
         mod.main(["--reanalyse", str(REC / "sglang" / "03_backend_comparison"), "--out", str(tmp_path / "o")])
@@ -86,7 +86,7 @@ def test_03_step_values_round_trip_and_reanalysis_path(tmp_path):
 
 def test_01_recording_without_requests_is_one_setup_line(tmp_path):
     pytest.importorskip("pandas")
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     mod = _script("01_baseline_perf")
     with pytest.raises(SetupError, match=r"no requests.csv, batch_log.csv, batch.csv \(a recording of 224595d3d7f8, "
                                          r"before 01 wrote them\)"):

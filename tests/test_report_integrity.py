@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from common import checks, report, results
-from common.verdicts import Hypothesis
+from common.base import checks  # noqa: E402
+from common.capture import store  # noqa: E402
+from common.judge.verdicts import Hypothesis  # noqa: E402
+from common.render import report  # noqa: E402
+from common.run import results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +102,7 @@ def test_crash_between_the_two_renames_is_recovered(tmp_path, monkeypatch):
             run.table("sweep", [{"a": 2}])
     monkeypatch.setattr(os, "rename", real)
     assert not d.exists() and (d.parent / ".previous" / "01_demo" / "summary.json").exists()
-    assert results.load_summary(d)["status"] == "ok"              # load_summary puts the last good run back
+    assert store.load_summary(d)["status"] == "ok"              # load_summary puts the last good run back
     assert _snapshot(d) == before
     # the same through a new Run
     real(d, d.parent / ".previous" / "01_demo")
@@ -116,7 +119,7 @@ def test_failed_runs_are_kept_under_dot_failed_and_pruned_to_5(tmp_path, monkeyp
                 run.note(f"attempt {i}")
                 raise ValueError(f"bad {i}")
     kept = sorted((d.parent / ".failed" / "01_demo").iterdir())
-    assert len(kept) == results.KEEP_FAILED == 5
+    assert len(kept) == store.KEEP_FAILED == 5
     assert [json.loads((k / "summary.json").read_text())["notes"] for k in kept] == [[f"attempt {i}"] for i in range(2, 7)]
     assert all((k / "error.txt").read_text().count("ValueError: bad") == 1 for k in kept)
     assert _snapshot(d) == before                                       # the last good run, byte for byte
@@ -183,10 +186,10 @@ def _enospc(*a, **k):
 def test_disk_full_while_finishing_keeps_earlier_results(tmp_path, monkeypatch):
     d = _good_run(tmp_path)
     before = _snapshot(d)
-    real = results.write_json_atomic
-    monkeypatch.setattr(results, "write_json_atomic",
+    real = store.write_json_atomic
+    monkeypatch.setattr(store, "write_json_atomic",
                         lambda p, data: _enospc() if ".partial-" in str(p) else real(p, data))
-    with pytest.raises(results.ResultsError) as ei:
+    with pytest.raises(store.ResultsError) as ei:
         with results.Run(_script(tmp_path), {}, quiet=True) as run:
             run.table("sweep", [{"a": 2}])
     (rec,) = (d.parent / ".failed" / "01_demo").iterdir()            # a small record could be written
@@ -199,8 +202,8 @@ def test_disk_full_while_finishing_keeps_earlier_results(tmp_path, monkeypatch):
 def test_disk_full_everywhere_leaves_no_partial_and_no_record(tmp_path, monkeypatch):
     d = _good_run(tmp_path)
     before = _snapshot(d)
-    monkeypatch.setattr(results, "write_json_atomic", _enospc)
-    with pytest.raises(results.ResultsError) as ei:
+    monkeypatch.setattr(store, "write_json_atomic", _enospc)
+    with pytest.raises(store.ResultsError) as ei:
         with results.Run(_script(tmp_path), {}, quiet=True):
             pass
     assert str(ei.value) == (f"results of 01_demo not saved ([Errno 28] No space left on device while "
@@ -215,7 +218,7 @@ def test_disk_full_while_writing_a_table_is_one_results_error(tmp_path, monkeypa
     real = Path.write_text
     monkeypatch.setattr(Path, "write_text",
                         lambda self, *a, **k: _enospc() if self.name == "story.txt" else real(self, *a, **k))
-    with pytest.raises(results.ResultsError) as ei:
+    with pytest.raises(store.ResultsError) as ei:
         with results.Run(_script(tmp_path), {}, quiet=True) as run:
             run.story("x")
     monkeypatch.undo()
@@ -242,7 +245,7 @@ def test_concurrent_processes_never_mix_two_runs(tmp_path):
     script = _script(tmp_path)
     code = f"""
         import sys; sys.path.insert(0, {str(ROOT)!r})
-        from common.results import Run
+        from common.run.results import Run
         me = sys.argv[1]
         for i in range(4):
             with Run({str(script)!r}, {{"who": me, "i": i}}, quiet=True) as run:
@@ -265,7 +268,7 @@ def test_judge_appends_the_verdict_with_its_evidence(tmp_path):
     with results.Run(_script(tmp_path), {}, quiet=True) as run:
         rec = run.judge(h, [81.0, 80.0, 82.0], evidence="ncu.csv row 3")
         run.judge(h, [81.0, 80.0, 82.0], premise="no split happened")
-    obs = results.load_summary(run.final_dir)["observations"]
+    obs = store.load_summary(run.final_dir)["observations"]
     assert rec["verdict"] == "confirmed" and obs[0]["evidence"] == "ncu.csv row 3"
     assert [o["verdict"] for o in obs] == ["confirmed", "inconclusive"]
 
@@ -273,7 +276,7 @@ def test_judge_appends_the_verdict_with_its_evidence(tmp_path):
 def test_table_without_pandas_writes_the_same_csv(tmp_path):
     code = f"""
         import sys; sys.modules["pandas"] = None; sys.path.insert(0, {str(ROOT)!r})
-        from common.results import Run
+        from common.run.results import Run
         with Run({str(_script(tmp_path))!r}, {{}}, quiet=True) as run:
             run.table("sweep", [{{"a": 1, "b": 2.5}}, {{"a": 2, "b": "x"}}])
     """
@@ -286,8 +289,8 @@ def test_table_without_pandas_writes_the_same_csv(tmp_path):
 
 RUN_MAIN = """
     import sys, time; sys.path.insert(0, {root!r})
-    from common.results import Run
-    from common.checks import run_main, SetupError
+    from common.run.results import Run
+    from common.base.checks import run_main, SetupError
     def main(argv=None):
         with Run({script!r}, {{}}, quiet=True) as run:
             {body}
@@ -332,7 +335,7 @@ def test_run_main_without_a_run_keeps_per_run_error_files_pruned_to_20(tmp_path)
         (errors / f"20200101-000000-{i:06d}-1.txt").write_text("old")
     code = f"""
         import sys; sys.path.insert(0, {str(ROOT)!r})
-        from common.checks import run_main
+        from common.base.checks import run_main
         def main(argv=None):
             raise KeyError("nope")
         run_main(main)
@@ -560,7 +563,7 @@ def test_report_runs_without_pandas_or_matplotlib(tmp_path):
         import sys; sys.modules["pandas"] = None; sys.modules["matplotlib"] = None
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from common import report
+        from common.render import report
         o = report.refresh(["demo"], root=Path({str(tmp_path)!r}))
         print(len(o.refreshed), o.skipped)
     """
@@ -574,14 +577,14 @@ def test_a_folder_renamed_away_while_it_is_looked_at_is_not_called_a_file(tmp_pa
     """Four runs of one script at once (the test above) failed once under load with '.previous/01_demo is not
     a folder': another run renamed it between foreign()'s stat and a second look (os.path.isdir). The stat's own
     mode is the answer; a folder that vanishes between two looks is looked at again."""
-    import common.results as R
+    import common.run.results as R
     script = _script(tmp_path)
     with R.Run(str(script), {"i": 0}, quiet=True) as run:
         run.path("a.txt").write_text("x")
     final = tmp_path / "demo" / "results" / "01_demo"
     real_isdir = os.path.isdir
     monkeypatch.setattr(R.os.path, "isdir", lambda p: False if Path(p) == final else real_isdir(p))   # "gone"
-    assert R.foreign(final, "demo/scripts/01_demo.py") is None
+    assert store.foreign(final, "demo/scripts/01_demo.py") is None
 
 
 def test_a_comparison_with_another_gpu_is_not_a_mix():

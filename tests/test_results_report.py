@@ -1,4 +1,4 @@
-"""common.results keeps earlier results safe; common.report refreshes only auto blocks."""
+"""common.run.results keeps earlier results safe; common.render.report refreshes only auto blocks."""
 import json
 import signal
 import subprocess
@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common import report, results, verdicts
+from common.capture import store  # noqa: E402
+from common.judge import verdicts  # noqa: E402
+from common.render import report  # noqa: E402
+from common.run import results  # noqa: E402
 
 
 def _script(tmp_path, system="demo"):
@@ -28,7 +31,7 @@ def test_run_writes_files_then_summary(tmp_path):
         assert not (run.final_dir / "summary.json").exists()            # nothing final while running
     d = tmp_path / "demo" / "results" / "01_demo"
     s = json.loads((d / "summary.json").read_text())
-    assert s["status"] == "ok" and s["schema"] == results.SCHEMA == 2
+    assert s["status"] == "ok" and s["schema"] == store.SCHEMA == 2
     assert s["tables"] == ["sweep"] and s["headline"]["tb_s"] == 2.7
     assert (d / "sweep.csv").read_text().splitlines() == ["a,b", "1,2.5"]
     assert not list(d.parent.glob(".partial-*")) and not list(d.glob(".partial-*"))
@@ -36,7 +39,7 @@ def test_run_writes_files_then_summary(tmp_path):
 
 
 def test_run_records_the_command_a_wrapper_passes(tmp_path):
-    """The 06 pipelines (common.pipeline) pass their own command line to Run."""
+    """The 06 pipelines (common.run.pipeline) pass their own command line to Run."""
     script = _script(tmp_path)
     with results.Run(script, {}, quiet=True, command="./demo/scripts/06_full_pipeline.sh --quick --ncu") as run:
         pass
@@ -78,8 +81,8 @@ def test_interrupted_run_is_recorded_not_promoted(tmp_path, start):
     root = Path(__file__).resolve().parents[1]
     code = textwrap.dedent(f"""
         import sys, time; sys.path.insert(0, {str(root)!r})
-        from common.results import Run
-        from common.checks import run_main
+        from common.run.results import Run
+        from common.base.checks import run_main
         def main(argv=None):
             with Run({str(script)!r}, {{}}, quiet=True) as run:
                 run.table("sweep", [{{"a": 2}}]); print("ready", flush=True); time.sleep(30)
@@ -106,7 +109,7 @@ def test_point_errors_and_verdicts(tmp_path):
         run.point_error({"batch": 256, "kv": 32768}, MemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
         with pytest.raises(ValueError):
             run.observe("x", "y", "maybe")
-    s = results.load_summary(run.final_dir)
+    s = store.load_summary(run.final_dir)
     assert s["point_errors"] == [{"batch": 256, "kv": 32768, "error": "MemoryError: CUDA out of memory. Tried to allocate 2 GiB"}]
 
 
@@ -119,13 +122,13 @@ def test_an_optional_pass_that_fails_is_a_note_and_the_run_goes_on(tmp_path):
         with pytest.raises(KeyboardInterrupt):                   # Ctrl-C still ends the run
             run.optional("counters", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
         run.table("sweep", [{"a": 1}])
-    s = results.load_summary(run.final_dir)
+    s = store.load_summary(run.final_dir)
     assert s["notes"] == ["ncu pass skipped: RuntimeError: ncu: ERR_NVGPUCTRPERM x2"] and s["status"] == "ok"
 
 
 def test_atomic_json_never_leaves_partial_file(tmp_path):
     p = tmp_path / "s.json"
-    results.write_json_atomic(p, {"x": float("nan"), "y": [1.0, float("inf")]})
+    store.write_json_atomic(p, {"x": float("nan"), "y": [1.0, float("inf")]})
     assert json.loads(p.read_text()) == {"x": None, "y": [1.0, None]}
     assert [f.name for f in tmp_path.iterdir()] == ["s.json"]
 
@@ -301,42 +304,43 @@ def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixt
 
 
 def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, monkeypatch):
-    from common import ceilings
+    from common.capture import ceilings
     c = {"version": ceilings.CEILINGS_VERSION, "uuid": "GPU-x", "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
          "dram": {"tb_s": 4.71, "kinds": {"read": {"tb_s": 4.6}, "write": {"tb_s": 4.71}, "copy": {"tb_s": 4.4}}},
          "bf16": {"tflops": 811.0, "sm_mhz": 1980}, "nvlink": {"note": "one GPU visible"}}
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: c)
     with results.Run(_script(tmp_path), {}, quiet=True) as run:
         pass
-    got = results.load_summary(run.final_dir)["provenance"]["ceilings"]
+    got = store.load_summary(run.final_dir)["provenance"]["ceilings"]
     assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
                    "dram_copy_tb_s": 4.4, "dram_mixed_tb_s": None, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
                    "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x",
                    "method": {}}   # this made-up set has no probe details to name (a measured set has them)
     # a re-analysis keeps the recording's denominators, not this machine's
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
-    prev = results.load_summary(run.final_dir)
+    prev = store.load_summary(run.final_dir)
     with results.Run(_script(tmp_path, system="demo2"), {}, quiet=True) as again:
         again.reanalysis_of(prev, run.final_dir)
-    assert results.load_summary(again.final_dir)["provenance"]["ceilings"]["dram_tb_s"] == 4.71
+    assert store.load_summary(again.final_dir)["provenance"]["ceilings"]["dram_tb_s"] == 4.71
 
 
 def test_a_measured_ceilings_set_records_how_each_was_measured(fixture_path):
     """tests/fixtures/ceilings_h200_v5.json: the ceilings the H200 measured for the a5d3c27 pipelines (2026-11-25)."""
     import json
-    from common import ceilings, recording
+    from common.capture import ceilings
+    from common.run import recording
     brief = ceilings.ceilings_brief(json.loads(fixture_path("ceilings_h200_v5.json").read_text()))
     assert brief["method"]["dram_copy_tb_s"] == "fastest copy probe: torch copy_"
     rec = recording.Recording(Path("."), {"provenance": {"gpu": "NVIDIA H200", "ceilings": brief}})
     pk = rec.peaks
     assert pk["sources"]["dram_copy_tb_s"] == "measured" and pk["l2_mb"] == 60
-    assert "the measured DRAM copy ceiling" in __import__("common.timing", fromlist=["x"]).dram_ceiling_text(pk, "copy")
+    assert "the measured DRAM copy ceiling" in __import__("common.capture.timing", fromlist=["x"]).dram_ceiling_text(pk, "copy")
 
 
 def test_versus_block_names_the_host_cpu_when_a_run_recorded_it(tmp_path, fixture_path):
     """CPU-side times (tokenize, schedule, launch, plan()) follow the host, so the machine table shows the host CPU
     beside the GPU; runs that predate the field (the real H200 fixtures) show no such row rather than a blank one."""
-    from common import gpu
+    from common.capture import gpu
     model = gpu.cpu_model(str(fixture_path("proc_cpuinfo_first_cpu_amd_epyc.txt")))
     assert model == "AMD EPYC" and gpu.cpu_model(str(tmp_path / "none")) in (None, __import__("platform").processor())
     page = _other_gpu_world(tmp_path, fixture_path)

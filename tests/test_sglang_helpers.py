@@ -34,8 +34,10 @@ from pathlib import Path
 
 import pytest
 
-from common import procs, stats, trace
-from common.checks import SetupError
+from common.base import stats
+from common.base.checks import SetupError
+from common.capture import procs
+from common.tables import trace
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "sglang" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -181,7 +183,7 @@ def test_latency_summary_uses_the_common_percentiles():
     assert sg.latency_summary([{"error": "x"}])["failed"] == 1
 
 
-# ------------------------------------------------------------------ traces: steps through common.trace.step_kernels
+# ------------------------------------------------------------------ traces: steps through common.tables.trace.step_kernels
 
 def test_steps_from_the_server_trace_use_the_run_batch_range(fixture_path):
     ev = trace.read_chrome_trace(fixture_path("sglang_server_trace_llama8b_h200_cut.json"))
@@ -191,7 +193,7 @@ def test_steps_from_the_server_trace_use_the_run_batch_range(fixture_path):
     assert s["how"] == "outer" and s["kernels"] == len(kt) > 150 and s["cpu_us"] > 0
     assert s["gemm_us"] > s["attention_us"] > 0 and s["kernel_us"] == pytest.approx(kt["dur_us"].sum())
     assert set(kt["cls"]) >= {"gemm", "attention", "norm", "rope", "activation", "kv_store"}
-    # the same join as common.trace.kernels_in_ranges on the outer range
+    # the same join as common.tables.trace.kernels_in_ranges on the outer range
     j = trace.kernels_in_ranges(ev, r"^scheduler\.run_batch$", empty_rows=False)
     assert s["kernels"] == int((j["gpu_kind"] == "kernel").sum())
     # without the outer range the step's own range is joined
@@ -562,7 +564,7 @@ def _shared(tmp_path, said, **kw):
 
 
 def test_an_experiment_runs_on_the_shared_server_only_with_exactly_its_settings(tmp_path, monkeypatch):
-    from common.results import Run
+    from common.run.results import Run
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
     said = []
     h = _shared(tmp_path, said)
@@ -586,7 +588,7 @@ def test_an_experiment_runs_on_the_shared_server_only_with_exactly_its_settings(
             with sg.server(run, "dummy-model", FL, quick=True, env={**sg.SERVING_ENV,
                            "SGLANG_FLASHINFER_USE_TENSOR_CORE": "false"}, log_name="server_cc.log", **own) as srv:
                 assert srv.shared is None
-            with sg.server(run, "dummy-model", FL, quick=True, port=sg.procs.free_port(), log_name="server_p.log",
+            with sg.server(run, "dummy-model", FL, quick=True, port=procs.free_port(), log_name="server_p.log",
                            **own) as srv:
                 assert srv.shared is None
             log = (run.dir / "log.txt").read_text()
@@ -609,7 +611,7 @@ def test_an_experiment_runs_on_the_shared_server_only_with_exactly_its_settings(
 
 
 def test_the_shared_servers_check_finds_it_dead_or_busy_and_it_declines_a_small_gpu(tmp_path, monkeypatch):
-    from common.pipeline import ServiceSkipped
+    from common.run.steps import ServiceSkipped
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
     said = []
     h = _shared(tmp_path, said, check_timeout=0.3)
@@ -858,7 +860,7 @@ def _installed(path: str) -> bool:
 def test_bench_worker_drives_the_real_bench_serving_like_its_command_line(tmp_path):
     """Where SGLang is installed: the real ``sglang.benchmark.serving``, run twice in one worker against
     the stand-in server with a synthetic tokenizer, gives the record its own command line gives."""
-    from common import models
+    from common.capture import models
     model = models.write_model_dir("tiny-llama", tmp_path / "model")
     srv = Server(str(model), [], log_path=tmp_path / "server.log", launcher=[sys.executable, str(FAKE)],
                  echo=lambda *_: None, start_timeout=30, stop_timeout=3, pidfile=tmp_path / "server.pid")
@@ -881,9 +883,9 @@ def test_bench_worker_drives_the_real_bench_serving_like_its_command_line(tmp_pa
 
 
 # launch_server flags written outside flags(): (file under sglang/scripts, flag)
-LITERAL_SERVER_FLAGS = (("_sglang.py", "--load-format"), ("_sglang.py", "--mem-fraction-static"),
-                        ("_sglang.py", "--disable-prefill-cuda-graph"), ("_sglang.py", "--disable-decode-cuda-graph"),
-                        ("_sglang.py", "--disable-cuda-graph"), ("04_nsys_profile.py", "--disable-overlap-schedule"))
+LITERAL_SERVER_FLAGS = (("_sgl_facts.py", "--load-format"), ("_sgl_facts.py", "--mem-fraction-static"),
+                        ("_sgl_facts.py", "--disable-prefill-cuda-graph"), ("_sgl_facts.py", "--disable-decode-cuda-graph"),
+                        ("_sgl_facts.py", "--disable-cuda-graph"), ("04_nsys_profile.py", "--disable-overlap-schedule"))
 
 
 SERVING_FLAGS_OWN = {"quick", "backend", "pool", "write"}   # serving_flags()'s own keywords; the rest go to flags()
@@ -927,17 +929,16 @@ def test_every_server_flag_the_scripts_pass_is_one_launch_server_takes():
 
 
 def test_every_name_taken_from_the_sglang_helper_is_there():
-    """_sglang gathers its rooms (_sgl_logs, _sgl_stamps, ...) with `from room import *`, which also re-exports what a
-    room imports: a room's unused imports cannot be dropped blindly. Every `sg.<name>` a script, a test or common/
-    uses (where `sg` is _sglang) must exist on the assembled module (a name that only a GPU run would reach fails
-    here, on the CPU)."""
+    """_sglang is the face of its rooms (_sgl_facts, _sgl_logs, ...): it names each name it hands on. Every `sg.<name>`
+    a script, a test or common/ uses (where `sg` is _sglang) must be one of them (a name that only a GPU run would
+    reach fails here, on the CPU). A file name such as "sg.json" is no use of the module."""
     import re
     root = SCRIPTS.parents[1]
     used = {}
-    for f in [*root.glob("sglang/scripts/*.py"), *root.glob("tests/*.py"), *root.glob("common/*.py")]:
+    for f in [*root.glob("sglang/scripts/*.py"), *root.glob("tests/*.py"), *root.glob("common/**/*.py")]:
         text = f.read_text()
         for alias in set(re.findall(r"import _sglang as (\w+)", text)):
-            for name in re.findall(rf"\b{alias}\.(\w+)", text):
+            for name in re.findall(rf"(?<![\w./\"'])\b{alias}\.(\w+)", text):
                 used.setdefault(name, f.name)
     assert len(used) > 40, used            # the scan found the helper's users
     assert [f"{n} (used in {f})" for n, f in sorted(used.items()) if not hasattr(sg, n)] == []

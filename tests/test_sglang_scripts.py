@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import kit  # tests/kit.py
-from common import trace, verdicts
+from common.tables import kernels, trace  # noqa: E402
+from common.judge import bounds, verdicts  # noqa: E402
+from common.run import steps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "sglang" / "scripts"
@@ -80,7 +82,8 @@ def test_every_experiment_is_a_numbered_script():
               "05_ncu_attention.sh", "06_full_pipeline.sh", "07_tp_scaling.sh"):
         assert n in names
     rooms = {n for n in names if n.startswith("_sgl_") and n.endswith(".py")}      # _sglang's rooms, one noun each
-    assert rooms == {"_sgl_server.py", "_sgl_shared.py", "_sgl_logs.py", "_sgl_bench.py", "_sgl_stamps.py", "_sgl_gate.py"}
+    assert rooms == {"_sgl_facts.py", "_sgl_server.py", "_sgl_shared.py", "_sgl_logs.py", "_sgl_bench.py", "_sgl_stamps.py",
+                     "_sgl_gate.py"}
     assert not [n for n in names if n.startswith("_") and n.endswith(".py") and n not in ("_sglang.py", "_steps.py")
                 and n not in rooms]
     assert not (ROOT / "common" / "serving.py").exists()
@@ -170,7 +173,6 @@ def test_the_quick_pipelines_shared_server_is_exactly_what_01_02_03_08_ask_for(t
     02's LPM pass, 03's other variants, 08 on FA3, --all and any --server-arg start their own, and the
     reason names the difference."""
     import os
-    from common import pipeline
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
     shared = sg.SharedServer(mode="quick")
     model, fl = shared.config(write=False)
@@ -202,15 +204,15 @@ def test_the_quick_pipelines_shared_server_is_exactly_what_01_02_03_08_ask_for(t
     assert why(m08.server_flags(a, P, "flashinfer", write=False), m08.ENV) is None
     assert why(m08.server_flags(a, P, None, write=False), m08.ENV).endswith("lacks --attention-backend flashinfer")
     # the real pipeline offers it to those four steps, in --quick only
-    steps, _notes, servers = pipeline.load_system(ROOT, "sglang")
-    assert {s.name for s in steps if s.server} == {"01_baseline_perf", "02_radix_cache_analysis",
+    loaded, _notes, servers = steps.load_system(ROOT, "sglang")
+    assert {s.name for s in loaded if s.server} == {"01_baseline_perf", "02_radix_cache_analysis",
                                                    "03_backend_comparison", "08_execution_story"}
     assert servers["default"].modes == ("quick",) and servers["default"].provider == "_sglang:SharedServer"
 
 
 def test_tp_configs_must_fit_the_visible_gpus(monkeypatch):
-    from common import gpu
-    from common.checks import SetupError
+    from common.capture import gpu
+    from common.base.checks import SetupError
     m = load("07_tp_scaling.py")
     assert m.configs("llama-3.1-8b:1,2;llama-3.1-70b:4") == [("llama-3.1-8b", 1), ("llama-3.1-8b", 2), ("llama-3.1-70b", 4)]
     monkeypatch.setattr(gpu, "gpus", lambda: [{"index": 0}, {"index": 1}])
@@ -440,18 +442,18 @@ def test_ncu_stage_mapping_and_stall_lead():
 def test_ncu_story_says_what_the_wait_stall_means(fixture_path):
     """F6: `wait` is a fixed-latency dependency, not producer/consumer synchronisation."""
     import gzip
-    from common import ncu
+    from common.capture import ncu
     pd = pytest.importorskip("pandas")
     m = load("05_ncu_attention.py")
-    s = ncu.summarize(ncu.read_raw(gzip.open(fixture_path("sglang_story_ncu_graph_nodes_2layers_h200.csv.gz"), "rt").read()))
+    s = kernels.summarize(ncu.read_raw(gzip.open(fixture_path("sglang_story_ncu_graph_nodes_2layers_h200.csv.gz"), "rt").read()))
     s = s[s["kernel"].str.contains("Prefill")].head(4).copy()
     s.insert(0, "backend", "flashinfer")
     s.insert(1, "stage", "prefill")
     s["shape"] = "prefill 512 tok"
     s["graphs"] = "CUDA graphs: prefill on, decode on — SGLang's defaults"
     text = m.tell(s, {"gpu": "NVIDIA H200", "dram_tb_s": 4.5, "bf16_tflops": 800.0}, 2)
-    tops = {ncu.top_stall(r) for r in s.to_dict("records")} - {""}
-    assert tops and all(f"top stall {t}: {ncu.STALL_MEANING[t]}" in text for t in tops)
+    tops = {bounds.top_stall(r) for r in s.to_dict("records")} - {""}
+    assert tops and all(f"top stall {t}: {bounds.STALL_MEANING[t]}" in text for t in tops)
     assert "producer" not in text and pd is not None
 
 

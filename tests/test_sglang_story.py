@@ -54,7 +54,7 @@ def test_verdicts_on_the_real_repetitions(redone):
     obs = {o.get("hypothesis"): o for o in json.loads((redone / "summary.json").read_text())["observations"]}
     # the real observer rows: ITL +0.43% [0.42, 1.09] -> within 5%; TTFT +24% [9, 132] -> outside
     assert obs["observer-effect"]["verdict"] == "confirmed" and obs["observer-effect"]["interval"]["n"] == 3
-    ttft = obs["observer-effect-ttft"]          # outside 5%, unless the measured run-to-run noise (common/noise.json:
+    ttft = obs["observer-effect-ttft"]          # outside 5%, unless the measured run-to-run noise (common/judge/noise.json:
     assert ttft["verdict"] == "refuted" or (    # two H200 runs read 58% and 17%) reaches back over the bound
         ttft["verdict"] == "inconclusive" and "within the run-to-run noise" in ttft["observed"])
     assert obs["pressure-usage"]["verdict"] == "confirmed"                  # the pool filled (usage 0.99-1.0)

@@ -1,4 +1,4 @@
-"""One server for several pipeline steps (issue #22): common.pipeline's shared services with the SGLang
+"""One server for several pipeline steps (issue #22): common.run.pipeline's shared services with the SGLang
 provider (_sglang.SharedServer) and the scripts' side (_sglang.server), on the stand-in server.
 
 A fake system in tmp_path declares ``SERVERS = {"default": Service("_sglang:SharedServer", ...)}`` -- the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from common import procs
+from common.capture import procs
 from kit import write_fake_system
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,8 +37,8 @@ import os, signal, sys, threading, time
 from pathlib import Path
 sys.path.insert(0, {str(SCRIPTS)!r})
 import _sglang as sg
-from common.checks import run_main
-from common.results import Run
+from common.base.checks import run_main
+from common.run.results import Run
 
 def main(argv=None):
     what = sys.argv[1]
@@ -74,7 +74,7 @@ def make_system(tmp_path: Path, steps: list[str], launcher_extra=()) -> Path:
     launcher = [sys.executable, str(FAKE), "--spawn-child", *launcher_extra]
     (sd / "scripts" / "_steps.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
-        "from common.pipeline import Service, Step\n\n"
+        "from common.run.steps import Service, Step\n\n"
         f"SERVERS = {{'default': Service('_sglang:SharedServer', options={{'model_path': 'dummy-model', "
         f"'flags': {FLAGS!r}, 'launcher': {launcher!r}, 'start_timeout': 30, 'stop_timeout': 3, "
         f"'check_timeout': 1}})}}\n"
@@ -92,7 +92,7 @@ def env_for(tmp_path: Path) -> dict:
 
 
 def pipeline(root: Path, *args, timeout: float = 180):
-    return subprocess.run([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS, *args],
+    return subprocess.run([sys.executable, "-m", "common", "pipeline", "--root", str(root), "--system", SYS, *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env_for(root))
 
 
@@ -214,7 +214,7 @@ def test_a_failing_step_leaves_it_usable_and_a_killed_or_busy_server_is_restarte
 def _start_sleeping(root: Path):
     """The pipeline with its shared server up and a step sleeping on it: (Popen, server pid, step pid)."""
     log = open(root / "pipeline.out", "w")
-    p = subprocess.Popen([sys.executable, "-m", "common.pipeline", "--root", str(root), "--system", SYS],
+    p = subprocess.Popen([sys.executable, "-m", "common", "pipeline", "--root", str(root), "--system", SYS],
                          cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env_for(root))
     flag = root / SYS / "scripts" / "sleeping"
     t0 = time.time()

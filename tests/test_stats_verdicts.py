@@ -1,10 +1,11 @@
-"""common.stats and common.verdicts: one percentile function, intervals, verdicts judged on intervals."""
+"""common.base.stats and common.judge.verdicts: one percentile function, intervals, verdicts judged on intervals."""
 import math
 
 import pytest
 
-from common import stats, verdicts
-from common.verdicts import Hypothesis
+from common.base import stats
+from common.judge import verdicts
+from common.judge.verdicts import Hypothesis
 
 H = Hypothesis("decode-bw", "decode streams the KV near the DRAM ceiling", "decode TB/s as % of the DRAM ceiling",
                low=70, high=90, source="PLAN.md: ~80% of peak HBM", unit="%")
@@ -127,8 +128,8 @@ def test_run_to_run_noise_from_two_real_runs_and_the_margin_it_sets(fixture_path
     """tests/fixtures/noise_h200/{a,b}: the observations of SGLang 02 and 08 from two pipeline runs on one H200
     (224595d --quick --ncu, a5d3c27 --quick; 2026-11-25). The LPM-over-FCFS hit-rate lead read 0.0349 and 0.0478:
     a spread of 0.0129, against a bound of 0.02."""
-    from common import noise, verdicts
-    from common.stats import Interval
+    from common.judge import noise, verdicts
+    from common.base.stats import Interval
     rows = {r["hypothesis"]: r for r in noise.compare(fixture_path("noise_h200/a"), fixture_path("noise_h200/b"))}
     lpm = rows["lpm-beats-fcfs-hit-rate"]
     assert lpm["a"] == pytest.approx(0.0349, abs=1e-4) and lpm["spread"] == pytest.approx(0.0129, abs=1e-4)
@@ -153,7 +154,7 @@ def test_run_to_run_noise_from_two_real_runs_and_the_margin_it_sets(fixture_path
 def test_a_second_pair_of_runs_keeps_the_larger_spread(fixture_path, tmp_path):
     """Two measurements of one quantity's noise: the wider move stays (a quieter pair does not undo it), and a
     wider new move replaces a narrower one."""
-    from common import noise
+    from common.judge import noise
     rows = {r["hypothesis"]: r for r in noise.compare(fixture_path("noise_h200/a"), fixture_path("noise_h200/b"))}
     lpm = rows["lpm-beats-fcfs-hit-rate"]
     path = noise.write([lpm], tmp_path / "noise.json")

@@ -1,6 +1,9 @@
-"""common.story renders what the reports show; common.plots draws without a display."""
+"""common.base.story renders what the reports show; common.render.plots draws without a display."""
 import pytest
-from common import kernels, ncu, plots, story
+from common.base import story
+from common.capture import ncu
+from common.tables import kernels
+from common.render import plots
 
 
 def test_tree_shape():
@@ -17,7 +20,7 @@ def test_timeline_places_events_in_time():
 
 
 def test_kernel_line_from_real_ncu_row(fixture_path):
-    s = ncu.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks={"dram_tb_s": 4.71})
+    s = kernels.summarize(ncu.read_raw(fixture_path("ncu_raw_fullset_flashinfer_5kernels_h200.csv")), peaks={"dram_tb_s": 4.71})
     line = kernels.line({**s.iloc[0].to_dict(), "dur_us": 199.0})
     assert line.startswith("BatchDecodeWithPagedKVCacheKernel 199 us")
     assert "DRAM 2.72 TB/s = 57.8% of the read ceiling" in line and "registers" in line and "stalls " in line
@@ -154,7 +157,7 @@ def test_fold_and_section_on_a_real_story(fixture_path):
     without losing a word, and is a no-op the second time; section() picks top-level branches, cut to a depth."""
     import gzip
     import re
-    from common import story
+    from common.base import story
     raw = gzip.open(fixture_path("sglang_08_story_h200_g2.txt.gz"), "rt").read()
     assert max(map(len, raw.split("\n"))) > 300
     f = story.fold(raw)

@@ -1,4 +1,4 @@
-"""common.timeline: the joined story on real SGLang captures (one H200, 2026-11-23, CUDA graphs on).
+"""common.tables.timeline: the joined story on real SGLang captures (one H200, 2026-11-23, CUDA graphs on).
 
 Fixtures (made by a probe run of SGLang 0.5.17, Llama-3.1-8B shapes, dummy weights, flashinfer backend,
 default serving configuration: prefill and decode CUDA graphs on):
@@ -14,7 +14,9 @@ import re
 
 import pytest
 
-from common import models, ncu, timeline, trace
+from common.capture import models, ncu  # noqa: E402
+from common.tables import kernels, timeline, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
 
 TRACE = "sglang_story_trace_graphs_llama8b_h200_cut.json.gz"
 NCU = "sglang_story_ncu_graph_nodes_2layers_h200.csv.gz"
@@ -38,7 +40,7 @@ def kt(request):
 def ncu_rows():
     from pathlib import Path
     text = gzip.open(Path(__file__).parent / "fixtures" / NCU, "rt").read()
-    return ncu.summarize(ncu.read_raw(text), peaks=H200)
+    return kernels.summarize(ncu.read_raw(text), peaks=H200)
 
 
 H200 = {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "l2_mb": 60.0}   # the ceilings of the H200 these ran on (one DRAM
@@ -95,7 +97,7 @@ def test_counters_join_kernel_by_kernel(kt, ncu_rows):
     assert g1["dram_kind"] == "read" and not g1["l2_resident"]                            # ... from DRAM
     pre = j[(j["step"] == 0) & (j["role"] == "gate_up_proj")].iloc[5]
     assert pre["tensor_pct"] > 80                                                          # prefill GEMM: tensor cores
-    assert ncu.bound({**pre, "top_stalls": pre["top_stalls"]}) == "compute-bound (tensor cores)"
+    assert bounds.bound({**pre, "top_stalls": pre["top_stalls"]}) == "compute-bound (tensor cores)"
     # the ncu time and the traced time of a kernel are close (same shapes; ncu flushed caches per replay there)
     assert 0.7 < g1["ncu_time_us"] / g1["dur_us"] < 1.3 and g1["ncu_ratio"] == g1["ncu_time_us"] / g1["dur_us"]
 

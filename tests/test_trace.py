@@ -1,7 +1,7 @@
-"""common.trace on real torch-profiler and nsys output (tests/fixtures/README.md)."""
+"""common.tables.trace on real torch-profiler and nsys output (tests/fixtures/README.md)."""
 import pytest
 
-from common import trace
+from common.tables import trace
 
 TRACE = "torch_profiler_trace_flashinfer_rmsnorm_matmul_h200.json"
 

@@ -1,4 +1,4 @@
-"""common.waterfall and SGLang's stamps (sglang/scripts/_sglang.py) on real H100 recordings.
+"""common.tables.waterfall and SGLang's stamps (sglang/scripts/_sglang.py) on real H100 recordings.
 
 Fixtures (tests/fixtures/README.md, round 3, a fresh H100, 2026-11-25):
   sglang_request_stamps_h100.json.gz        20 streamed requests, one at a time (10 text, 10 input_ids; the first
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common import trace, waterfall
-from common.waterfall import WaterfallError
+from common.tables import trace, waterfall
+from common.tables.waterfall import WaterfallError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).parent / "fixtures"
@@ -127,7 +127,7 @@ def test_split_and_traced_vs_untraced_per_part(wfs, rec, ev):
     r = waterfall.ratios(u, t)
     assert r["queue wait"] > 3                     # the profiled scheduler loop takes longer to pick the request up
     lines = waterfall.render(u, traced=t, title="TTFT")
-    from common import story
+    from common.base import story
     tree = story.tree("S", [("TTFT", [(ln, []) for ln in waterfall.render(u, traced=t, width=110)])])  # as 08 does
     folded = story.fold(tree).split("\n")
     assert all(len(ln) <= 120 for ln in folded)

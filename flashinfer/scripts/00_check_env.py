@@ -11,8 +11,8 @@ What it measures
     which paths FlashInfer takes on this GPU (prefill backend "auto", FA3, the norm path), and the
     measured ceilings every other script divides by: DRAM TB/s per kind of traffic (read, mixed, copy, write:
     each the best of several streaming probes far above L2; a kernel is divided by the kind its traffic matches)
-    and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.ceilings.peaks, cached per GPU, every probe
-    shown next to the datasheet (peaks.csv, from common.ceilings.ceilings_table), and the L2 size (below 4x L2 a
+    and bf16 TFLOP/s (the best over a sweep of GEMM shapes), common.capture.ceilings.peaks, cached per GPU, every probe
+    shown next to the datasheet (peaks.csv, from common.capture.ceilings.ceilings_table), and the L2 size (below 4x L2 a
     formula's bytes / time is effective bandwidth, not a DRAM rate).
 
 What the plan expected (hypotheses: H_* below, facts with their sources)
@@ -47,10 +47,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import ceilings, cli, gpu, kernels, recording, story  # noqa: E402
-from common.checks import SetupError, profilers, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main, SetupError  # noqa: E402
+from common.capture import ceilings, gpu, probes  # noqa: E402
+from common.capture.ncu import profilers  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 PACKAGES = (  # (distribution, why this track needs it)
     ("torch", "tensors, CUDA events, torch.profiler"),
@@ -74,10 +77,10 @@ PACKAGES = (  # (distribution, why this track needs it)
 
 H = declare("""
     ncu = ncu-counters: ncu can read the GPU performance counters (every hardware column needs them)
-        judged on: one tiny kernel profiled (common.checks.profilers)
+        judged on: one tiny kernel profiled (common.capture.ncu.profilers)
         source: PLAN.md session 3: hardware to read
     timeline = timeline-profiler: a timeline profiler is available (nsys; else torch.profiler)
-        judged on: common.nsys.find() / torch.profiler import
+        judged on: common.capture.nsys.find() / torch.profiler import
         source: PLAN.md session 3: process to capture
     auto = auto-is-fa3: on sm90 FlashInfer's prefill backend "auto" is FA3
         judged on: flashinfer.utils.determine_attention_backend for bf16, head_dim 128
@@ -107,11 +110,11 @@ def version_of(cmd: list[str]) -> str | None:
 
 
 def measure_peaks(run, refresh: bool):
-    """The measured ceilings every % column of this track divides by (common.ceilings: cached per GPU), every probe
-    beside the datasheet (common.ceilings.ceilings_table), and the ridge point: peaks.csv."""
+    """The measured ceilings every % column of this track divides by (common.capture.ceilings: cached per GPU), every probe
+    beside the datasheet (common.capture.ceilings.ceilings_table), and the ridge point: peaks.csv."""
     import pandas as pd
     if refresh:
-        ceilings.measure_peaks(0, refresh=True)
+        probes.measure_peaks(0, refresh=True)
     pk = ceilings.peaks()
     rows = ceilings.ceilings_table(pk)
     ds = pk.get("datasheet") or {}
@@ -208,7 +211,7 @@ def tell(x) -> str:
         (f"ceilings: {ceilings.kinds_text(pk)}", [
             (f"{ceilings.ceiling_text(pk, 'bf16_tflops')}; ridge {x.ridge or 0:.0f} FLOP/byte (bf16 / the fastest DRAM "
              f"kind: the roofline's roof) — datasheet {ds.get('dram_tb_s')} TB/s, {ds.get('bf16_tflops')} TFLOP/s", []),
-            (f"L2 {pk.get('l2_mb')} MB: below {kernels.STREAM_FACTOR}x L2 a formula's bytes / time is effective "
+            (f"L2 {pk.get('l2_mb')} MB: below {ceilings.STREAM_FACTOR}x L2 a formula's bytes / time is effective "
              "bandwidth, not a DRAM rate; DRAM % only from ncu's bytes there", [])]),
         (f"FlashInfer {info['flashinfer']}: prefill auto -> {info['prefill_auto_backend']}; FA3 usable: "
          f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
@@ -279,7 +282,7 @@ def _records(df) -> list[dict]:
 def peaks_of(rec, rows: list[dict]) -> tuple[dict, float | None]:
     """The ceilings the run divided by (its provenance) with what its peaks.csv says of them: which are measured,
     the best probe of each kind and GEMM shape (the method the story names), the datasheet row of its GPU (the
-    repository's common/datasheet.csv), and the ridge point."""
+    repository's common/capture/datasheet.csv), and the ridge point."""
     pk = dict(rec.peaks)
     prov = rec.summary.get("provenance") or {}
     pk["l2_mb"] = prov.get("l2_mb") or pk.get("l2_mb")

@@ -40,10 +40,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import cli, recording, story, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 PAGE = 16
 TOL = {"attention": 2e-2, "norm": 1e-2, "rope": 1e-2}     # relative L2 error against float32 torch
@@ -53,7 +55,7 @@ H = declare("""
         judged on: relative L2 error of each check against its tolerance (fixed seeds: deterministic)
         source: PLAN.md session 3, 01: 'a correctness baseline'
     kernels = api-kernels: each API ends in the kernel the source reading names
-        judged on: the kernels of each check's traced call (common.trace join)
+        judged on: the kernels of each check's traced call (common.tables.trace join)
         source: analysis.md H-01
     auto = auto-is-fa3: backend="auto" runs FA3 on sm90
         judged on: the backend the auto wrapper's plan() chose
@@ -209,7 +211,7 @@ def run_checks(run, x) -> list[dict]:
 
 
 def trace_kernels(run, x):
-    """One traced call per check (common.trace.capture_calls); the kernels it launched (common.trace join)."""
+    """One traced call per check (common.tables.trace.capture_calls); the kernels it launched (common.tables.trace join)."""
     import pandas as pd
     ev = trace.read_chrome_trace(trace.capture_calls(
         x.torch, [(f"check {r['check']}", c[4]) for r, c in zip(x.rows, x.checks)], run.path("trace.json"), reps=1))

@@ -6,10 +6,10 @@ What it measures
     Llama-3.1-8B (32 q / 8 kv heads) and 70B (64 / 8) head layouts, head_dim 128, query length
     128 -> 16k (batch 1, no cached prefix by default), for each backend asked for (fa2; fa3 on sm90).
     Per point: what plan() decided (backend, cta_tile_q, grid, split_kv; fa3 is persistent) and its CPU
-    time (common.timing.bench_cpu: median and 95% interval), the median kernel time (common.timing.bench:
-    CUPTI kernel time, cold L2), TFLOP/s from the causal FLOP count (common.flops.prefill_flops) and % of
+    time (common.capture.timing.bench_cpu: median and 95% interval), the median kernel time (common.capture.timing.bench:
+    CUPTI kernel time, cold L2), TFLOP/s from the causal FLOP count (common.tables.flops.prefill_flops) and % of
     this GPU's measured bf16 ceiling, arithmetic intensity from the minimum bytes (roofline), and the effective
-    bandwidth (those bytes / time: a DRAM rate only where the working set is >= 4x L2, common.timing.rates). The long
+    bandwidth (those bytes / time: a DRAM rate only where the working set is >= 4x L2, common.capture.timing.rates). The long
     reference (qo 8192) is timed 3 times per backend (reference.csv). A torch-profiler trace of a few
     shapes (3 calls each) shows the kernels each run() launched (split-KV merge, the fill kernel of run()
     without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi.cross_check).
@@ -19,7 +19,7 @@ What it measures
     each point's kernels on a timeline.
 
 What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals by
-common.verdicts: inside -> confirmed, outside -> refuted, across a bound -> inconclusive)
+common.judge.verdicts: inside -> confirmed, outside -> refuted, across a bound -> inconclusive)
     * FlashAttention-2 with online softmax, 128-token tiles; occupancy ~47% limited by shared memory (judged:
       shared memory alone sets the CTAs per SM), tensor pipe ~35%, HBM ~72% (judged on ncu's measured DRAM
       bytes), stalls led by long_scoreboard; a roofline position near the ridge point;
@@ -56,13 +56,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, recording, stats, story, timing, trace  # noqa: E402
-from common.checks import SetupError, run_main  # noqa: E402
-from common.models import PRESETS  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import RATE_COLUMNS, bench, bench_cpu, rates  # noqa: E402
-from common.verdicts import Hypothesis, declare  # noqa: E402
+from common.base import stats, story  # noqa: E402
+from common.base.checks import run_main, SetupError  # noqa: E402
+from common.capture import ceilings, ncu, timing  # noqa: E402
+from common.capture.models import PRESETS  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, bench_cpu, RATE_COLUMNS, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare, Hypothesis  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 QO_FULL = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -82,11 +87,11 @@ H = declare(f"""
         judged on: the backend plan() resolved (deterministic)
         source: analysis.md H-11
     ridge = prefill-near-ridge: prefill (seq 512, 32 heads) sits near the ridge point of the roofline
-        judged on: intensity (common.flops FLOPs / minimum bytes) over the ridge of the measured ceilings, batch 1 qo
+        judged on: intensity (common.tables.flops FLOPs / minimum bytes) over the ridge of the measured ceilings, batch 1 qo
             512: arithmetic, no timing; near = within a factor 2
         source: {PLAN}: 'near the ridge point'
     tensor = prefill-tensor-bound: prefill is tensor-core bound at long sequences
-        judged on: TFLOP/s (common.flops / CUPTI time) as % of the measured bf16 ceiling at qo 8192, {REPEATS}
+        judged on: TFLOP/s (common.tables.flops / CUPTI time) as % of the measured bf16 ceiling at qo 8192, {REPEATS}
             repetitions
         confirmed: >= 30%
         source: analysis.md H-08; the plan's tensor pipe ≈ 35% less 5 points as the floor
@@ -119,7 +124,7 @@ H = declare(f"""
         source: {PLAN}: 'tensor pipe ≈ 35%', read as 25-45%
     hbm = prefill-hbm: HBM ~72% of peak
         judged on: ncu's measured DRAM bytes (read + written) over its kernel time, as % of the measured DRAM ceiling
-            of the same kind of traffic (common.kernels dram_pct), {REPEATS} launches at qo 512 with the caches
+            of the same kind of traffic (common.tables.kernels dram_pct), {REPEATS} launches at qo 512 with the caches
             flushed before each pass; the formula bytes of qo 512 (~10 MB, far below the L2) give no DRAM rate
         confirmed: [60, 85]%
         source: {PLAN}: 'HBM ≈ 72-75% of peak'
@@ -230,7 +235,7 @@ def check_correctness(run, x):
 
 
 def ncu_target(x) -> int:
-    """Under ncu / nsys: every target point once, a marker kernel before each (common.ncu.split_points)."""
+    """Under ncu / nsys: every target point once, a marker kernel before each (common.tables.kernels.split_points)."""
     x.backends = usable_backends(x, print)
     wr = {be: wrapper(x, be) for be in x.backends}
 
@@ -242,7 +247,7 @@ def ncu_target(x) -> int:
 
 
 def work(p, lay) -> dict:
-    """FLOPs and formula bytes of one prefill call (common.flops), the kind of its traffic (O written, Q, K, V read)
+    """FLOPs and formula bytes of one prefill call (common.tables.flops), the kind of its traffic (O written, Q, K, V read)
     and its working set (every byte touched once: the formula bytes)."""
     qos, kvs = [p["qo_len"]] * p["batch"], [p["kv_len"]] * p["batch"]
     nbytes = flops.prefill_bytes(qos, kvs, lay["hq"], lay["hkv"], lay["d"])
@@ -253,7 +258,7 @@ def work(p, lay) -> dict:
 
 def timed(x, p, fn, lay) -> dict:
     """One timing at point ``p``: CUPTI kernel time, TFLOP/s (% of the bf16 ceiling) and effective TB/s from
-    common.flops (common.timing.rates)."""
+    common.tables.flops (common.capture.timing.rates)."""
     with nvtx_range(label(p)):
         t = bench(fn)
     w = work(p, lay)
@@ -308,7 +313,7 @@ def auto_backend(run, x) -> str:
 
 def trace_calls(run, x):
     """Kernels per call from a torch-profiler trace (REPEATS calls per shape), joined with
-    common.trace.kernels_in_ranges: split+merge at batch 1, none on the probe shape, the fill kernel."""
+    common.tables.trace.kernels_in_ranges: split+merge at batch 1, none on the probe shape, the fill kernel."""
     import pandas as pd
     shapes = [(be, 1, 512, 0, True) for be in x.backends] + [(be, *PROBE, True) for be in x.backends]
     shapes += [(be, *PROBE, False) for be in x.backends if be == "fa2"][:1]
@@ -361,10 +366,10 @@ def profile_ncu(run, x):
 
 def look_at_merge(run, x) -> list[str]:
     """A closer look at the merge kernel FA2 adds at batch 1 (issue 21.4): the first merge launch of the reference
-    points (fa2 b1 qo512) under ncu --set full (merge_full.csv), read by common.ncu.look: how the launch fills the
+    points (fa2 b1 qo512) under ncu --set full (merge_full.csv), read by common.judge.bounds.look: how the launch fills the
     GPU, how busy the issue slots are, its pipes, instructions per DRAM byte and the stalls with what they mean.
     Optional: a failure is one note and the run goes on."""
-    from common import kernels as kt
+    from common.tables import kernels as kt
     if "fa2" not in x.backends:
         return []
     run.log("ncu --set full: the first merge launch of fa2 b1 qo512 (a closer look)")
@@ -373,19 +378,19 @@ def look_at_merge(run, x) -> list[str]:
                            *x.child], run.dir / "ncu", name="merge_full", kernel="MergeState", launch_count=1,
                           section_set="full", metrics=None, cache_control="all", echo=run.log, timeout=600)
         raw = res.df.iloc[0].to_dict()
-        row = kt.joined(ncu.summarize(res.df, peaks=x.pk), x.pk).iloc[0].to_dict()
+        row = kt.joined(kernels.summarize(res.df, peaks=x.pk), x.pk).iloc[0].to_dict()
     except Exception as e:  # noqa: BLE001 - the closer look is optional
         run.note(f"the merge kernel's closer look did not run ({e.__class__.__name__}: {str(e).splitlines()[0][:160]})")
         return []
-    run.table("merge_look", ncu.summarize(res.df, peaks=x.pk))
+    run.table("merge_look", kernels.summarize(res.df, peaks=x.pk))
     return look_lines(raw, row)
 
 
 def look_lines(raw: dict, row: dict) -> list[str]:
-    """The closer look's story lines: the merge launch's summary (``row``: common.kernels.joined of its summarize()
-    row, merge_look.csv) and what common.ncu.look reads in its --set full metrics (``raw``: ncu/merge_full.csv)."""
-    return [f"{row['kernel']}: {row['ncu_time_us']:.1f} us under ncu (caches flushed), {ncu.bound_why(row)}",
-            *ncu.look(raw, row)]
+    """The closer look's story lines: the merge launch's summary (``row``: common.tables.kernels.joined of its summarize()
+    row, merge_look.csv) and what common.judge.bounds.look reads in its --set full metrics (``raw``: ncu/merge_full.csv)."""
+    return [f"{row['kernel']}: {row['ncu_time_us']:.1f} us under ncu (caches flushed), {bounds.bound_why(row)}",
+            *bounds.look(raw, row)]
 
 
 def profile_nsys(run, x):
@@ -412,7 +417,7 @@ def figures(run, x):
             if mb > 0 and r.ncu_time_us > 0:
                 pts.append({"label": "", "series": f"ncu {r.backend} (measured bytes)", "flop_per_byte": f / (mb * 1e6),
                             "tflop_s": f / (r.ncu_time_us * 1e-6) / 1e12})
-    run.figure("roofline", plots.roofline(pts, x.pk, title="Causal paged prefill (bytes: common.flops; 'ncu': measured)"))
+    run.figure("roofline", plots.roofline(pts, x.pk, title="Causal paged prefill (bytes: common.tables.flops; 'ncu': measured)"))
 
 
 def judge_timing(run, x):
@@ -466,7 +471,7 @@ def judge_calls(run, x):
 
 
 def smem_alone(r: dict) -> bool:
-    """Shared memory alone sets the CTAs per SM of a launch (common.kernels' limiter, from launch__occupancy_limit_*):
+    """Shared memory alone sets the CTAs per SM of a launch (common.tables.kernels' limiter, from launch__occupancy_limit_*):
     'shared_mem (2 CTAs/SM)' is, a tie such as 'registers+shared_mem (2 CTAs/SM)' is not."""
     return str(r.get("limiter") or "").split(" ")[0] == "shared_mem"
 
@@ -482,11 +487,11 @@ def judge_ncu(run, x):
         run.fact(h(H["smem"]), [smem_alone(r) for r in rows] or None,
                  f"limiter {rows[0]['limiter']}; {_fi.occupancy_text(rows[0])}" if rows else "limiter n/a", where)
         run.judge(h(H["pipe"]), [r["tensor_pct"] for r in rows], evidence=where, detail="; ".join(
-            dict.fromkeys(ncu.bound_why(r) for r in rows)))
+            dict.fromkeys(bounds.bound_why(r) for r in rows)))
         run.judge(h(H["hbm"]), [r.get("dram_pct") for r in rows], evidence=where, detail="; ".join(
             dict.fromkeys(f"{kernels.COLUMNS['dram_tb_s'].show(r)}, {kernels.COLUMNS['l2_hit_pct'].show(r)}" for r in rows))
             + (f"; of {ceilings.ceiling_text(x.pk, ceilings.DRAM_KEYS[rows[0]['dram_kind']])}" if rows else ""))
-        run.fact(h(H["stall"]), [ncu.top_stall(r) == "long_scoreboard" for r in rows] or None,
+        run.fact(h(H["stall"]), [bounds.top_stall(r) == "long_scoreboard" for r in rows] or None,
                  "; ".join(dict.fromkeys(f"{r['top_stalls']}" for r in rows)) or "n/a", where)
         if be == "fa2":
             run.fact(H["fa2_theo"], [r["theoretical_occupancy_pct"] <= 20 for r in rows] or None,
@@ -512,7 +517,7 @@ def tell(x) -> str:
         if x.kern is not None:
             kk = x.kern[(x.kern["kind"] == "sweep") & (x.kern["backend"] == r.backend) & (x.kern["qo_len"] == r.qo_len)
                         & (x.kern["kv_len"] == r.kv_len) & (x.kern["batch"] == r.batch) & (x.kern["model"] == x.models[0])]
-            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{ncu.bound_why(k)}]") for k in kk.to_dict("records")]
+            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{bounds.bound_why(k)}]") for k in kk.to_dict("records")]
         items.append((f"{r.backend}: batch {r.batch}, {r.qo_len} new tokens on {r.kv_len} KV"
                       + ("" if r.out_given else ", out=None"), kids))
     for be, g in x.ref.groupby("backend", sort=False):

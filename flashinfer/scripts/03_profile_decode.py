@@ -4,12 +4,12 @@
 What it measures
     flashinfer.BatchDecodeWithPagedKVCacheWrapper with Llama-3.1 head layouts (8B: 32 q / 8 kv heads;
     70B: 64 / 8; head_dim 128, bf16, page size 16), batch 1 -> 256 x KV length 512 -> 32k, for the
-    default CUDA-core kernel and for use_tensor_cores=True. Per point: plan() CPU time (common.timing.
+    default CUDA-core kernel and for use_tensor_cores=True. Per point: plan() CPU time (common.capture.timing.
     bench_cpu over many calls: median and its 95% interval), what plan() decided (split_kv, KV chunk, grid)
-    read from plan_info, the median kernel time (common.timing.bench: CUPTI kernel time, cold L2), and the
-    effective bandwidth: the bytes decode must move (common.flops.decode_bytes) over that time. Effective bandwidth
-    is a DRAM rate only where the working set is at least 4x the L2 (common.timing.rates): there it is also given
-    as % of this GPU's measured DRAM read ceiling (decode reads; common.ceilings.peaks), elsewhere not. The plan's
+    read from plan_info, the median kernel time (common.capture.timing.bench: CUPTI kernel time, cold L2), and the
+    effective bandwidth: the bytes decode must move (common.tables.flops.decode_bytes) over that time. Effective bandwidth
+    is a DRAM rate only where the working set is at least 4x the L2 (common.capture.timing.rates): there it is also given
+    as % of this GPU's measured DRAM read ceiling (decode reads; common.capture.ceilings.peaks), elsewhere not. The plan's
     reference point (CUDA cores, batch 32, KV 4096: 537 MB of KV, 9x a 60 MB L2) is timed 3 times
     (reference.csv) and judged on the interval of the three. A torch-profiler trace of a few shapes (3 calls
     each) counts the kernels each run() really launched (attention, plus a merge kernel when the KV was
@@ -21,7 +21,7 @@ What it measures
     timeline (Nsight Systems; the torch trace where nsys is not usable).
 
 What the plan expected (hypotheses: H_* below, each with its range and where the range comes from;
-judged on intervals by common.verdicts: inside -> confirmed, outside -> refuted, across -> inconclusive)
+judged on intervals by common.judge.verdicts: inside -> confirmed, outside -> refuted, across -> inconclusive)
     * decode is memory-bound, ~80% of peak HBM at batch 32 x KV 4096 (judged: effective bandwidth 70-90% of the
       measured DRAM read ceiling, 3 repetitions, valid because the working set is >= 4x L2; the ceiling is named
       in the verdict: it differs between GPUs);
@@ -58,13 +58,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, recording, stats, story, timing, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.models import PRESETS  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import RATE_COLUMNS, bench, bench_cpu, eff_premise, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import stats, story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import ceilings, timing  # noqa: E402
+from common.capture.models import PRESETS  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, bench_cpu, eff_premise, RATE_COLUMNS, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 BATCHES_FULL, KV_FULL = (1, 8, 32, 64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -81,9 +86,9 @@ PAGE = 16
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §03 (A100)"
 H = declare(f"""
     bw = decode-bw: decode is memory-bound at ~80% of peak HBM (batch 32, KV 4096)
-        judged on: CUDA-core decode effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the
+        judged on: CUDA-core decode effective bandwidth (common.tables.flops bytes / CUPTI time, cold L2) as % of the
             measured DRAM read ceiling, {REPEATS} repetitions; a DRAM rate because its working set (537 MB of KV) is
-            >= 4x the L2 (else the verdict is inconclusive: common.timing.eff_premise)
+            >= 4x the L2 (else the verdict is inconclusive: common.capture.timing.eff_premise)
         confirmed: [70, 90]%
         source: {PLAN}: '~80% of peak HBM', read as 70-90%
     split = decode-split: the KV is split into 8 chunks of 512 tokens at batch 32 / KV 4096
@@ -133,7 +138,7 @@ H = declare(f"""
         confirmed: [55, 75]%
         source: {PLAN}: 'long_scoreboard ≈ 65% of stalls', read as 55-75%
     bound = cuda-decode-dram-bound: CUDA-core decode is DRAM-bound
-        judged on: common.ncu.bound() of each of {REPEATS} launches (DRAM %, SM %, top stall and what it means)
+        judged on: common.judge.bounds.bound() of each of {REPEATS} launches (DRAM %, SM %, top stall and what it means)
         source: analysis.md H-04
 """)
 
@@ -211,7 +216,7 @@ def check_correctness(run, x):
 
 
 def ncu_target(x) -> int:
-    """Under ncu / nsys: every target point once, a marker kernel before each (common.ncu.split_points)."""
+    """Under ncu / nsys: every target point once, a marker kernel before each (common.tables.kernels.split_points)."""
     wr = {v: wrapper(x, v) for v in VARIANTS}
 
     def make(p):
@@ -221,7 +226,7 @@ def ncu_target(x) -> int:
 
 
 def work(p, lay) -> dict:
-    """Formula bytes and FLOPs of one decode call (common.flops), its traffic kind (the output row per request is
+    """Formula bytes and FLOPs of one decode call (common.tables.flops), its traffic kind (the output row per request is
     the only write: "read") and its working set (every byte is touched once: the formula bytes)."""
     kvs = [p["kv_len"]] * p["batch"]
     nbytes = flops.decode_bytes(kvs, lay["hq"], lay["hkv"], lay["d"])
@@ -231,8 +236,8 @@ def work(p, lay) -> dict:
 
 
 def timed(x, p, fn, lay) -> dict:
-    """One timing of ``fn`` at point ``p``: CUPTI kernel time, effective TB/s from common.flops (a % of the DRAM read
-    ceiling only where the working set is >= 4x L2: common.timing.rates)."""
+    """One timing of ``fn`` at point ``p``: CUPTI kernel time, effective TB/s from common.tables.flops (a % of the DRAM read
+    ceiling only where the working set is >= 4x L2: common.capture.timing.rates)."""
     with nvtx_range(label(p)):
         t = bench(fn)
     w = work(p, lay)
@@ -282,7 +287,7 @@ def _with_meta(df, meta: dict):
 
 def trace_calls(run, x):
     """Kernels per call, read from a torch-profiler trace (REPEATS calls per traced shape; then REPEATS plan()
-    calls per variant), joined with common.trace.kernels_in_ranges: x.rows, x.cs (calls.csv), x.pc, x.ps."""
+    calls per variant), joined with common.tables.trace.kernels_in_ranges: x.rows, x.cs (calls.csv), x.pc, x.ps."""
     calls, plans, meta, keep = [], [], {}, []
     for v in x.variants:
         for b, kv in TRACE_SHAPES:
@@ -358,7 +363,7 @@ def figures(run, x):
             if mb > 0 and r.ncu_time_us > 0:
                 pts.append({"label": "", "series": f"ncu {r.variant} (measured bytes)", "flop_per_byte": f / (mb * 1e6),
                             "tflop_s": f / (r.ncu_time_us * 1e-6) / 1e12})
-    run.figure("roofline", plots.roofline(pts, x.pk, title="Paged decode (bytes: common.flops; 'ncu': measured)"))
+    run.figure("roofline", plots.roofline(pts, x.pk, title="Paged decode (bytes: common.tables.flops; 'ncu': measured)"))
 
 
 def judge_timing(run, x):
@@ -424,8 +429,8 @@ def judge_ncu(run, x):
     run.judge(H["no_tc"], [r["tensor_pct"] for r in rows], evidence=where)
     run.judge(H["lsb"], [r.get("stall_long_scoreboard_pct") for r in rows], evidence=where,
               detail=f"top stalls {rows[0]['top_stalls']}" if rows else "")
-    run.fact(H["bound"], [ncu.bound(r) == "memory-bound" for r in rows] or None,
-             "; ".join(dict.fromkeys(f"{ncu.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)}, measured by ncu)"
+    run.fact(H["bound"], [bounds.bound(r) == "memory-bound" for r in rows] or None,
+             "; ".join(dict.fromkeys(f"{bounds.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)}, measured by ncu)"
                                      for r in rows)) or "not profiled", where)
 
 
@@ -444,7 +449,7 @@ def tell(x) -> str:
         if x.kern is not None:
             kk = x.kern[(x.kern["kind"] == "sweep") & (x.kern["variant"] == r.variant) & (x.kern["batch"] == r.batch)
                         & (x.kern["kv_len"] == r.kv_len) & (x.kern["model"] == x.models[0])]
-            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{ncu.bound_why(k)}]") for k in kk.to_dict("records")]
+            kids += [kernels.node(k, head=f"{k['kernel']} (ncu) [{bounds.bound_why(k)}]") for k in kk.to_dict("records")]
         items.append((f"{'CUDA cores' if r.variant == 'cuda' else 'tensor cores'}, batch {r.batch}, KV {r.kv_len}", kids))
     if len(x.ref):
         items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): "
@@ -454,7 +459,7 @@ def tell(x) -> str:
     text = story.tree(f"DECODE ATTENTION — {x.pk['gpu']}, {x.models[0]} heads ({x.lay0['hq']} q / {x.lay0['hkv']} kv, "
                       f"d {x.lay0['d']}), bf16, page {PAGE}; effective bandwidth = formula bytes / time, a % of "
                       f"{timing.dram_ceiling_text(x.pk, 'read', short=True)} only at working sets >= "
-                      f"{kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes", items)
+                      f"{ceilings.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes", items)
     if x.tl is not None:
         tl, src = x.tl
         shown = [lab for lab in ("decode cuda b=32 kv=4096", "decode cuda b=1 kv=32768") if lab in set(tl["label"])]

@@ -5,10 +5,10 @@ What it measures
     flashinfer.rmsnorm and flashinfer.fused_add_rmsnorm against the same maths in plain torch (unfused:
     several elementwise/reduction kernels) and against the unfused pair (torch add, then flashinfer.rmsnorm),
     for hidden 4096 (Llama-3.1-8B) and 8192 (Llama-3.1-70B), tokens 1 -> 16k, bf16. Per point: median kernel
-    time (common.timing.bench: CUPTI, cold L2) and the effective bandwidth: the bytes the op must move (common.flops:
+    time (common.capture.timing.bench: CUPTI, cold L2) and the effective bandwidth: the bytes the op must move (common.tables.flops:
     rmsnorm_bytes, fused_add_rmsnorm_bytes, add_then_rmsnorm_bytes) over that time. It is a DRAM rate, given as % of
     this GPU's measured DRAM ceiling of the op's traffic (copy: one read per write; add-then-norm: mixed), only where
-    the working set is at least 4x the L2 (common.timing.rates): the sweep's largest points and the fusion point.
+    the working set is at least 4x the L2 (common.capture.timing.rates): the sweep's largest points and the fusion point.
 
     The fusion saving is measured where writes are counted. ncu's per-kernel dram__bytes_write misses the dirty
     lines still in L2 when a kernel ends (at <= 1,024 tokens the writes read about 0; at 8k x 4096 RMSNormKernel
@@ -16,7 +16,7 @@ What it measures
     the fusion point is sized from this GPU's L2: tokens x 4096 x 2 bytes >= 8 x L2 (65,536 tokens on a 50-60 MB
     L2), where at most one L2 of dirty lines (<= 1/8 of one tensor) can escape the count. At that point fused and
     add-then-norm are timed 3 times each (interleaved) and compared in time (time saving, and effective TB/s =
-    common.flops bytes / time) and, with --ncu, in measured DRAM bytes (reads + writes of every kernel of the
+    common.tables.flops bytes / time) and, with --ncu, in measured DRAM bytes (reads + writes of every kernel of the
     variant, 3 launches each; measured writes / formula writes shows how much was counted).
 
 What the plan expected (hypotheses: H_* below with their ranges and sources; judged on intervals)
@@ -28,7 +28,7 @@ What the plan expected (hypotheses: H_* below with their ranges and sources; jud
     * a handful of tokens cannot fill the GPU: launch/latency bound (judged on effective bandwidth at 1 token against
       the same kernel's at the fusion point: an 8 KB working set has no DRAM rate).
     Reading ncu: a kernel whose SM % exceeds its DRAM % is not compute-bound when its top stall is a memory
-    stall (long_scoreboard): common.ncu.bound() calls that memory-latency-bound, and the verdict says why.
+    stall (long_scoreboard): common.judge.bounds.bound() calls that memory-latency-bound, and the verdict says why.
 
 Run
     python flashinfer/scripts/04_profile_rmsnorm.py --quick          # ~1 min (warm JIT)
@@ -53,12 +53,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench, eff_premise, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import ceilings, timing  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, eff_premise, rates  # noqa: E402
+from common.tables import flops, kernels  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 HIDDEN = (4096, 8192)
@@ -67,7 +72,7 @@ TOKENS_QUICK = (1, 64, 1024, 8192)
 RMSNORM, TORCH, FUSED, ADD_NORM = VARIANTS = (
     "flashinfer.rmsnorm", "torch rmsnorm (unfused)", "flashinfer.fused_add_rmsnorm", "torch add + flashinfer.rmsnorm")
 BYTES = {RMSNORM: flops.rmsnorm_bytes, TORCH: flops.rmsnorm_bytes, FUSED: flops.fused_add_rmsnorm_bytes,
-         ADD_NORM: flops.add_then_rmsnorm_bytes}     # minimum DRAM bytes of each variant (common.flops)
+         ADD_NORM: flops.add_then_rmsnorm_bytes}     # minimum DRAM bytes of each variant (common.tables.flops)
 # tokens x hidden tensors each variant reads, writes and touches (its working set): rmsnorm reads x, writes y; the fused
 # kernel reads x and the residual and writes both back in place; add then norm reads x, r, writes r, reads r, writes y
 TENSORS = {RMSNORM: (1, 1, 2), TORCH: (1, 1, 2), FUSED: (2, 2, 2), ADD_NORM: (3, 2, 3)}
@@ -80,9 +85,9 @@ KERNELS = "RMSNorm|vectorized_elementwise|unrolled_elementwise|reduce_kernel"  #
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §04 (A100)"
 H = declare(f"""
     bw = rmsnorm-bw: RMSNorm reaches ~85% of peak DRAM bandwidth at large token counts
-        judged on: flashinfer.rmsnorm effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the
+        judged on: flashinfer.rmsnorm effective bandwidth (common.tables.flops bytes / CUPTI time, cold L2) as % of the
             measured DRAM copy ceiling (one read per write) at the fusion point, {REPEATS} repetitions; a DRAM rate
-            because the working set there is >= {L2_FACTOR}x L2 (common.timing.eff_premise)
+            because the working set there is >= {L2_FACTOR}x L2 (common.capture.timing.eff_premise)
         confirmed: [75, 95]%
         source: {PLAN}: '85% of peak bandwidth', read as 75-95%
     small = rmsnorm-small: a handful of tokens cannot fill the GPU (far below the ceiling)
@@ -92,7 +97,7 @@ H = declare(f"""
         confirmed: <= 20%
         source: {PLAN}; flashinfer/reports/plan.md §04: 'launch/latency bound'; 20% read as far below
     bound = rmsnorm-memory-bound: RMSNorm is memory-bound (it waits on DRAM, not on math)
-        judged on: common.ncu.bound() of RMSNormKernel at the fusion point, {REPEATS} launches: memory-bound or
+        judged on: common.judge.bounds.bound() of RMSNormKernel at the fusion point, {REPEATS} launches: memory-bound or
             memory-latency-bound (SM % above DRAM % with a memory top stall)
         source: {PLAN}; analysis.md H-13
     fuse_plan = fusion-40: fusing the residual add saves ~40% of memory traffic
@@ -164,7 +169,7 @@ def make_call(x, p):
 
 
 def work(p) -> dict:
-    """Formula bytes of one call (common.flops), the kind of its traffic (TENSORS: reads and writes) and its working
+    """Formula bytes of one call (common.tables.flops), the kind of its traffic (TENSORS: reads and writes) and its working
     set (the tensors it touches, an in-place write counted once)."""
     reads, writes, touched = TENSORS[p["variant"]]
     one = p["tokens"] * p["hidden"] * 2
@@ -235,9 +240,9 @@ def writes_counted(write_mb: float, tokens: int, hidden: int, tensors: int) -> f
 
 
 def memory_bound(row) -> bool:
-    """common.ncu.bound() says it waits on memory: memory-bound, or memory-latency-bound (SM % above DRAM % with a
+    """common.judge.bounds.bound() says it waits on memory: memory-bound, or memory-latency-bound (SM % above DRAM % with a
     memory top stall such as long_scoreboard: the load/store issue counts in SM %, the math pipes are idle)."""
-    return ncu.bound(row).startswith("memory")
+    return bounds.bound(row).startswith("memory")
 
 
 def fusion(x):
@@ -305,7 +310,7 @@ def judge(run, x):
     run.judge(H["fuse_plan"], list(fu["dram_saving_pct"]), evidence="fusion.csv, ncu_kernels.csv", detail=bytes_how)
     rows = [r for r in _fi.reference_rows(x.kern, variant=RMSNORM, tokens=big) if r["kernel"] == "RMSNormKernel"]
     run.fact(H["bound"], [memory_bound(r) for r in rows] or None,
-             "; ".join(dict.fromkeys(ncu.bound_why(r) for r in rows)) or "RMSNormKernel not profiled",
+             "; ".join(dict.fromkeys(bounds.bound_why(r) for r in rows)) or "RMSNormKernel not profiled",
              f"ncu_kernels.csv ({len(rows)} launches, kind=reference)")
 
 
@@ -325,20 +330,20 @@ def tell(x) -> str:
     kids = [(f"time: fused {fu['fused_us'].median():.0f} us vs add+norm {fu['add_norm_us'].median():.0f} us -> "
              f"{fu['time_saving_pct'].median():.1f}% saved [{fu['time_saving_pct'].min():.1f}, "
              f"{fu['time_saving_pct'].max():.1f}] over {REPEATS} repetitions", []),
-            (f"bytes (common.flops): {fu['fused_bytes'].iloc[0] / 1e6:.0f} MB vs {fu['add_norm_bytes'].iloc[0] / 1e6:.0f} "
+            (f"bytes (common.tables.flops): {fu['fused_bytes'].iloc[0] / 1e6:.0f} MB vs {fu['add_norm_bytes'].iloc[0] / 1e6:.0f} "
              f"MB -> {fu['formula_saving_pct'].iloc[0]:.0f}% fewer", [])]
     if x.kern is not None:
         kids.append((f"DRAM bytes (ncu): {fu['fused_dram_mb'].median():.0f} MB vs {fu['add_norm_dram_mb'].median():.0f} MB "
                      f"-> {fu['dram_saving_pct'].median():.1f}% saved; fused writes counted "
                      f"{fu['fused_writes_counted'].median():.2f}x the formula", []))
         last = x.kern[(x.kern["kind"] == "reference") & (x.kern["rep"] == 0) & (x.kern["tokens"] == fu["tokens"].iloc[0])]
-        kids += [kernels.node(r, head=f"{r['variant']}: {r['kernel']} (ncu) [{ncu.bound_why(r)}]")
+        kids += [kernels.node(r, head=f"{r['variant']}: {r['kernel']} (ncu) [{bounds.bound_why(r)}]")
                  for r in last.to_dict("records")]
     items.append((f"fusion point: {fu['tokens'].iloc[0]} tokens x {FUSION_HIDDEN} (one tensor "
                   f"{fu['tokens'].iloc[0] * FUSION_HIDDEN * 2 / 1e6:.0f} MB, L2 {x.l2 / 2**20:.0f} MB)", kids))
     return story.tree(f"RMSNORM at {big_t} tokens, bf16 — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a "
                       f"% of {timing.dram_ceiling_text(x.pk, 'copy', short=True)} only at working sets >= "
-                      f"{kernels.STREAM_FACTOR}x L2 (L2 {x.l2 / 2**20:.0f} MB); DRAM rates from ncu's bytes", items)
+                      f"{ceilings.STREAM_FACTOR}x L2 (L2 {x.l2 / 2**20:.0f} MB); DRAM rates from ncu's bytes", items)
 
 
 @dataclass
@@ -377,7 +382,7 @@ def main_reanalyse(args) -> int:
     one the recording's provenance names (it sizes the fusion point)."""
     rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference"), optional=("ncu_kernels",))
     pk = rec.peaks
-    l2 = kernels.l2_bytes({"l2_mb": (rec.summary.get("provenance") or {}).get("l2_mb")}) or kernels.l2_bytes(pk)
+    l2 = ceilings.l2_bytes({"l2_mb": (rec.summary.get("provenance") or {}).get("l2_mb")}) or ceilings.l2_bytes(pk)
     x = Record(args=rec.args_like(args), l2=int(l2), pk=pk, df=rec.tables["sweep"], ref=rec.tables["reference"],
                kern=rec.tables["ncu_kernels"])
     with recording.run(__file__, args, rec) as run:

@@ -7,11 +7,11 @@ What it measures
     and once as a single long request), apply_rope_pos_ids, apply_llama31_rope,
     apply_llama31_rope_pos_ids, apply_rope_with_cos_sin_cache and its in-place form (what SGLang
     calls), over token counts 1 -> 32k (head_dim 64/128/256 in the full run). For each point: the
-    kernel the call launched (torch-profiler trace, common.trace join), median time (common.timing.bench,
-    CUPTI, cold L2) and the effective bandwidth: the bytes RoPE must move (common.flops.rope_bytes: read + write
+    kernel the call launched (torch-profiler trace, common.tables.trace join), median time (common.capture.timing.bench,
+    CUPTI, cold L2) and the effective bandwidth: the bytes RoPE must move (common.tables.flops.rope_bytes: read + write
     q and k, plus positions / the fp32 cos-sin row) over that time; as % of the measured DRAM copy ceiling only
     where the working set (q and k, once more for an out-of-place output, the cos/sin rows) is at least 4x the L2
-    (common.timing.rates). The judged APIs at 32k tokens, head_dim 128 are timed 3 times each, interleaved
+    (common.capture.timing.rates). The judged APIs at 32k tokens, head_dim 128 are timed 3 times each, interleaved
     (reference.csv). With --ncu (caches flushed before each pass, as the timing flushed them): measured DRAM bytes
     against that formula and as % of the ceiling of their kind, L2 hit rate, SM %, occupancy with its launch facts,
     grid, top stalls (the reference points 3 launches each).
@@ -48,12 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
 from _fi import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, plots, recording, story, timing, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench, eff_premise, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import ceilings, timing  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, eff_premise, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 TOKENS_FULL = (1, 16, 128, 1024, 4096, 8192, 16384, 32768)
@@ -70,9 +74,9 @@ MODEL = "llama-3.1-8b"
 PLAN = "PLAN.md session 3 / flashinfer/reports/plan.md §05 (A100)"
 H = declare(f"""
     bw = rope-bw: RoPE (cos/sin cache, in place) is memory-bound at ~75% of peak HBM
-        judged on: {INPLACE} effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the measured DRAM
+        judged on: {INPLACE} effective bandwidth (common.tables.flops bytes / CUPTI time, cold L2) as % of the measured DRAM
             copy ceiling (each q/k element read and written) at 32k tokens, {REPEATS} repetitions; a DRAM rate because
-            its working set (q, k, cos/sin rows: 352 MB) is >= 4x L2 (common.timing.eff_premise)
+            its working set (q, k, cos/sin rows: 352 MB) is >= 4x L2 (common.capture.timing.eff_premise)
         confirmed: [65, 85]%
         source: {PLAN}: '≈ 75% of peak HBM', read as 65-85%
     switch = rope-kernel-switch: the cos/sin-cache API switches from the head-parallel kernel (few tokens) to the
@@ -96,7 +100,7 @@ H = declare(f"""
         source: analysis.md H-15; > 2 points: beyond ncu's launch-to-launch noise
     formula = rope-formula-bytes: the in-place kernel moves about the bytes of the formula (each q/k element read and
             written once)
-        judged on: ncu DRAM bytes / common.flops.rope_bytes at 32k tokens, {REPEATS} launches
+        judged on: ncu DRAM bytes / common.tables.flops.rope_bytes at 32k tokens, {REPEATS} launches
         confirmed: [0.8, 1.3]
         source: flashinfer/reports/plan.md §05: 'bytes vs. formula'
 """)
@@ -178,7 +182,7 @@ def ncu_target(x) -> int:
 
 
 def sweep(run, x):
-    """Every point once, then one traced call per point: the kernel each call launched (common.trace join)."""
+    """Every point once, then one traced call per point: the kernel each call launched (common.tables.trace join)."""
     calls, keep = [], []
 
     def measure(p):
@@ -275,7 +279,7 @@ def tell(x) -> str:
         f"{v} {g['time_us'].median():.1f} us" for v, g in x.ref.groupby("variant", sort=False)), []))
     return story.tree(f"ROPE — {x.pk['gpu']}, {MODEL} heads (32 q / 8 k), head_dim {x.d0}, bf16; effective bandwidth = "
                       f"formula bytes / time, a % of {timing.dram_ceiling_text(x.pk, 'copy', short=True)} only at "
-                      f"working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes",
+                      f"working sets >= {ceilings.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's bytes",
                       items)
 
 

@@ -48,10 +48,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
-from common import cli, recording, story  # noqa: E402
-from common.checks import SetupError, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main, SetupError  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 MODULES = ("decode", "prefill_fa2", "prefill_fa3", "tc_decode", "norm", "rope")
 PAGE = 16

@@ -2,16 +2,16 @@
 
 Pure Python at import time: torch and flashinfer are passed in by the caller, so what is here is
 tested on a CPU box (tests/test_flashinfer_fi.py). Everything generic lives in common/ and is
-imported from there: FLOP/byte formulas (common.flops), the range->kernel join and the capture of
-labelled calls (common.trace), timers (common.timing), intervals and verdicts (common.stats,
-common.verdicts), ncu and nsys (common.ncu, common.nsys). What stays here, and why:
+imported from there: FLOP/byte formulas (common.tables.flops), the range->kernel join and the capture of
+labelled calls (common.tables.trace), timers (common.capture.timing), intervals and verdicts (common.base.stats,
+common.judge.verdicts), ncu and nsys (common.capture.ncu, common.capture.nsys). What stays here, and why:
 
   shapes       head layouts of the model presets, paged-KV index arrays and caches
   references   plain-torch attention (paged, GQA, causal bottom-right) and RoPE; the RoPE API table
   plan_info    the planner's integer list -> named fields (split_kv, grid size, KV chunk)
   calls        what one FlashInfer call launched (split-KV merge, fill kernel), read from the common join
   sweeps       the scripts' --ncu-target convention (each point once, a marker kernel before each;
-               judged points REPEATS times) and the verdict helpers on top of common.verdicts
+               judged points REPEATS times) and the verdict helpers on top of common.judge.verdicts
   timeline     the decode/prefill kernels of each point on a timeline: nsys, else the torch trace
   JIT          the modules in a FlashInfer cache folder, per-object compile times from .ninja_log
   bench        FlashInfer's own timer (flashinfer.testing.bench_gpu_time), for the cross-check
@@ -23,16 +23,16 @@ import re
 import sys
 from pathlib import Path
 
-from common.stats import Interval
-from common.verdicts import declare
+from common.base.stats import Interval
+from common.judge.verdicts import declare
 
 MERGE_RX = "MergeState"           # merge kernels: MergeStateKernel, (PersistentVariableLength)MergeStatesKernel
-REPEATS = 3                       # repetitions of every judged measurement (common.verdicts needs >= 3)
+REPEATS = 3                       # repetitions of every judged measurement (common.judge.verdicts needs >= 3)
 
 
 def require_stack():
     """(torch, flashinfer) with a CUDA GPU visible, or one [setup] line naming what is missing."""
-    from common.checks import require_gpu, require_module
+    from common.base.checks import require_gpu, require_module
     torch = require_module("torch", "pip install -r requirements.txt")
     require_gpu(torch)
     return torch, require_module("flashinfer", "pip install flashinfer-python==0.6.15.post1")
@@ -42,7 +42,7 @@ def require_stack():
 
 def head_layout(preset: str) -> dict:
     """Attention heads of a model preset: q heads, kv heads, head_dim, GQA group, RoPE settings."""
-    from common import models
+    from common.capture import models
     c = models.config(preset)
     hq, hkv = c["num_attention_heads"], c["num_key_value_heads"]
     d = c.get("head_dim") or c["hidden_size"] // hq
@@ -150,7 +150,7 @@ ROPE_APIS = {
 
 
 def rope_extra_bytes(api: str, d: int) -> int:
-    """Bytes per token a RoPE API reads besides q and k (common.flops.rope_bytes' per_token_extra): nothing for
+    """Bytes per token a RoPE API reads besides q and k (common.tables.flops.rope_bytes' per_token_extra): nothing for
     indptr/offsets (positions are computed), an int64 position id, or the id plus the fp32 cos/sin row (4 x d)."""
     return {"indptr+offsets": 0, "pos_ids": 8, "cos/sin cache": 8 + 4 * d}[ROPE_APIS[api][0]]
 
@@ -290,14 +290,14 @@ def grid_dims(text) -> tuple[int, ...] | None:
 
 def kernel_columns() -> tuple[str, ...]:
     """The columns of the report-sized kernel table: the launch (kernel, grid, block), then the counter columns the
-    kernel table declares (common.kernels.COUNTERS: ncu time, DRAM bytes / TB/s / kind / % of that kind's ceiling,
+    kernel table declares (common.tables.kernels.COUNTERS: ncu time, DRAM bytes / TB/s / kind / % of that kind's ceiling,
     L2 hit, ncu's SOL, SM, tensor, occupancy with its launch facts and limiter, stalls) and one_cta_per_sm."""
-    from common import kernels
+    from common.tables import kernels
     return ("kernel", "grid", "block", *kernels.names("counters"), "one_cta_per_sm")
 
 
 def compact_kernels(kern, point_cols):
-    """The report-sized view of a common.ncu.summarize() table: the point's labels, then kernel_columns() (the full
+    """The report-sized view of a common.tables.kernels.summarize() table: the point's labels, then kernel_columns() (the full
     table, with every stall column, is written beside it)."""
     cols = [c for c in (*point_cols, *kernel_columns()) if c in kern.columns]
     return kern[cols]
@@ -306,15 +306,15 @@ def compact_kernels(kern, point_cols):
 def occupancy_text(r: dict) -> str:
     """How a launch occupies the SMs, as every occupancy reading in the track gives it (issue 21.4): achieved of
     theoretical occupancy, CTAs per SM with the limiter, warps per CTA, registers per thread, shared memory per
-    CTA (common.kernels' declared shows), and 'one CTA per SM by design' where the launch fits only one."""
-    from common import kernels
+    CTA (common.tables.kernels' declared shows), and 'one CTA per SM by design' where the launch fits only one."""
+    from common.tables import kernels
     parts = [kernels.COLUMNS[c].show(r) for c in ("occupancy_pct", "ctas_per_sm")]
     text = "; ".join(p for p in parts if p) or "occupancy not collected"
     return text + ("; one CTA per SM by design" if r.get("one_cta_per_sm") else "")
 
 
 # ------------------------------------------------------------------ calls: what one FlashInfer call launched
-# (read from common.trace.kernels_in_ranges: the one range -> kernel join)
+# (read from common.tables.trace.kernels_in_ranges: the one range -> kernel join)
 
 def per_call(rows):
     """One row per traced call of a kernels_in_ranges() table: label, range_ts_us (the call), kernels, copies
@@ -367,9 +367,9 @@ def pick(df, **kw):
 
 # ------------------------------------------------------------------ sweeps: points, repetitions, verdicts
 # A script profiles its own sweep by re-running itself in a hidden --ncu-target mode that calls each point
-# once, the marker kernel (common.ncu.mark) before each; common.ncu.split_points gives every profiled
+# once, the marker kernel (common.capture.ncu.mark) before each; common.tables.kernels.split_points gives every profiled
 # launch its point. The points a verdict is judged on ("reference" points) run REPEATS times there, so
-# their counters are judged on an interval too (common.verdicts), never on one launch.
+# their counters are judged on an interval too (common.judge.verdicts), never on one launch.
 
 def sweep(run, torch, points, measure, say=None, name: str | None = "sweep"):
     """Every point measured once: ``measure(p)`` -> its row (a dict). A point that fails (a rejected shape, OOM, a
@@ -405,8 +405,8 @@ def run_once_each(torch, points, make, label) -> int:
     """The --ncu-target loop: for each point the marker kernel, then ``make(p)`` -> (fn, keep) and ``fn()`` once
     inside the NVTX range ``label(p)``; then the point's buffers are freed and handed back to the driver. A failed
     point is one [ERROR] line and still advances the point index."""
-    from common import ncu
-    from common.ranges import nvtx_range
+    from common.capture import ncu
+    from common.capture.ranges import nvtx_range
     for i, p in enumerate(points):
         ncu.mark(i, len(points), label(p))  # before the try: a failed point still advances the point index
         try:
@@ -440,15 +440,16 @@ def child_argv(argv, drop=("--ncu", "--nsys"), drop_value=("--out",)) -> list[st
 
 
 def ncu_points(run, script, argv, kernels: str, points: list, peaks: dict, timeout: float = 1200):
-    """``script --ncu-target argv`` under ncu (common.ncu.profile); one summarize() row per profiled launch with the
-    joined columns (common.kernels.joined: one CTA per SM, the stall note), labelled with the fields of the point it
+    """``script --ncu-target argv`` under ncu (common.capture.ncu.profile); one summarize() row per profiled launch with the
+    joined columns (common.tables.kernels.joined: one CTA per SM, the stall note), labelled with the fields of the point it
     belongs to (``points``: what the target ran, in order). The points are timed with a cold L2
-    (common.timing.bench), so ncu flushes the caches before every pass too (cache_control="all")."""
-    from common import kernels as kt
-    from common import ncu
+    (common.capture.timing.bench), so ncu flushes the caches before every pass too (cache_control="all")."""
+    from common.tables import kernels as kt
+    from common.capture import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), echo=run.log, timeout=timeout, cache_control="all")
-    kern = kt.joined(ncu.summarize(ncu.split_points(res.df), peaks=peaks), peaks)
+                      kernel=ncu.with_marker(kernels), metrics=kt.SUMMARY_METRICS, echo=run.log, timeout=timeout,
+                      cache_control="all")
+    kern = kt.joined(kt.summarize(kt.split_points(res.df), peaks=peaks), peaks)
     for c in dict.fromkeys(k for p in points for k in p):
         kern[c] = [points[i].get(c) if 0 <= i < len(points) else None for i in kern["point"]]
     if kern.attrs.get("missing_metrics"):
@@ -483,11 +484,11 @@ def _relative(k):
 
 def point_kernels(ev, points, pattern: str, label, marker: str | None = None):
     """The kernels of each sweep point of a --ncu-target run, from an nsys cuda_gpu_trace event table
-    (common.trace.read_nsys_csv): the marker kernel (``marker``, default common.ncu.MARKER_KERNEL) opens point
+    (common.tables.trace.read_nsys_csv): the marker kernel (``marker``, default common.capture.ncu.MARKER_KERNEL) opens point
     i; kernels whose name matches ``pattern`` are kept (not the point's set-up: randn, plan() copies);
     reference repetitions are left out. Columns as _relative: point, label, kernel, start_us, dur_us, gap_us."""
-    from common.ncu import MARKER_KERNEL
-    from common.trace import split_at_marker
+    from common.capture.ncu import MARKER_KERNEL
+    from common.tables.trace import split_at_marker
     k = ev.sort_values("ts_us", kind="stable").reset_index(drop=True)
     pts, is_mark = split_at_marker(k["name"], marker or MARKER_KERNEL)
     keep = [not m and bool(re.search(pattern, str(n))) for m, n in zip(is_mark, k["name"])]
@@ -498,19 +499,20 @@ def point_kernels(ev, points, pattern: str, label, marker: str | None = None):
 
 def call_kernels(rows, pattern: str):
     """The same table from the torch-profiler trace a script wrote: the first call (#0) of each label of a
-    common.trace.kernels_in_ranges() join, its kernels whose full name matches ``pattern``."""
+    common.tables.trace.kernels_in_ranges() join, its kernels whose full name matches ``pattern``."""
     k = rows[(rows["gpu_kind"] == "kernel") & (rows["call"] == 0)]
     k = k[k["full_name"].fillna("").str.contains(pattern)].rename(columns={"kernel": "short"})
     return _relative(k.assign(point=k.groupby("label", sort=False).ngroup()))
 
 
 def timeline(run, script, argv, points, pattern: str, label, rows):
-    """--nsys: ``script --ncu-target`` under Nsight Systems (common.nsys), each point's kernels read from its
+    """--nsys: ``script --ncu-target`` under Nsight Systems (common.capture.nsys), each point's kernels read from its
     cuda_gpu_trace. Where nsys is not usable or fails, the torch-profiler trace this run already wrote
     (``rows``: its kernels_in_ranges join) stands in, and a note says so. Returns (table, source)."""
-    from common import nsys, trace
+    from common.capture import nsys
+    from common.tables import trace
     if nsys.find() is None:
-        why = "nsys is not usable here (common.nsys.find() found none)"
+        why = "nsys is not usable here (common.capture.nsys.find() found none)"
     else:
         try:
             rep = nsys.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "nsys",
@@ -541,7 +543,7 @@ def timeline_lines(tl) -> list[str]:
 
 def timeline_ascii(tl, labels, width: int = 64) -> str:
     """story.timeline of a few points, each on its own microsecond axis, one lane per kernel ('M': merge)."""
-    from common import story
+    from common.base import story
     out = []
     for lab in labels:
         g = tl[tl["label"] == lab]
@@ -554,12 +556,12 @@ def timeline_ascii(tl, labels, width: int = 64) -> str:
 
 def timeline_figure(tl, title: str):
     """Each point's kernels on one bar: x = % of the point's GPU span (first kernel start to last kernel end),
-    one colour per kernel name (common.plots.styles); each row's label carries its span in us."""
+    one colour per kernel name (common.render.plots.styles); each row's label carries its span in us."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from common import plots
+    from common.render import plots
     labels = list(dict.fromkeys(tl["label"]))
     sty = plots.styles(list(dict.fromkeys(tl["kernel"])))
     fig, ax = plt.subplots(figsize=(8.5, 1.6 + 0.32 * len(labels)))
@@ -882,7 +884,7 @@ def cross_check_line(xrows: list, label) -> str:
 
 
 # ------------------------------------------------------------------ --reanalyse: what a recording gives back
-# (common.recording reads summary.json and the tables; what the attention scripts' analysis reads besides them)
+# (common.run.recording reads summary.json and the tables; what the attention scripts' analysis reads besides them)
 
 CALLS_COLUMNS = ("label", "calls", "kernels_per_call", "kernels", "copies_per_call", "copies", "merge_kernel",
                  "merge_share_pct", "fill_kernel", "kernel_us_per_call")   # calls_summary(); calls.csv adds plan facts
@@ -901,10 +903,10 @@ def _recorded(src: Path, name: str) -> Path | None:
 
 
 def recorded_trace(src: Path, why: str):
-    """The torch-profiler trace a run wrote (trace.json or trace.json.gz), as common.trace's event table; one [setup]
+    """The torch-profiler trace a run wrote (trace.json or trace.json.gz), as common.tables.trace's event table; one [setup]
     line when the recording has none (``why``: what the analysis reads from it)."""
-    from common import trace
-    from common.checks import SetupError
+    from common.tables import trace
+    from common.base.checks import SetupError
     path = _recorded(Path(src), "trace.json")
     if path is None:
         raise SetupError(f"--reanalyse {src}: no trace.json to re-analyse ({why})")
@@ -926,7 +928,7 @@ def as_recorded(df):
 def per_call_from(ev, pattern: str, cs):
     """per_call() of the traced calls whose range matches ``pattern``, joined by label with the plan facts the calls
     table holds (calls.csv: calls_summary() columns, then what plan() decided): the per-call table of the GPU run."""
-    from common import trace
+    from common.tables import trace
     facts = [c for c in cs.columns if c not in CALLS_COLUMNS]
     return per_call(trace.kernels_in_ranges(ev, pattern)).join(cs.set_index("label")[facts], on="label")
 
@@ -935,7 +937,7 @@ def recorded_ncu_row(src: Path, name: str) -> dict:
     """The first launch of a raw ncu CSV a run kept under ncu/ (``name``, or ``name``.gz), as a dict; {} when absent."""
     import gzip
 
-    from common import ncu
+    from common.capture import ncu
     path = _recorded(Path(src) / "ncu", name)
     if path is None:
         return {}

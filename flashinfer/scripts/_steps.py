@@ -1,4 +1,4 @@
-"""The FlashInfer pipeline's steps, as data (run by common/pipeline.py behind 06_full_pipeline.sh).
+"""The FlashInfer pipeline's steps, as data (run by common/run/pipeline.py behind 06_full_pipeline.sh).
 
 Default (--quick / --all): 00 01 02 03 04 05 07. --ncu adds --ncu to 02-05 (every sweep point once under
 ncu -> their kernels tables) and one ncu_profile.sh pass per kernel class (summary metrics on 2 launches
@@ -6,7 +6,7 @@ in --quick, --set full on 4 in --all -> results/ncu_profile/<class>/). --nsys ad
 each re-runs its sweep once under Nsight Systems and shows the kernels on a timeline (timeline.csv/.png
 and the story); where nsys is not usable they say so and show the torch-profiler trace they write.
 """
-from common.pipeline import ONLY, Step
+from common.run.steps import ONLY, Step
 
 ALL_FI = ("fi:decode", "fi:prefill_fa2", "fi:prefill_fa3", "fi:norm", "fi:rope")
 

@@ -6,8 +6,8 @@
 #       [--set NAME] [--nvtx-include RANGE] [--clock-control none|base] [--cache-control none|all]
 #       [--timeout S] -- COMMAND...
 #   --name NAME   results in flashinfer/results/ncu_profile/NAME/ (default ncu-<time>); --out DIR: in DIR
-#   the other options are those of `python -m common.ncu profile` (its --help): a kernel-name regex, launches
-#   to skip / profile, an ncu section set (default: the summary metrics of common.ncu.SUMMARY_METRICS), an
+#   the other options are those of `python -m common ncu profile` (its --help): a kernel-name regex, launches
+#   to skip / profile, an ncu section set (default: the summary metrics of common.tables.kernels.SUMMARY_METRICS), an
 #   NVTX range ('decode cuda b=32 kv=4096'), clocks as in un-profiled runs (none, the default) or ncu's base,
 #   caches as the application left them (none, the default) or flushed before each pass (all: what the
 #   scripts' cold-L2 timing measures; the pipeline's passes use it)
@@ -17,7 +17,7 @@
 #   ./flashinfer/scripts/ncu_profile.sh --name norm --kernel RMSNormKernel --count 2 -- \
 #       python flashinfer/scripts/04_profile_rmsnorm.py --ncu-target --quick
 # Writes DIR/ncu.csv (--csv --page raw), DIR/ncu_log.txt, DIR/ncu_app_stdout.txt and DIR/kernels.csv
-# (common.ncu.summarize). Needs ncu on PATH and permission to read the GPU counters. Python: $PYTHON.
+# (common.tables.kernels.summarize). Needs ncu on PATH and permission to read the GPU counters. Python: $PYTHON.
 set -euo pipefail
 if [[ " $* " == *" -h "* || " $* " == *" --help "* ]] && [[ " $* " != *" -- "* ]]; then
   sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0
@@ -33,4 +33,4 @@ while [[ $# -gt 0 && "$1" != "--" ]]; do
   esac
 done
 cd "$ROOT"
-exec "${PYTHON:-python3}" -m common.ncu profile --out "$OUT" ${ARGS[@]+"${ARGS[@]}"} "$@"
+exec "${PYTHON:-python3}" -m common ncu profile --out "$OUT" ${ARGS[@]+"${ARGS[@]}"} "$@"

@@ -9,7 +9,7 @@ What it measures
     cache (~/.cache/tvm-ffi or $TVM_FFI_CACHE_DIR) with the mini-SGLang modules already built;
     FlashInfer's JIT cache; which attention backends mini-SGLang can use on this GPU; the NCCL
     version and whether `-lnccl` can link PyNCCL; ncu/nsys; and the measured ceilings every "% of
-    peak" in this track divides by (common.ceilings.peaks: DRAM per kind of traffic, read, mixed, copy and write,
+    peak" in this track divides by (common.capture.ceilings.peaks: DRAM per kind of traffic, read, mixed, copy and write,
     each the best of several streaming probes far above L2, a kernel divided by the kind its traffic matches;
     bf16 = best over a GEMM shape sweep; cached per GPU, the same set every system reads; peaks.csv).
     Then it calls index (8 KiB rows), store (2 KiB and 256-B rows) and the radix compare once (building
@@ -51,10 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, gpu, kernels, recording, story  # noqa: E402
-from common.checks import SetupError, profilers, require_gpu, require_module, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_gpu, require_module, run_main, SetupError  # noqa: E402
+from common.capture import ceilings, gpu  # noqa: E402
+from common.capture.ncu import profilers  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 INDEX_ROW = 8192                      # Llama-3.1-8B embedding row: hidden 4096 bf16
 STORE_ROWS = (2048, 256)              # Llama-3.1-8B KV rows: 8 KV heads x 128 x bf16 (TP1), 1 head (TP8)
@@ -333,7 +336,7 @@ def tell(run, x: Record) -> str:
         (f"profilers: ncu {ncu_d.get('version') or 'missing'} (counters: {ncu_d.get('counters', 'not probed')}) · "
          f"nsys {nsys_d.get('version') or 'missing -> torch.profiler fallback'}", []),
         (f"measured ceilings: {ceilings.kinds_text(pk)}", [
-            (f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s; L2 {pk.get('l2_mb')} MB: below {kernels.STREAM_FACTOR}x L2 formula bytes / time is "
+            (f"bf16 {pk['bf16_tflops']:.0f} TFLOP/s; L2 {pk.get('l2_mb')} MB: below {ceilings.STREAM_FACTOR}x L2 formula bytes / time is "
              f"effective bandwidth, not a DRAM rate (datasheet {(pk.get('datasheet') or {}).get('dram_tb_s', '?')} TB/s, "
              f"{(pk.get('datasheet') or {}).get('bf16_tflops', '?')} TFLOP/s); every probe in peaks.csv", [])]),
     ]

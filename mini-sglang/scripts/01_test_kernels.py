@@ -15,8 +15,8 @@ What it measures
               dtypes and non-contiguous input must raise.
       pynccl  (two or more GPUs) all-reduce (sum; bf16, fp16) through the symmetric-buffer path and
               the direct path, and all-gather, across 2 spawned ranks, vs the arithmetic answer.
-    Then each wrapper (and its plain-torch equivalent) 3 times under torch.profiler (common.trace.capture_calls;
-    kernels joined to their call by common.trace.kernels_in_ranges): which kernels launch, in what order,
+    Then each wrapper (and its plain-torch equivalent) 3 times under torch.profiler (common.tables.trace.capture_calls;
+    kernels joined to their call by common.tables.trace.kernels_in_ranges): which kernels launch, in what order,
     with which grid and block (kernels per call, warps per token).
 
 What the plan expected (hypotheses: H_* below, judged on every traced call)
@@ -49,10 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, procs, recording, story, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import procs  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 HIDDEN, VOCAB = 4096, 128256          # Llama-3.1-8B embedding
 QKV_Q = 32 * 128                      # query width in the fused QKV buffer (the engine's layout)
@@ -246,7 +249,7 @@ def check_pynccl(run, chk, ngpu) -> str | bool:
 
 def trace_calls(torch, K, run, kernels):
     """Each wrapper of ``kernels`` (index, store) and its plain-torch counterpart REPEATS times under torch.profiler
-    (common.trace.capture_calls); one row per launch (common.trace.kernels_in_ranges), or None when none was asked for."""
+    (common.tables.trace.capture_calls); one row per launch (common.tables.trace.kernels_in_ranges), or None when none was asked for."""
     w = torch.randn(VOCAB, HIDDEN, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, VOCAB, (64,), device="cuda", dtype=torch.int32)
     s, n = _msgl.vocab_shard(VOCAB, 2, 1)

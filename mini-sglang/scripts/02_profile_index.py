@@ -5,14 +5,14 @@ What it measures
     mini-SGLang's indexing() against torch's F.embedding for the embedding tables of real models
     (hidden 4096 Llama-3.1-8B, 8192 Llama-3.1-70B, 3584 Qwen2.5-7B, 1024 the tiny preset; bf16,
     their real vocab sizes), 1 -> 32,768 tokens, plus the vocab-masked kernel that tensor
-    parallelism uses (TP 2/4/8 shards). Per point: median time (common.timing.bench: CUPTI kernel time,
-    cold L2), the bytes the lookup must move (common.flops.index_bytes: ids + rows read, rows written) and the
+    parallelism uses (TP 2/4/8 shards). Per point: median time (common.capture.timing.bench: CUPTI kernel time,
+    cold L2), the bytes the lookup must move (common.tables.flops.index_bytes: ids + rows read, rows written) and the
     effective bandwidth (those bytes / time); as % of this GPU's measured DRAM copy ceiling (one read per write;
-    common.ceilings.peaks) only where the working set is at least 4x the L2 (common.timing.rates): a 64-token lookup
+    common.capture.ceilings.peaks) only where the working set is at least 4x the L2 (common.capture.timing.rates): a 64-token lookup
     touches 1 MB, so its DRAM share comes from ncu's measured bytes. The judged points (64 tokens and the
     largest count, Llama-3.1-8B rows) are timed 3 times. How work maps to warps comes from the kernel
     itself: the template parameters in its demangled name (index_kernel<threads, min blocks/SM, PDL, row
-    bytes, warps per row, id type>), the grid and block 3 traced calls saw (common.trace.capture_calls), and
+    bytes, warps per row, id type>), the grid and block 3 traced calls saw (common.tables.trace.capture_calls), and
     (--ncu / full run) ncu's launch statistics, measured DRAM bytes and their TB/s as % of the ceiling of their
     kind, L2 hit, sectors per request (coalescing), occupancy with registers/thread, shared memory/CTA, warps/CTA,
     CTAs/SM and the limiter, and warp stalls, every ncu point launched 3 times (caches flushed before each pass,
@@ -56,12 +56,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, models, ncu, plots, recording, story, timing, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import ceilings, models, timing  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 MODELS = ("llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "tiny-llama")
@@ -88,9 +93,9 @@ H = declare(f"""
         confirmed: [70, 85]%
         source: {PLAN}: '78% of peak bandwidth', read as 70-85%
     bw_large = index-bw-large: large lookups reach 70-80% of peak bandwidth
-        judged on: effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the measured DRAM copy
+        judged on: effective bandwidth (common.tables.flops bytes / CUPTI time, cold L2) as % of the measured DRAM copy
             ceiling at the largest token count, hidden 4096, {REPEATS} repetitions; a DRAM rate where the working set
-            is >= 4x L2 (32k tokens: 537 MB), else inconclusive (common.timing.eff_premise)
+            is >= 4x L2 (32k tokens: 537 MB), else inconclusive (common.capture.timing.eff_premise)
         confirmed: [70, 80]%
         source: {PLAN}: 'range 70-80%'
     latency = index-64-latency: at 64 tokens the grid is smaller than the SM count, so the kernel is latency-bound,
@@ -105,7 +110,7 @@ H = declare(f"""
         confirmed: >= 1.1
         source: PLAN.md session 2 optimisation notes: 'dynamic thread count'; 'faster' read as >= 10%
     ncu_bound = index-ncu-bound: SM ~32% and purely bandwidth-bound at 64 tokens (ncu)
-        judged on: common.ncu.bound() of index_kernel at {STORY_TOKENS} tokens is memory-bound, {REPEATS} launches
+        judged on: common.judge.bounds.bound() of index_kernel at {STORY_TOKENS} tokens is memory-bound, {REPEATS} launches
         source: {PLAN}: 'SM 32%', 'purely bandwidth-bound'
     ncu_grid = index-ncu-grid: ncu launch stats match the template: grid = ceil(splits x tokens / 4), block 128
         judged on: ncu Grid/Block Size of index_kernel at {STORY_TOKENS} tokens equal the prediction from
@@ -196,7 +201,7 @@ def load_tables(run, torch, K, x):
 
 
 def lookup_rates(ms: float, b: dict, pk: dict) -> dict:
-    """common.timing.rates of one lookup: its formula bytes (``b``: common.flops.index_bytes), the kind of its traffic
+    """common.capture.timing.rates of one lookup: its formula bytes (``b``: common.tables.flops.index_bytes), the kind of its traffic
     from their read/write split (a masked TP lookup reads fewer rows than it writes) and its working set (every byte
     touched once: the formula bytes)."""
     return rates(ms, bytes=b["total"], peaks=pk, mix=ceilings.dram_kind(b["read"], b["write"]), working_set=b["total"])
@@ -233,7 +238,7 @@ def sweep(run, torch, K, x):
 
 def launch_config(run, torch, K, x) -> list[dict]:
     """Per row size: our reading of index.py next to the kernel's own template arguments and the grid/block of
-    REPEATS traced calls at 64 tokens (common.trace.capture_calls + kernels_in_ranges)."""
+    REPEATS traced calls at 64 tokens (common.tables.trace.capture_calls + kernels_in_ranges)."""
     calls = []
     for name, w, vocab in x.weights:
         ids = torch.randint(0, vocab, (STORY_TOKENS,), device="cuda", dtype=torch.int32)
@@ -304,7 +309,7 @@ def ncu_target(args) -> int:
 def profile_ncu(run, x):
     run.log(f"ncu: {len(x.p.ncu)} launches (launch stats, DRAM bytes, sectors/request, stalls)")
     kern, raw = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick",)), KERNELS, x.p.ncu, x.pk,
-                               metrics=list(ncu.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
+                               metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
     co = [_msgl.ncu_coalescing(r) for r in raw.to_dict("records")]
     kern["ld_sectors_per_request"] = [c["ld_sectors_per_request"] for c in co]
     kern["st_sectors_per_request"] = [c["st_sectors_per_request"] for c in co]
@@ -351,8 +356,8 @@ def judge(run, x):
                                              f"{kernels.COLUMNS['l2_hit_pct'].show(r)}, ncu {r['ncu_time_us']:.1f} us"
                                              for r in r64)))
     g = _msgl.index_launch(STORY_TOKENS, x.p.tables[0][1] * 2)
-    _msgl.fact(run, H["ncu_bound"], [ncu.bound(r) == "memory-bound" for r in r64], "ncu_kernels.csv",
-               detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in r64)))
+    _msgl.fact(run, H["ncu_bound"], [bounds.bound(r) == "memory-bound" for r in r64], "ncu_kernels.csv",
+               detail="; ".join(dict.fromkeys(bounds.bound_why(r) for r in r64)))
     _msgl.fact(run, H["ncu_grid"], [first_dim(r["grid"]) == g["grid"] and first_dim(r["block"]) == 128 for r in r64],
                "ncu_kernels.csv", detail=f"ncu grid {r64[0]['grid'] if r64 else '?'} block {r64[0]['block'] if r64 else '?'}; "
                                          f"predicted {g['grid']} x 128")
@@ -379,19 +384,19 @@ def tell(x) -> str:
                  (f"{STORY_TOKENS * c0['num_splits']} warps ({c0['num_splits']} per token) in {c0['predicted_grid@64']} "
                   f"blocks of {c0['predicted_block']} threads; {x.sms} SMs", []),
                  (f"each warp: {c0['bytes_per_warp']} B = {c0['steps_per_warp']} steps x 32 lanes x {c0['lane_bytes']} B", []),
-                 (f"bytes (common.flops.index_bytes): read {b['read']:,} B, write {b['write']:,} B", [])]),
+                 (f"bytes (common.tables.flops.index_bytes): read {b['read']:,} B, write {b['write']:,} B", [])]),
              (f"Time: {s64['time_us'].median():.2f} us -> "
               f"{timing.eff_text(timing.median_row(s64.to_dict('records')), x.pk)} (median of {REPEATS})", [])]
     if x.kern is not None and len(x.kern):
         items.append(("Hardware (ncu)", [kernels.node(r, head=f"{r['variant']}: {r['kernel']} (ncu) · ld sectors/req "
-                                                          f"{r['ld_sectors_per_request']:.1f} [{ncu.bound_why(r)}]")
+                                                          f"{r['ld_sectors_per_request']:.1f} [{bounds.bound_why(r)}]")
                                          for r in x.kern[(x.kern["tokens"] == STORY_TOKENS) & (x.kern["rep"] == 0)]
                                          .to_dict("records")][:3]))
     items.append((f"Across sizes (hidden {c0['hidden']})", [
         (f"{int(r['tokens']):>6} tokens: {r['time_us']:8.2f} us, {timing.eff_text(r, x.pk)}", [])
         for r in d0.to_dict("records")]))
     return story.tree(f"INDEX KERNEL — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a % of {x.ceiling} "
-                      f"only at working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from "
+                      f"only at working sets >= {ceilings.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from "
                       "ncu's bytes", items)
 
 

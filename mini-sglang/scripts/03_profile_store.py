@@ -8,11 +8,11 @@ What it measures
     views of one fused QKV buffer; K and V caches are the two halves of one pool of 1M slots. KV
     rows of Llama-3.1-8B per rank: 2048 B (TP1), 1024 (TP2), 512 (TP4), 256 B (TP8). Slots are
     sequential (a fresh pool) or random (a pool after churn); the full run adds reversed.
-    Per point: median time (common.timing.bench: CUPTI, cold L2), bytes moved (common.flops.store_bytes:
+    Per point: median time (common.capture.timing.bench: CUPTI, cold L2), bytes moved (common.tables.flops.store_bytes:
     K+V rows read and written, slot ids read) and the effective bandwidth (those bytes / time); as % of the measured
-    DRAM copy ceiling (common.ceilings.peaks) only where the working set is at least 4x the L2 (common.timing.rates).
+    DRAM copy ceiling (common.capture.ceilings.peaks) only where the working set is at least 4x the L2 (common.capture.timing.rates).
     The judged points (the largest token count, 2048-B and 256-B rows, sequential and random) are timed 3
-    times, interleaved. Calls at 1 and 8192 tokens, 3 each under torch.profiler (common.trace.capture_calls),
+    times, interleaved. Calls at 1 and 8192 tokens, 3 each under torch.profiler (common.tables.trace.capture_calls),
     count the kernel launches per call and what each one copies; (--ncu / full run) ncu reads DRAM bytes (as % of
     the ceiling of their kind), L2 hit rate, sectors per request, occupancy with its launch facts and stalls for
     sequential vs random, 3 launches per point, caches flushed before each pass as the timing flushed them.
@@ -52,12 +52,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import ceilings, timing  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 POOL = 1 << 20                                   # KV slots (4 GiB for 2048-B rows, K and V)
@@ -80,9 +85,9 @@ H = declare(f"""
         confirmed: [2, 2]
         source: PLAN.md session 2: 'Store launching separately for K and V (an opportunity for fusion)'
     fused = store-fused-85: the K and V copies reach ~72% of peak each; fused they would reach ~85%
-        judged on: effective bandwidth (common.flops bytes / CUPTI time, cold L2) as % of the measured DRAM copy ceiling
+        judged on: effective bandwidth (common.tables.flops bytes / CUPTI time, cold L2) as % of the measured DRAM copy ceiling
             at the largest token count, 2048-B rows, sequential, {REPEATS} repetitions (premises: the store is two
-            launches; the working set is >= 4x L2, so the bytes go through DRAM: common.timing.eff_premise)
+            launches; the working set is >= 4x L2, so the bytes go through DRAM: common.capture.timing.eff_premise)
         confirmed: [80, 90]%
         source: seed 002 / mini-sglang/reports/plan.md 03: '72% per copy; fusing would reach 85%'
     seq = store-seq-bw: sequential slots reach 70-75% of peak
@@ -208,7 +213,7 @@ def make_pools(run, torch, K, x):
 
 
 def timed(x, var, row, tokens, pattern, fn, b, rep=0) -> dict:
-    """One timing: CUPTI kernel time and rates (common.timing.rates: the formula bytes ``b`` of common.flops.store_bytes,
+    """One timing: CUPTI kernel time and rates (common.capture.timing.rates: the formula bytes ``b`` of common.tables.flops.store_bytes,
     their read/write split as the kind of traffic, every byte touched once as the working set)."""
     with nvtx_range(f"{var} row={row} tokens={tokens} {pattern}"):
         t = bench(fn)
@@ -260,7 +265,7 @@ def trace_launches(run, torch, K, x):
 def profile_ncu(run, x):
     run.log(f"ncu: {len(x.p.ncu)} launches (DRAM bytes, L2 hit, sectors/request, stalls)")
     kern, raw = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick", "rows")), KERNELS, x.p.ncu, x.pk,
-                               metrics=list(ncu.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
+                               metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
     kern["st_sectors_per_request"] = [_msgl.ncu_coalescing(r)["st_sectors_per_request"] for r in raw.to_dict("records")]
     run.table("ncu_kernels", kern)
     return kern
@@ -335,11 +340,11 @@ def tell(x) -> str:
                                 for r in s.to_dict("records")]))
     if x.kern is not None:
         items.append(("Hardware (ncu)", [kernels.node(r, head=f"{r['pattern']} row={r['row_bytes']} tok={r['tokens']}: "
-                                                          f"{r['kernel']} (ncu) [{ncu.bound_why(r)}]")
+                                                          f"{r['kernel']} (ncu) [{bounds.bound_why(r)}]")
                                          for r in x.kern[(x.kern["variant"] == V_MINI) & (x.kern["rep"] == 0)]
                                          .to_dict("records")][:6]))
     return story.tree(f"STORE KERNEL — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a % of {x.ceiling} only "
-                      f"at working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's "
+                      f"at working sets >= {ceilings.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); DRAM rates from ncu's "
                       "bytes", items)
 
 

@@ -10,12 +10,12 @@ What it measures
     rule GQA >= 4 turns them on: decode then runs FlashInfer's *prefill* kernel) and without
     (MINISGL_FLASHINFER_USE_TENSOR_CORES=0: the CUDA-core decode kernel).
     --compare  fixed points (prefill 1 x 2048, prefill 8 x 512, decode 32 x 4096, decode 1 x 4096), each
-               variant timed 3 times (common.timing.bench: CUPTI, cold L2): kernel time, the CPU plan() time
-               (common.timing.bench_cpu), TFLOP/s (% of the measured bf16 ceiling) and effective TB/s from
-               common.flops (prefill_flops / decode_bytes with the int32 page index per key); effective bandwidth
+               variant timed 3 times (common.capture.timing.bench: CUPTI, cold L2): kernel time, the CPU plan() time
+               (common.capture.timing.bench_cpu), TFLOP/s (% of the measured bf16 ceiling) and effective TB/s from
+               common.tables.flops (prefill_flops / decode_bytes with the int32 page index per key); effective bandwidth
                is a % of the measured DRAM read ceiling (decode reads) only where the working set is >= 4x L2
-               (common.timing.rates: decode 32 x 4096 reads 538 MB); one forward per point 3 times under
-               torch.profiler (common.trace.capture_calls): kernels in launch order (store_kv_cache, the attention
+               (common.capture.timing.rates: decode 32 x 4096 reads 538 MB); one forward per point 3 times under
+               torch.profiler (common.tables.trace.capture_calls): kernels in launch order (store_kv_cache, the attention
                kernel(s), a merge kernel when KV is split) and the plan's cudaEventSynchronize; with ncu (caches
                flushed before each pass, as the timing flushed them) also occupancy with registers/thread, shared
                memory/CTA, warps/CTA, CTAs/SM and the limiter, tensor-pipe %, measured DRAM bytes as % of the
@@ -61,12 +61,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, plots, recording, story, timing, trace  # noqa: E402
-from common.checks import SetupError, require_module, run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench, bench_cpu, rates  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_module, run_main, SetupError  # noqa: E402
+from common.capture import ceilings, timing  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.capture.timing import bench, bench_cpu, rates  # noqa: E402
+from common.tables import flops, kernels, trace  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the points, as data
 HQ, HKV, HD = 32, 8, 128
@@ -87,9 +92,9 @@ H = declare(f"""
         judged on: every traced call ({REPEATS} each) of fi {D32}: a BatchPrefill kernel; of fi tc=off: none
         source: analysis.md (attention/fi.py:237-242 use_tensor_cores: GQA >= 4)
     decode_bw = decode-attn-bw: decode attention reaches 70-85% of peak bandwidth (bs 32 x kv 4096)
-        judged on: fi decode effective bandwidth (common.flops.decode_bytes incl. the page index / CUPTI time, cold L2)
+        judged on: fi decode effective bandwidth (common.tables.flops.decode_bytes incl. the page index / CUPTI time, cold L2)
             as % of the measured DRAM read ceiling, {REPEATS} repetitions; a DRAM rate because its working set (538 MB)
-            is >= 4x L2 (common.timing.eff_premise)
+            is >= 4x L2 (common.capture.timing.eff_premise)
         confirmed: [70, 85]%
         source: {PLAN}: '1.4-1.7 TB/s (70-85% of peak)'
     tc_diff = fi-tc-on-off: tensor cores on/off: same KV bytes, different kernel and time
@@ -97,7 +102,7 @@ H = declare(f"""
         source: mini-sglang/reports/plan.md 04: 'KV bytes equal either way'
     prefill = prefill-attn-tflops: prefill attention reaches at least 16-26% of the dense bf16 peak (A100: 50-80
             TFLOP/s)
-        judged on: fi {P2048} TFLOP/s (common.flops.prefill_flops, causal) as % of the measured bf16 ceiling,
+        judged on: fi {P2048} TFLOP/s (common.tables.flops.prefill_flops, causal) as % of the measured bf16 ceiling,
             {REPEATS} repetitions
         confirmed: >= 16%
         source: {PLAN}; mini-sglang/reports/plan.md 04 restated: 'at least that share'
@@ -107,7 +112,7 @@ H = declare(f"""
         confirmed: [1, 1]
         source: attention/fi.py:123-132 (_initialize_metadata_once)
     ncu_decode = decode-ncu: decode: memory-bound, long-scoreboard stalls first, low tensor use
-        judged on: common.ncu.bound() memory-bound and top stall long_scoreboard for the decode attention kernel at
+        judged on: common.judge.bounds.bound() memory-bound and top stall long_scoreboard for the decode attention kernel at
             {D32}, {REPEATS} launches per variant
         source: {PLAN}: 'memory-bound, long-scoreboard stalls first, low tensor-core use'
     ncu_prefill = prefill-ncu-tensor: prefill keeps the tensor pipe busy (> 30% of its peak)
@@ -234,7 +239,7 @@ class Bench:
 
 
 def work(phase, q_lens, kv_lens) -> tuple[int, int, str]:
-    """FLOPs and minimum bytes of one attention call (common.flops; decode reads an int32 page index per key), and
+    """FLOPs and minimum bytes of one attention call (common.tables.flops; decode reads an int32 page index per key), and
     the kind of its traffic (O, one row per query, is the only write: decode "read"); every byte is touched once,
     so the bytes are the working set too."""
     f = flops.prefill_flops(q_lens, kv_lens, HQ, HD)
@@ -371,7 +376,7 @@ def judge(run, x):
                    detail=f"tc on: {', '.join(dict.fromkeys(k for ks in on for k in ks))}; tc off: "
                           f"{', '.join(dict.fromkeys(k for ks in off for k in ks))}")
         _msgl.fact(run, H["tc_diff"], [a != b for a, b in zip(on, off)], "kernels.csv, compare.csv",
-                   detail=f"{int(pts('fi', D32, 'bytes')[0]):,} B both (common.flops); {pts('fi', D32, 'time_us')[0]:.1f} us"
+                   detail=f"{int(pts('fi', D32, 'bytes')[0]):,} B both (common.tables.flops); {pts('fi', D32, 'time_us')[0]:.1f} us"
                           f" (on) vs {pts('fi tc=off', D32, 'time_us')[0]:.1f} us (off), rep 0")
     read = timing.dram_ceiling_text(x.pk, "read")
     run.judge(H["decode_bw"], pts("fi", D32, "eff_pct"), evidence="compare.csv",
@@ -393,13 +398,13 @@ def judge(run, x):
         return
     main_kernel = x.ncu[~x.ncu["kernel"].str.contains("Merge")]
     dec_rows = main_kernel[main_kernel["call"].isin([f"fi {D32}", f"fi tc=off {D32}"])].to_dict("records")
-    _msgl.fact(run, H["ncu_decode"], [ncu.bound(r).startswith("memory") and ncu.top_stall(r) == "long_scoreboard"
+    _msgl.fact(run, H["ncu_decode"], [bounds.bound(r).startswith("memory") and bounds.top_stall(r) == "long_scoreboard"
                                    for r in dec_rows], "ncu_kernels.csv",
-               detail="; ".join(dict.fromkeys(f"{r['variant']}: {ncu.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)})"
+               detail="; ".join(dict.fromkeys(f"{r['variant']}: {bounds.bound_why(r)} ({kernels.COLUMNS['dram_tb_s'].show(r)})"
                                               for r in dec_rows)))
     pre_rows = main_kernel[main_kernel["call"] == f"fi {P2048}"]
     run.judge(H["ncu_prefill"], list(pre_rows["tensor_pct"]), evidence="ncu_kernels.csv",
-              detail="; ".join(dict.fromkeys(ncu.bound_why(r) for r in pre_rows.to_dict("records"))))
+              detail="; ".join(dict.fromkeys(bounds.bound_why(r) for r in pre_rows.to_dict("records"))))
 
 
 def tell(x) -> str:
@@ -419,14 +424,14 @@ def tell(x) -> str:
             items.append((head, [(f"#{int(k['order'])} {k['gpu_kind']} {k['kernel']} grid {story.fmt(k['grid'])} "
                                   f"{k['dur_us']:.1f} us", []) for k in (ks.to_dict("records") if len(ks) else [])]))
     if x.ncu is not None:
-        items.append(("hardware (ncu)", [kernels.node(r, head=f"{r['call']}: {r['kernel']} (ncu) [{ncu.bound_why(r)}]")
+        items.append(("hardware (ncu)", [kernels.node(r, head=f"{r['call']}: {r['kernel']} (ncu) [{bounds.bound_why(r)}]")
                                          for r in x.ncu[x.ncu["rep"] == 0].to_dict("records")][:8]))
     if len(x.sw):
         items.append(("sweep", [(f"{r['variant']} {r['point']}: {r['time_us']:.1f} us, " +
                                  (timing.eff_text(r, x.pk) if r["phase"] == "decode" else f"{r['tflop_s']:.0f} TFLOP/s"),
                                  []) for r in x.sw.to_dict("records")][:24]))
     return story.tree(f"ATTENTION THROUGH mini-SGLang — {x.pk['gpu']}; effective bandwidth = formula bytes / time, a % of "
-                      f"{x.ceiling} only at working sets >= {kernels.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); bf16 "
+                      f"{x.ceiling} only at working sets >= {ceilings.STREAM_FACTOR}x L2 ({x.pk.get('l2_mb')} MB); bf16 "
                       f"{x.pk['bf16_tflops']:.0f} TFLOP/s", items)
 
 

@@ -9,18 +9,18 @@ What it measures (needs two GPUs of one host; on one GPU it says so and exits 0)
       * PyNCCL direct (max_size_bytes=0: ncclAllReduce on the tensor itself, no copies),
       * torch.distributed all_reduce on an NCCL process group,
     each eagerly (CUDA events) and replayed from a CUDA graph (how the engine runs decode), all with
-    common.timing.bench (fixed sample counts on every rank, so the collectives stay matched; each
+    common.capture.timing.bench (fixed sample counts on every rank, so the collectives stay matched; each
     sample is 10 back-to-back calls, so rank skew is amortised). Per sample the slowest rank defines the
     time; the median of those is the point, and the verdicts are judged on bootstrap intervals over the
-    samples (common.stats). algbw = bytes / time, busbw = algbw x 2(n-1)/n (NCCL's convention,
-    common.flops.bus_bandwidth), compared with the MEASURED GPU0->GPU1 copy bandwidth (and the
-    datasheet NVLink, and the NVLink all-reduce ceiling of common.ceilings.peaks where it was measured).
+    samples (common.base.stats). algbw = bytes / time, busbw = algbw x 2(n-1)/n (NCCL's convention,
+    common.tables.flops.bus_bandwidth), compared with the MEASURED GPU0->GPU1 copy bandwidth (and the
+    datasheet NVLink, and the NVLink all-reduce ceiling of common.capture.ceilings.peaks where it was measured).
     --analyze  the copy path alone: buffered minus direct time per size (the D2D copies' share), a
-               torch.profiler trace on rank 0 (common.trace.capture_calls; the other ranks make the same
+               torch.profiler trace on rank 0 (common.tables.trace.capture_calls; the other ranks make the same
                calls in the same order) showing what one call of each launches (memcpy DtoD, the NCCL
                kernel, memcpy DtoD), and what the all-reduces of one Llama-3.1-8B TP forward
                (2 per layer + 1 for the embedding) cost at decode and prefill sizes.
-    NVLink multicast stays off (common.procs.nccl_env: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+    NVLink multicast stays off (common.capture.procs.nccl_env: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
     NVSHMEM_DISABLE_NVLS=1, set before any NCCL init). A rank that fails or hangs is stopped (timeouts on
     every join); --tp larger than the GPU count is refused with one line before any rank starts.
 
@@ -51,12 +51,17 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
-from common import ceilings, cli, flops, gpu, models, plots, procs, stats, story  # noqa: E402
-from common.checks import SetupError, require_gpu, require_module, run_main  # noqa: E402
-from common.results import Run, load_summary  # noqa: E402
-from common.stats import Interval  # noqa: E402
-from common.timing import bench  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import stats, story  # noqa: E402
+from common.base.checks import require_gpu, require_module, run_main, SetupError  # noqa: E402
+from common.base.stats import Interval  # noqa: E402
+from common.capture import ceilings, gpu, models, procs  # noqa: E402
+from common.capture.store import load_summary  # noqa: E402
+from common.capture.timing import bench  # noqa: E402
+from common.tables import flops  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 KiB, MiB = 1 << 10, 1 << 20
@@ -122,7 +127,7 @@ def comm_worker(rank, world, port, sizes, impls, modes, reps, trace_path):
              "pynccl direct": lambda x: comms["pynccl direct"].all_reduce(x, "sum"),
              "torch nccl": lambda x: dist.all_reduce(x, group=nccl_pg)}
     if trace_path:
-        from common.trace import capture_calls
+        from common.tables.trace import capture_calls
         xs = {n: torch.zeros(n // 2, dtype=torch.bfloat16, device="cuda") for n in TRACE_SIZES}
         traced = [(f"call: {impl} {n} B", lambda impl=impl, x=x: calls[impl](x)) for impl in impls for n, x in xs.items()]
         dist.barrier()
@@ -218,7 +223,7 @@ def share_iv(direct: Interval, buffered: Interval) -> Interval:
 
 
 def launch_table(df):
-    """The rank-0 launches as a common.trace.kernels_in_ranges table; launches.csv of runs before the common join
+    """The rank-0 launches as a common.tables.trace.kernels_in_ranges table; launches.csv of runs before the common join
     (columns range, kind, name, short) is renamed to it."""
     if "gpu_kind" in df.columns:
         return df
@@ -263,7 +268,7 @@ def judge(run, x):
                      + (f" = {100 * best['busbw_gb_s'] / x.p2p:.0f}% of the measured GPU0->GPU1 copy ({x.p2p:.0f} GB/s)"
                         if x.p2p else "")
                      + (f", {100 * best['busbw_gb_s'] / x.link_ds:.0f}% of the datasheet link" if x.link_ds else "")
-                     + (f"; NVLink all-reduce ceiling (common.ceilings) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
+                     + (f"; NVLink all-reduce ceiling (common.capture.ceilings) {x.nvlink:.0f} GB/s" if x.nvlink else ""))
     if x.launches is not None:
         nb, nd, first = copy_counts(x.launches)
         _msgl.fact(run, H["copies"], [n == 2 for n in nb] + [n == 0 for n in nd], "launches.csv",
@@ -423,7 +428,7 @@ def main(argv=None) -> int:
             raise RuntimeError("no all-reduce was measured (every TP size failed; see point errors in summary.json)")
         # ---- analyse, verdicts, story
         import pandas as pd
-        from common.trace import kernels_in_ranges, read_chrome_trace
+        from common.tables.trace import kernels_in_ranges, read_chrome_trace
         x.df = pd.DataFrame(rows)
         t0 = traces.get(int(x.df["tp"].min()))
         x.launches = kernels_in_ranges(read_chrome_trace(t0), r"^call: ", empty_rows=False) if t0 else None

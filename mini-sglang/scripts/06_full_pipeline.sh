@@ -10,10 +10,10 @@
 #   --nsys       08_forward_timeline also runs its eager case under Nsight Systems (its
 #                torch-profiler timeline where nsys is not usable)
 #   --only S,..  only these steps (names as --dry-run prints them); the other rows are kept from the last run
-#   --no-warmup  no JIT warm-up (python -m common.jit builds the tvm-ffi and FlashInfer modules first)
+#   --no-warmup  no JIT warm-up (python -m common jit builds the tvm-ffi and FlashInfer modules first)
 #   --dry-run    print the steps, their commands and the ETA; run nothing
 # 05_profile_comm needs 2 GPUs for its measurement and says so ([skip]) on one. The runner is
-# common/pipeline.py (the same for every system); the steps are declared in
+# common/run/pipeline.py (the same for every system); the steps are declared in
 # mini-sglang/scripts/_steps.py. Progress lines carry the elapsed time and an ETA from the last run's
 # step times (steps.csv). Writes mini-sglang/results/06_full_pipeline/ (steps.csv, warmup.csv,
 # logs/<step>.log, summary.json) and refreshes the reports only when every step ended ok.
@@ -24,4 +24,4 @@
 #   ./mini-sglang/scripts/06_full_pipeline.sh --only 02_profile_index,03_profile_store --ncu
 set -euo pipefail
 export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
-exec bash "$(dirname "${BASH_SOURCE[0]}")/../../common/pipeline.sh" "${BASH_SOURCE[0]}" mini-sglang "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../common/run/pipeline.sh" "${BASH_SOURCE[0]}" mini-sglang "$@"

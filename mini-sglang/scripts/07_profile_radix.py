@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """07 · The radix prefix cache, on the CPU: fast_compare_key vs Python, and match/insert/evict at real sizes.
 
-What it measures (CPU time, common.timing.bench_cpu; a GPU is optional: values live where the engine
+What it measures (CPU time, common.capture.timing.bench_cpu; a GPU is optional: values live where the engine
 keeps them, on the GPU when there is one). Every series is measured 3 times (fresh trees each time) and
-every verdict is judged on the interval of its 3 per-repetition values (common.verdicts):
+every verdict is judged on the interval of its 3 per-repetition values (common.judge.verdicts):
     compare  fast_compare_key (radix.cpp, std::mismatch behind a tvm-ffi call) against a Python loop
              and a vectorised torch compare, for keys of 8 to 32,768 tokens that differ at the end.
     match    RadixPrefixCache.match_prefix through a multi-turn conversation of 1..64 turns (path
@@ -50,11 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import cli, plots, recording, story  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.timing import bench_cpu  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture.timing import bench_cpu  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the sweep, as data
 KEYS_FULL, KEYS_QUICK = (8, 64, 256, 512, 4096, 32768), (8, 512, 4096, 32768)

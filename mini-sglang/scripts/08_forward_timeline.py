@@ -4,7 +4,7 @@ CUDA graphs, overlap scheduling on and off.
 
 What it measures
     mini-SGLang's offline LLM (llm/llm.py:28-37: the Scheduler itself, in offline mode) on a local Llama-3.1-8B
-    config (common.models) with dummy weights (use_dummy_weight, engine/config.py:28), attention_backend "fi"
+    config (common.capture.models) with dummy weights (use_dummy_weight, engine/config.py:28), attention_backend "fi"
     (FlashInfer; the lent GPU node's sgl_kernel has no FA3; --backend fa where sgl_kernel.flash_attn imports), in one
     process, the same generate (--batch prompts of --prompt-len tokens, then decode steps, ignore_eos) in up to four
     variants, switched in place between generates:
@@ -27,25 +27,25 @@ What it measures
     1. timed: each variant's generate 3 times, the variants interleaved: decode step GPU time, the GPU gap between
        decode steps, wall time per step; and 3 prompts sharing a 1024-token prefix with an earlier one (the radix
        cache in the engine: cached_len, prefill time).
-    2. traced: each variant once under torch.profiler (common.trace.capture_calls) -> the kernel table of every step
-       (common.trace.step_kernels: kernels joined to their step by correlation id, CUDA-graph replays included;
-       layers from the repeating unit of the kernel names, common.trace.assign_layers, checked against
+    2. traced: each variant once under torch.profiler (common.tables.trace.capture_calls) -> the kernel table of every step
+       (common.tables.trace.step_kernels: kernels joined to their step by correlation id, CUDA-graph replays included;
+       layers from the repeating unit of the kernel names, common.tables.trace.assign_layers, checked against
        mini-SGLang's Layer_i ranges in eager steps) -> roles (QKV / O / gate-up / down GEMMs, norms, RoPE, KV store,
        attention, activation; embedding, final norm, logits, sampling) -> FLOPs and bytes of each role
-       (common.timeline.add_work with common.flops.layer_work) -> TFLOP/s, TB/s and % of the measured ceilings. The
+       (common.tables.timeline.add_work with common.tables.flops.layer_work) -> TFLOP/s, TB/s and % of the measured ceilings. The
        traced generate's decode steps against the timed ones give the profiler's own cost (headline observer_pct_*).
     3. counters (--ncu, and the full run): this script again with the model cut to 2 layers of unchanged shapes
-       (config num_hidden_layers=2), eager, under Nsight Compute (common.ncu.profile, --profile-from-start off:
+       (config num_hidden_layers=2), eager, under Nsight Compute (common.capture.ncu.profile, --profile-from-start off:
        cudaProfilerStart/Stop around its prefill step and one decode step). Every kernel of the two windows is
        aligned kernel by kernel with a traced step of the same kind, and its counters (time, DRAM / SM / tensor %,
        occupancy and its limiter, top warp stalls) go to every layer of every traced step of that kind
-       (common.timeline.attach_counters): every kernel class of a layer on the counters.
+       (common.tables.timeline.attach_counters): every kernel class of a layer on the counters.
     --nsys: the eager generate again under Nsight Systems (kernel and NVTX tables).
     Every millisecond of one generate (5 generates of one 512-character text prompt, untraced, the graph variant):
        mini-SGLang records no time stamps of its own, so the script wraps, for these generates only, receive_msg
        (the tokenizer), _schedule_next_batch, attn_backend.prepare_metadata, _forward, FlashInfer's plan(),
        _process_last_data and send_result (perf_counter before and after): the TTFT from generate() to the first
-       token handed over, and one decode step as the overlap loop spends it (common.waterfall: the median generate
+       token handed over, and one decode step as the overlap loop spends it (common.tables.waterfall: the median generate
        with each part's spread; the 5% add-up check on the decode step, whose loop time is not stamped). No HTTP,
        detokenizer process or queue here.
 
@@ -90,12 +90,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
-from common import ceilings, cli, kernels, models, ncu, nsys, plots, recording, story, timeline, trace  # noqa: E402
-from common.checks import require_gpu, require_module, run_main  # noqa: E402
-from common.ranges import nvtx_range  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.trace import TraceError  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_gpu, require_module, run_main  # noqa: E402
+from common.capture import ceilings, models, ncu, nsys  # noqa: E402
+from common.capture.ranges import nvtx_range  # noqa: E402
+from common.tables import kernels, timeline, trace  # noqa: E402
+from common.tables.trace import TraceError  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.render import plots  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # ------------------------------------------------------------------ the run, as data
 VARIANTS = ("eager", "graph", "graph-no-overlap", "eager-no-overlap")
@@ -120,7 +124,7 @@ H = declare(f"""
     ranges = layer-ranges-eager: NVTX Layer_i ranges are present in eager steps and agree with the layers found in the
             kernel names
         judged on: every traced eager step: one Layer_i range per model layer, and every kernel inside Layer_i
-            assigned to layer i by common.trace.assign_layers
+            assigned to layer i by common.tables.trace.assign_layers
         source: {PLAN}: 'Layer_i / MHA / MLP ranges'; PLAN.md session 2, 06 row
     no_ranges = no-ranges-in-graphs: inside a CUDA-graph replay no Layer_i range is emitted
         judged on: every traced graph decode step: 0 Layer_i ranges (premise: the step launched a CUDA graph)
@@ -308,7 +312,7 @@ class Forward:
 
 
 def step_work(st) -> dict:
-    """The batch of one traced step for common.timeline.add_work: new tokens, per-request new and KV lengths."""
+    """The batch of one traced step for common.tables.timeline.add_work: new tokens, per-request new and KV lengths."""
     qo = [e for _c, e in st["lens"]]
     return {"tokens": sum(qo), "qo_lens": qo, "kv_lens": [c + e for c, e in st["lens"]]}
 
@@ -377,11 +381,11 @@ def _first(ev, name, after=-math.inf, info=None):
 
 
 def waterfall_of(rec: dict) -> dict:
-    """The TTFT of one offline generate (Forward.clocked) as a common.waterfall: generate() called -> tokenized
+    """The TTFT of one offline generate (Forward.clocked) as a common.tables.waterfall: generate() called -> tokenized
     (receive_msg) -> batch scheduled -> attention metadata -> the prefill launched (CPU; FlashInfer plan() inside)
     -> the overlap loop's next step scheduled and launched first -> waiting for the GPU and the result -> the first
     token handed over (send_result). Stamps: the script's wrappers (mini-SGLang records none)."""
-    from common import waterfall
+    from common.tables import waterfall
     ev = sorted(rec["events"], key=lambda e: e[1])
     recv = _first(ev, "receive", info=lambda n: n)
     sched = _first(ev, "schedule", recv[2] if recv else -math.inf, info=bool)
@@ -414,7 +418,7 @@ def decode_iteration(rec: dict) -> dict:
     """One decode step of the offline engine as its overlap loop spends it: the median period between two handed-over
     tokens (send_result), split into receive_msg, _schedule_next_batch, _forward (launch) and _process_last_data
     (waits for the GPU; send_result inside), the rest unattributed (the loop itself)."""
-    from common import waterfall
+    from common.tables import waterfall
     ev = sorted(rec["events"], key=lambda e: e[1])
     sends = [e for e in ev if e[0] == "send" and e[3]][1:]             # after the first token
     if len(sends) < 3:
@@ -437,7 +441,7 @@ def decode_iteration(rec: dict) -> dict:
 
 def waterfall_summary(recs: list) -> dict:
     """Medians over the clocked generates: the TTFT waterfall and one decode step."""
-    from common import waterfall
+    from common.tables import waterfall
     ttft = waterfall.median([waterfall_of(r) for r in recs], label=f"untraced, median of {len(recs)} generates")
     decs = [d for d in (decode_iteration(r) for r in recs) if d]
     dec = waterfall.median(decs, label=f"one decode step, median of {len(decs)} generates") if decs else None
@@ -471,9 +475,9 @@ def counters(run, args, pk):
     run.log("counters: a 2-layer model (shapes unchanged) under Nsight Compute, its prefill step and one decode step")
     res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target",
                        *_msgl.argv_of(args, ("quick", "model", "prompt_len", "batch", "backend"))], run.dir / "ncu",
-                      metrics="summary", extra=["--profile-from-start", "off"], echo=run.log, timeout=1500,
+                      metrics=kernels.SUMMARY_METRICS, extra=["--profile-from-start", "off"], echo=run.log, timeout=1500,
                       cache_control="none")       # the forward's kernels as they run: caches as the one before left them
-    return ncu.summarize(res.df, peaks=pk)
+    return kernels.summarize(res.df, peaks=pk)
 
 
 def nsys_tables(run, args) -> None:
@@ -496,7 +500,7 @@ def nsys_tables(run, args) -> None:
 
 def kernel_table(ev, work, cfg, pk, step=r"^step\[", outer=None, parse=parse_step):
     """The joined kernel table of one traced generate: steps -> layers -> roles -> FLOPs/bytes -> rates. mini-SGLang's
-    embedding is its own index kernel (_msgl.EMBEDDING_KERNEL), which common.timeline labels 'prepare'."""
+    embedding is its own index kernel (_msgl.EMBEDDING_KERNEL), which common.tables.timeline labels 'prepare'."""
     kt = timeline.layered(trace.step_kernels(ev, step, outer=outer, parse=parse), layers=cfg["num_hidden_layers"])
     emb = (kt["segment"] == "pre") & kt["kernel"].str.contains(_msgl.EMBEDDING_KERNEL)
     kt.loc[emb, "role"] = "embedding"
@@ -569,7 +573,7 @@ def analyse(run, data, cfg, pk, rows=None) -> dict:
         timeline.write_perfetto(run.path(f"story_{v}.json"), events, {**meta, "gpu": pk.get("gpu"), "variant": v})
     out["steps"], out["prefix"] = pd.DataFrame(data["steps"]), pd.DataFrame(data["prefix"])
     if data.get("waterfall"):
-        from common import waterfall
+        from common.tables import waterfall
         out["waterfall"] = w = waterfall_summary(data["waterfall"])
         run.table("waterfall", waterfall.rows(w["ttft"], waterfall="ttft")
                   + (waterfall.rows(w["decode"], waterfall="itl") if w["decode"] else []))
@@ -617,7 +621,7 @@ def judge(run, a, variants):
         f"{len(order)} layers of {order.groupby('variant')['step'].nunique().sum()} steps; most common: "
         f"{order['sequence'].mode().iloc[0]}; other kernels: "
         f"{', '.join(sorted(set(', '.join(order['others']).split(', ')) - {''})) or 'none'}") if len(order) else
-        "no layers found in the traced steps (common.trace.assign_layers)")
+        "no layers found in the traced steps (common.tables.trace.assign_layers)")
     eager = rng[rng["variant"].str.startswith("eager")]
     _msgl.fact(run, H["ranges"], [bool(r["agree"]) and r["layer_ranges"] == r["model_layers"] for r in eager.to_dict("records")],
                "layer_check.csv", premise=True if len(eager) else "no eager variant in this run (--variants)",
@@ -732,7 +736,7 @@ def variant_lines(a, shown: str, others: list[str]) -> list[str]:
 
 def waterfall_items(w) -> list:
     """The story's waterfall block (lines <= 120 characters)."""
-    from common import waterfall
+    from common.tables import waterfall
     if not w:
         return []
     out = [("TTFT waterfall — one generate of the offline engine, " + w["ttft"]["label"],
@@ -792,9 +796,9 @@ def report(run, x: Record) -> None:
 
 
 def waterfall_from_rows(df, key: str, label: str) -> dict | None:
-    """A waterfall of waterfall.csv again (common.waterfall.rows inverted): its parts, its total (the parts plus the
-    unattributed remainder) and its add-up verdict (common.waterfall._finish)."""
-    from common import waterfall
+    """A waterfall of waterfall.csv again (common.tables.waterfall.rows inverted): its parts, its total (the parts plus the
+    unattributed remainder) and its add-up verdict (common.tables.waterfall._finish)."""
+    from common.tables import waterfall
     d = df[(df["waterfall"] == key) & (df["level"] == 0)]
     if not len(d):
         return None
@@ -819,7 +823,7 @@ def main_reanalyse(args) -> int:
     """--reanalyse DIR: the report again from the joined tables a run recorded (not its traces): the layer checks
     (layer_check.csv holds each traced step's range / sync / graph counts on every layer row), the timed steps, the
     prefix, the waterfall, the ncu windows and the kernel tables of the variants the report reads."""
-    from common.checks import SetupError
+    from common.base.checks import SetupError
     rec = recording.open(args.reanalyse, __file__, tables=("steps", "prefix"),
                          optional=("waterfall", "ncu_windows", "traced_steps"))
     s = settings(rec.args_like(args))
@@ -868,7 +872,7 @@ def installed(name: str, hint: str) -> None:
     """SetupError unless package ``name`` can be found, without importing it."""
     import importlib.util
     if importlib.util.find_spec(name) is None:
-        from common.checks import SetupError
+        from common.base.checks import SetupError
         raise SetupError(f"Python package '{name}' is not installed. Install it: {hint}")
 
 

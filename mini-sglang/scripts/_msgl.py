@@ -14,9 +14,9 @@
     ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
     ncu_read_back(pd.read_csv(".../ncu_kernels.csv"))  # a recorded ncu table as the analysis saw it (--reanalyse)
 
-Everything generic comes from common/: the range -> kernel join and the captures (common.trace), FLOPs
-and bytes (common.flops), ports and the NCCL environment (common.procs), verdicts on intervals
-(common.verdicts through results.Run.judge). Only stdlib and common/ at import time, so every script's
+Everything generic comes from common/: the range -> kernel join and the captures (common.tables.trace), FLOPs
+and bytes (common.tables.flops), ports and the NCCL environment (common.capture.procs), verdicts on intervals
+(common.judge.verdicts through results.Run.judge). Only stdlib and common/ at import time, so every script's
 --help works on a CPU box; torch and minisgl are imported inside the functions that need them.
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import timing
-from common.checks import SetupError, require_gpu, require_module
-from common.procs import free_port
+from common.base.checks import require_gpu, require_module, SetupError
+from common.capture import timing
+from common.capture.procs import free_port
 
 COMMIT = "20fcd7f3c6a1898a61139fae1c97cc7a40bd8d66"
 PIP_HINT = (f'pip install --no-deps "minisgl @ git+https://github.com/sgl-project/mini-sglang@{COMMIT}" '
@@ -43,7 +43,7 @@ JIT_HINT = ("run `python mini-sglang/scripts/00_check_env.py` to see what the tv
             "(nvcc or CUDA_HOME, ninja, a host c++, a writable ~/.cache/tvm-ffi or TVM_FFI_CACHE_DIR)")
 _BUILD_WORDS = re.compile(r"ninja|nvcc|compil|build|CUDA_HOME|cannot find -l|No such file|\.so:|Error building",
                           re.IGNORECASE)
-REPEATS = 3          # repetitions of every judged measurement (common.verdicts judges nothing on fewer)
+REPEATS = 3          # repetitions of every judged measurement (common.judge.verdicts judges nothing on fewer)
 EMBEDDING_KERNEL = "index_kernel"   # the embedding lookup is mini-SGLang's own gather (layers/embedding.py:32)
 
 
@@ -102,9 +102,9 @@ def first_call(fn, label: str):
 
 def mirror_nvtx(torch) -> None:
     """mini-SGLang names its ranges with torch.cuda.nvtx.range at call time (utils/torch_utils.py:23-37:
-    Embedding, Layer_{i}, MHA, MLP, LMHead); route them through common.ranges.nvtx_range so they are NVTX
+    Embedding, Layer_{i}, MHA, MLP, LMHead); route them through common.capture.ranges.nvtx_range so they are NVTX
     ranges AND torch-profiler record_function ranges (the trace then holds them as user annotations)."""
-    from common.ranges import nvtx_range
+    from common.capture.ranges import nvtx_range
     torch.cuda.nvtx.range = lambda msg, *a, **k: nvtx_range(msg)
 
 
@@ -203,7 +203,7 @@ def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> s
     """Record hypothesis ``h`` about a fact read from a deterministic code path (a kernel name, a launch count,
     a module in a cache), one bool per observation: all True -> confirmed, all False -> refuted, mixed or none
     -> inconclusive; a failed ``premise`` (a string saying which) -> inconclusive. Numbers are not facts: they
-    go through run.judge (common.verdicts, intervals of >= 3 repetitions)."""
+    go through run.judge (common.judge.verdicts, intervals of >= 3 repetitions)."""
     vals = [bool(v) for v in (holds if isinstance(holds, (list, tuple)) else [holds]) if v is not None]
     seen = f"holds in {sum(vals)} of {len(vals)} observation(s)" + (f"; {detail}" if detail else "")
     if premise is not True:
@@ -216,9 +216,9 @@ def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> s
     return verdict
 
 
-# The premise of every '% of a ceiling' verdict (no value above 100% of the named ceiling) is common.timing's
+# The premise of every '% of a ceiling' verdict (no value above 100% of the named ceiling) is common.capture.timing's
 # within_ceiling; a verdict on effective bandwidth also needs every value to be a DRAM rate (a working set >= 4x L2):
-# common.timing.eff_premise. Both are used through this module's names, so a test can hold them back in one place.
+# common.capture.timing.eff_premise. Both are used through this module's names, so a test can hold them back in one place.
 within_ceiling = timing.within_ceiling
 eff_premise = timing.eff_premise
 
@@ -226,12 +226,12 @@ eff_premise = timing.eff_premise
 # ------------------------------------------------------------------ the scripts' own ncu passes
 
 def at_least(low: int, what: str, reason: str):
-    """An argparse type: an integer >= ``low`` (common.cli.positive_int first); a bad value is one line,
+    """An argparse type: an integer >= ``low`` (common.run.cli.positive_int first); a bad value is one line,
     'expected <what> >= <low> (<reason>), got ...'."""
     def parse(text: str) -> int:
         import argparse
 
-        from common import cli
+        from common.run import cli
         v = cli.positive_int(text)
         if v < low:
             raise argparse.ArgumentTypeError(f"expected {what} >= {low} ({reason}), got {text!r}")
@@ -256,9 +256,9 @@ def argv_of(args, names) -> list[str]:
 def run_points(torch, calls) -> int:
     """The --ncu-target loop of a script: ``calls`` is [(label, fn)] in point order. Every fn runs once first (JIT
     loads, first touch: before the first marker, so ncu gives those launches point -1), then each point is the
-    marker kernel (common.ncu.mark) and one call inside the NVTX range of its label."""
-    from common import ncu
-    from common.ranges import nvtx_range
+    marker kernel (common.capture.ncu.mark) and one call inside the NVTX range of its label."""
+    from common.capture import ncu
+    from common.capture.ranges import nvtx_range
     for _label, fn in calls:
         fn()
     torch.cuda.synchronize()
@@ -271,27 +271,27 @@ def run_points(torch, calls) -> int:
 
 
 def ncu_read_back(kern):
-    """An ncu_kernels table as a recording reads it back (common.recording): a stall note the run left empty is an
+    """An ncu_kernels table as a recording reads it back (common.run.recording): a stall note the run left empty is an
     empty cell, which pandas reads as NaN; '' again, as the analysis saw it (None stays None)."""
     if kern is not None and "stall_note" in kern:
         kern["stall_note"] = kern["stall_note"].fillna("")
     return kern
 
 
-def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics="summary", timeout: float = 900):
-    """``script --ncu-target argv`` under Nsight Compute (common.ncu.profile, clocks left alone; caches flushed before
-    every pass, as common.timing.bench flushed them for the timings these counters sit beside): (rows, raw) with one
-    common.ncu.summarize() row per profiled launch plus the joined columns (common.kernels.joined: one CTA per SM,
+def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics=None, timeout: float = 900):
+    """``script --ncu-target argv`` under Nsight Compute (common.capture.ncu.profile, clocks left alone; caches flushed before
+    every pass, as common.capture.timing.bench flushed them for the timings these counters sit beside): (rows, raw) with one
+    common.tables.kernels.summarize() row per profiled launch plus the joined columns (common.tables.kernels.joined: one CTA per SM,
     the stall note), labelled with the fields of its point (``points``: dicts in the order the target ran them),
     and the raw metric rows (for metrics summarize() does not read)."""
-    from common import kernels as kt
-    from common import ncu
+    from common.tables import kernels as kt
+    from common.capture import ncu
     res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), metrics=metrics, echo=run.log, timeout=timeout,
+                      kernel=ncu.with_marker(kernels), metrics=metrics or kt.SUMMARY_METRICS, echo=run.log, timeout=timeout,
                       cache_control="all")
-    raw = ncu.split_points(res.df)
+    raw = kt.split_points(res.df)
     raw = raw[raw["point"] >= 0].reset_index(drop=True)
-    rows = kt.joined(ncu.summarize(raw, peaks=peaks), peaks)
+    rows = kt.joined(kt.summarize(raw, peaks=peaks), peaks)
     for key in dict.fromkeys(k for p in points for k in p):
         rows[key] = [points[i].get(key) if 0 <= i < len(points) else None for i in rows["point"]]
     if rows.attrs.get("missing_metrics"):
@@ -378,7 +378,7 @@ def _rank_entry(target, rank, world, port, outdir, args):
 def run_ranks(target, world: int, args: tuple, outdir, timeout_s: float = 300.0, log=print) -> list:
     """Run ``target(rank, world, port, *args)`` in ``world`` spawned processes; return their results.
 
-    The port is chosen by the OS (common.procs.free_port). Never leaves a process behind: if one rank fails
+    The port is chosen by the OS (common.capture.procs.free_port). Never leaves a process behind: if one rank fails
     or the whole run passes ``timeout_s``, the others are terminated (then killed), and a RuntimeError names
     the rank and its first error line.
     """

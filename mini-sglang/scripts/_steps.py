@@ -1,11 +1,11 @@
-"""The mini-SGLang pipeline's steps, as data (run by common/pipeline.py behind 06_full_pipeline.sh).
+"""The mini-SGLang pipeline's steps, as data (run by common/run/pipeline.py behind 06_full_pipeline.sh).
 
 Default (--quick / --all): 00 01 02 03 04 05 07 08. 05_profile_comm needs 2 GPUs for its measurement and
 says so with a [skip] line on one. --all runs every script's full experiment, whose ncu passes are part of
 it; --ncu adds them to --quick (02, 03, 04) and the counters pass of 08. --nsys runs 08_forward_timeline's eager case under Nsight
 Systems too (its torch-profiler timeline where nsys is not usable).
 """
-from common.pipeline import Step
+from common.run.steps import Step
 
 INDEX, STORE = "msgl:index_8192_s4", "msgl:store_2048"         # Llama-3.1-8B: embedding rows, KV rows (TP1)
 

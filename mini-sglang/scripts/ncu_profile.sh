@@ -7,14 +7,14 @@
 #   --kernel  a family: index -> index_kernel (and masked_index_kernel), store -> store_kv_cache, attention ->
 #             FlashInfer BatchPrefill/BatchDecode/MergeState (and FA3 'flash'), comm -> nccl; or any regex
 #   --name    results in mini-sglang/results/ncu_profile/NAME/ (default: the family); --out DIR: in DIR
-#   the rest are the options of `python -m common.ncu profile`; clocks stay as in un-profiled runs
+#   the rest are the options of `python -m common ncu profile`; clocks stay as in un-profiled runs
 # Examples (a numbered script's hidden --ncu-target mode runs each point once, a marker kernel between):
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel index --set full -- \
 #       python mini-sglang/scripts/02_profile_index.py --ncu-target --quick
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel store -- python mini-sglang/scripts/03_profile_store.py --ncu-target --quick
 #   ./mini-sglang/scripts/ncu_profile.sh --kernel attention --set full --count 4 -- \
 #       python mini-sglang/scripts/04_profile_attention.py --ncu-target --quick
-# Writes DIR/ncu.csv (--csv --page raw), DIR/ncu_log.txt and DIR/kernels.csv (common.ncu.summarize).
+# Writes DIR/ncu.csv (--csv --page raw), DIR/ncu_log.txt and DIR/kernels.csv (common.tables.kernels.summarize).
 # Needs ncu on PATH and permission to read the GPU counters. Python: $PYTHON (default python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -35,4 +35,4 @@ while [[ $# -gt 0 && "$1" != "--" ]]; do
 done
 OUT="${OUT:-$ROOT/mini-sglang/results/ncu_profile/${NAME:-ncu-$(date +%Y%m%d-%H%M%S)}}"
 cd "$ROOT"
-exec "${PYTHON:-python3}" -m common.ncu profile --out "$OUT" ${ARGS[@]+"${ARGS[@]}"} "$@"
+exec "${PYTHON:-python3}" -m common ncu profile --out "$OUT" ${ARGS[@]+"${ARGS[@]}"} "$@"

@@ -10,7 +10,7 @@ What it measures
     sglang-kernel build has no FA3 library, and SGLang 0.5.17 picks FA3 on Hopper without
     checking), the JIT caches that decide whether a server starts in ~30 s or ~2 min, and
     whether ncu (with counter permission), nsys and the torch profiler work. It also measures
-    this GPU's ceilings (common.ceilings.peaks: best-of-probe DRAM bandwidth per kind of traffic, read, mixed,
+    this GPU's ceilings (common.capture.ceilings.peaks: best-of-probe DRAM bandwidth per kind of traffic, read, mixed,
     copy and write, a kernel divided by the kind its traffic matches; bf16 GEMM sweep; the L2 size; cached per GPU)
     that every later "% of ceiling" divides by.
 
@@ -40,9 +40,12 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import ceilings, cli, gpu, recording, story  # noqa: E402
-from common.checks import SetupError, profilers, require_gpu, require_module, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_gpu, require_module, run_main, SetupError  # noqa: E402
+from common.capture import ceilings, gpu  # noqa: E402
+from common.capture.ncu import profilers  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 PACKAGES = ("torch", "triton", "sglang", "sglang-kernel", "sgl-kernel", "flashinfer-python", "apache-tvm-ffi",
             "transformers", "tokenizers", "datasets", "prometheus-client", "aiohttp", "nvtx", "nvidia-ml-py",
@@ -186,7 +189,7 @@ def analyse(run, x: Record) -> None:
         ("JIT caches", [(f"{c['cache']}: {c['files']} files, {c['size_mb']} MB ({'warm' if c['warm'] else 'cold'})", [])
                         for c in x.caches]),
         ("profilers", [(f"{r['profiler']}: {r['status']}", []) for r in x.prow]),
-        (f"NVLink multicast env: {env_keys or 'unset (common.procs.nccl_env turns it off for the servers)'}", []),
+        (f"NVLink multicast env: {env_keys or 'unset (common.capture.procs.nccl_env turns it off for the servers)'}", []),
     ]
     run.story(story.tree(f"SGLANG ENVIRONMENT — {prov.get('gpu')}", items), echo=True)
 

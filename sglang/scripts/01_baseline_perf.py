@@ -13,7 +13,7 @@ are exactly these)
     2. a batch of requests sent together: how the scheduler forms prefill and decode batches;
     3. ITL against KV length over long decodes at several batch sizes (client-side stream times, each
        point 3 times), with the bytes a decode step must read (weights + KV) -> TB/s and % of the
-       measured DRAM ceiling (common.ceilings.peaks);
+       measured DRAM ceiling (common.capture.ceilings.peaks);
     4. continuous batching under load: SGLang's own `sglang.benchmark.serving` at several request
        rates (the highest 3 times); batch size, running/queued requests and token usage over time from
        the log lines; then, in a staggered burst of its own (a trace export stalls the scheduler, so no
@@ -22,7 +22,7 @@ are exactly these)
        --request-rate inf` on the same server and workload (3 rounds).
 
 What the plan expected (hypotheses in H below: each with its range and the plan figure it comes from;
-judged on the interval of its repetitions, common.verdicts)
+judged on the interval of its repetitions, common.judge.verdicts)
     * CPU work before the first kernel was ~6% of TTFT on A100; larger on faster GPUs.
     * Attention ~45% of prefill (A100). Restated: at 512 tokens GEMMs dominate, attention < 10%.
     * ITL rose ~25% over 128 generated tokens (A100). Restated: flat at batch 1 (weights dominate
@@ -56,10 +56,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, models, recording, story, timing, trace  # noqa: E402
-from common.checks import SetupError, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main, SetupError  # noqa: E402
+from common.capture import ceilings, models, timing  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=128, batch=8, itl_points=[(1, 512), (16, 512)], itl_new=160, rates=("8", "32"),
              load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128)
@@ -163,7 +166,7 @@ def rise_pct(rows, first=(1, 16), last=(113, 128)) -> float:
 
 
 def class_table(steps) -> list[dict]:
-    """Kernel time per class (common.trace.kernel_class) in PREFILL (all EXTEND steps) vs DECODE (per step)."""
+    """Kernel time per class (common.tables.trace.kernel_class) in PREFILL (all EXTEND steps) vs DECODE (per step)."""
     pre = [s for s in steps if s["mode"] == "EXTEND"]
     dec = [s for s in steps if s["mode"] == "DECODE"]
     classes = sorted({k[:-3] for s in steps for k in s if k.endswith("_us") and k not in
@@ -456,7 +459,7 @@ def verdicts(run, d, a) -> None:
 
 
 def figures(run, a, d, pk, backend) -> None:
-    from common import plots
+    from common.render import plots
     itl = a["itl"]
     if len(itl):
         med = itl.groupby(["batch", "prompt_len", "token", "kv_tokens"], as_index=False)["itl_ms"].median()

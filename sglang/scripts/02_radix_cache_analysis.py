@@ -24,7 +24,7 @@ are exactly these); C's LPM pass needs a server of its own, --schedule-policy lp
        servers have the same pool, so the policy is the only difference.
 
 What the plan expected (hypotheses in H below, each with its range and source; judged on the interval
-of the repetitions, common.verdicts)
+of the repetitions, common.judge.verdicts)
     * Warm prefill ~1/3 of cold when about half of a 512-token prompt is shared (A100: 38 -> 12 ms);
       restated: prefill time falls roughly with the uncached fraction.
     * A warm request reports cached_tokens = the shared token count; an exact repeat prompt - 1.
@@ -54,10 +54,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, recording, story, trace  # noqa: E402
-from common.checks import run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prefix_lens=(1024, 4096), branches=(4,), pools=(sg.QUICK_POOL_TOKENS,), group_len=2048,
              ws_tokens=(16384, 24576, 49152), groups=8, per_group=8, sys_len=2048, q_len=128, out_len=32)
@@ -388,7 +390,7 @@ def judge_policy(run, pol) -> None:
 def figure(run, evd) -> None:
     if not len(evd):
         return
-    from common import plots
+    from common.render import plots
     med = evd.groupby(["pool_tokens", "ws_over_pool"], as_index=False)["pass2_hit_rate"].median()
     fig = plots.sweep(med, "ws_over_pool", "pass2_hit_rate", hue="pool_tokens", ylabel="hit rate on the second pass "
                       "(median of reps)", title="RadixCache under memory pressure (LRU, reverse-order second pass)",

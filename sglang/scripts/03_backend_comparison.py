@@ -10,10 +10,10 @@ backend is a launch flag, the CUDA-core decode a variable read at start)
       dummy weights are identical (SGLang seeds each parameter with 1234), so any difference is
       numerics. Reports, per prompt, how many leading tokens agree with the first backend;
     * prefill: one long prompt -> TTFT (client, median of 3) and 3 traced EXTEND steps (one profiler
-      window): which attention kernels ran, their GPU time, attention FLOPs (common.flops) -> TFLOP/s
+      window): which attention kernels ran, their GPU time, attention FLOPs (common.tables.flops) -> TFLOP/s
       and % of the measured bf16 ceiling;
     * decode: a batch of long prompts decoding together -> ITL (client) and 8 traced DECODE steps:
-      attention kernels per step (launches, time), KV bytes read (common.flops) -> TB/s and % of the
+      attention kernels per step (launches, time), KV bytes read (common.tables.flops) -> TB/s and % of the
       measured DRAM ceiling, and the CPU time of each step (plan / metadata work happens on the CPU);
     * throughput at --request-rate inf (full run: sglang.benchmark.serving; --quick: the workbook
       client) and, full run only, FlashInfer with SGLANG_FLASHINFER_USE_TENSOR_CORE=false (the
@@ -56,10 +56,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, procs, recording, story, timing, trace  # noqa: E402
-from common.checks import SetupError, require_module, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_module, run_main, SetupError  # noqa: E402
+from common.capture import ceilings, procs, timing  # noqa: E402
+from common.tables import flops, trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # --quick decodes 16 x (1920 + 64) = 31,744 tokens at once: all 16 fit in the --quick pool of 32,768 tokens
 QUICK = dict(reps=3, greedy_n=3, greedy_new=32, prefill_len=4096, decode_bs=16, decode_len=1920, decode_new=64,

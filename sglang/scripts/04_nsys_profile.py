@@ -4,7 +4,7 @@
 What it measures
     One SGLang server (SGLang's default CUDA graphs for prefill and decode) serves a burst of requests
     (prefill, then steady decode). The timeline comes from Nsight Systems when it is usable here
-    (common.nsys.find()): the server runs under `nsys profile --trace=cuda,nvtx --sample=none
+    (common.capture.nsys.find()): the server runs under `nsys profile --trace=cuda,nvtx --sample=none
     --cpuctxsw=none --cuda-graph-trace=node --trace-fork-before-exec=true --capture-range=cudaProfilerApi`,
     SGLang's scheduler NVTX ranges are on (SGLANG_ENABLE_NVTX_SCHEDULER=1), and /start_profile
     {"activities": ["CUDA_PROFILER"]} opens the capture window around the burst. Without nsys (or with
@@ -41,10 +41,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, nsys, story, trace  # noqa: E402
-from common.checks import SetupError, require_modules, run_main  # noqa: E402
-from common.results import Run, load_summary  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_modules, run_main, SetupError  # noqa: E402
+from common.capture import nsys  # noqa: E402
+from common.capture.store import load_summary  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 QUICK = dict(burst=16, prompt=512, new=64)
 FULL = dict(burst=64, prompt=1024, new=128)

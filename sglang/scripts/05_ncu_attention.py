@@ -18,10 +18,10 @@ What it measures
     (--json-model-override-args): attention kernels see exactly the shapes of the full model,
     and each step launches 2 per kernel instead of 32 (--layers 0 profiles the full model).
     Caches as the server left them (--cache-control none: the counters of the kernels as served).
-    Per launch (common.ncu.summarize, the counter columns of common.kernels): ncu's kernel time, DRAM bytes
+    Per launch (common.tables.kernels.summarize, the counter columns of common.tables.kernels): ncu's kernel time, DRAM bytes
     -> TB/s and % of the measured DRAM ceiling of the same traffic (read for attention), L2 hit rate, SM /
     tensor-pipe %, occupancy with registers, shared memory, warps and CTAs per SM, the top warp stalls with
-    what each means (common.ncu.STALL_MEANING); prefill attention FLOPs (common.flops) -> TFLOP/s and
+    what each means (common.judge.bounds.STALL_MEANING); prefill attention FLOPs (common.tables.flops) -> TFLOP/s and
     % of the measured bf16 ceiling. Stage comes from the kernel name (FlashInfer ragged prefill vs
     paged decode; Triton extend vs split-KV decode). Every launch of the measured shape is one repetition of a
     verdict.
@@ -55,10 +55,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, flops, kernels, ncu, recording, story  # noqa: E402
-from common.checks import SetupError, require_modules, require_tool, run_main  # noqa: E402
-from common.results import Run  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import require_modules, require_tool, run_main, SetupError  # noqa: E402
+from common.capture import ceilings, ncu  # noqa: E402
+from common.tables import flops, kernels  # noqa: E402
+from common.judge import bounds  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 # decode steps per request: enough that the profiling window, opened over HTTP once the batch is
 # decoding, still finds steps to profile (DECODE_STEPS of them are profiled; the rest only cost ~ms each)
@@ -137,7 +141,7 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
     out_dir.mkdir(parents=True, exist_ok=True)
     log_file = out_dir / "ncu_log.txt"
     wrapper = ncu.build_cmd([], log_file=log_file, kernel=KERNELS[backend][0], launch_count=args.launch_count,
-                            metrics=None if args.section_set else "summary", section_set=args.section_set,
+                            metrics=None if args.section_set else kernels.SUMMARY_METRICS, section_set=args.section_set,
                             cache_control="none", extra=["--profile-from-start", "off", "--graph-profiling", "node"])
     fl = server_flags(args, backend, base)
     prof = run.dir / "profiles"
@@ -161,10 +165,10 @@ def profile_backend(args, backend, model_dir, base, sh, pk, run):
             time.sleep(5.0)          # the window closes itself after DECODE_STEPS steps; 1 s held only 2 under ncu
             srv.stop_profile()
         srv.while_decoding(reqs, window, running=B, timeout=900)
-    # the server has exited; ncu printed its CSV into its log file (common.ncu.read_log)
+    # the server has exited; ncu printed its CSV into its log file (common.capture.ncu.read_log)
     df = ncu.read_log(log_file, out_dir / "ncu.csv", extra_log=run.dir / f"server_{backend}.log",
                       what=f"{backend} attention kernels")
-    s = kernels.joined(ncu.summarize(df, peaks=pk), pk)
+    s = kernels.joined(kernels.summarize(df, peaks=pk), pk)
     if s.attrs.get("missing_metrics"):
         run.note(f"{backend}: ncu collected no {', '.join(s.attrs['missing_metrics'])}")
     s.insert(0, "backend", backend)
@@ -194,7 +198,7 @@ def kv_kernel(s):
 
 
 def mark_other_steps(s):
-    """Relabel the decode launches of a step other than the batch's (common.ncu.other_step_launches, on the
+    """Relabel the decode launches of a step other than the batch's (common.tables.kernels.other_step_launches, on the
     KV-reading kernel's DRAM reads): those launches, and every decode kernel of the same launch index, get shape
     "decode, another step (N MB ...)" and are left out of the batch's verdicts. Returns s (changed in place)."""
     if "dram_read_mb" not in s.columns or not len(s):
@@ -202,7 +206,7 @@ def mark_other_steps(s):
     for b, g in kv_kernel(s).groupby("backend"):
         big = g["dram_read_mb"].max()
         reads = dict(zip(g["launch"], g["dram_read_mb"]))
-        for launch in sorted(ncu.other_step_launches(reads)):
+        for launch in sorted(kernels.other_step_launches(reads)):
             rows = (s["backend"] == b) & (s["stage"] == "decode") & (s["launch"] == launch)
             s.loc[rows, "shape"] = f"decode, another step ({story.fmt(reads[launch])} MB of KV read, the batch's " \
                                    f"{story.fmt(big)} MB)"
@@ -229,7 +233,7 @@ def verdicts(run, s, args, pk) -> None:
         ev = f"attention_kernels.csv ({d['kernel']}, batch {args.decode_bs}, KV {args.decode_kv})"
         run.judge(H["dram"], list(dec["dram_pct"]), evidence=ev, detail=f"DRAM {story.fmt(dec['dram_tb_s'].median())} TB/s "
                   f"of {ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}; L2 hit "
-                  f"{story.fmt(dec['l2_hit_pct'].median())}%; {ncu.bound_why(d.to_dict())}")
+                  f"{story.fmt(dec['l2_hit_pct'].median())}%; {bounds.bound_why(d.to_dict())}")
         run.judge(H["tensor"], list(dec["tensor_pct"]), evidence=ev)
         run.judge(H["stall"], [stall_lead(r) for _, r in dec.iterrows()], evidence="stalls.csv",
                   detail=f"top stalls: {d['top_stalls'] or '-'}")
@@ -255,10 +259,10 @@ def tell(s, pk, layers) -> str:
     items = []
     for (b, st), g in s.groupby(["backend", "stage"], sort=False):
         rows = g.to_dict("records")
-        tops = sorted({ncu.top_stall(r) for r in rows} - {""})
+        tops = sorted({bounds.top_stall(r) for r in rows} - {""})
         items.append((f"{b} — {st} ({rows[0]['graphs']})",
                       [kernels.node(r, head=f"{r['kernel']} launch {r['launch']} ({r['shape']})") for r in rows[:6]]
-                      + [(f"top stall {t}: {ncu.STALL_MEANING.get(t, '?')}", []) for t in tops]))
+                      + [(f"top stall {t}: {bounds.STALL_MEANING.get(t, '?')}", []) for t in tops]))
     return story.tree(f"ATTENTION ON THE COUNTERS — {pk['gpu']} ({ceilings.ceiling_text(pk, 'dram_read_tb_s', short=True)}, "
                       f"bf16 {story.fmt(pk['bf16_tflops'])} TFLOP/s); ncu with caches as served; layers kept: "
                       f"{layers or 'all'}", items)
@@ -291,7 +295,7 @@ def analyse(run, x: Record) -> None:
 
 def main_reanalyse(args) -> int:
     """--reanalyse DIR: attention_kernels.csv with stalls.csv's stall columns, the joined columns
-    (common.kernels.joined) and each backend's CUDA-graph text (from its launch flags) again; no server, no ncu."""
+    (common.tables.kernels.joined) and each backend's CUDA-graph text (from its launch flags) again; no server, no ncu."""
     rec = recording.open(args.reanalyse, __file__, tables=("attention_kernels", "stalls"))
     a = rec.args_like(args)
     key = ["backend", "stage", "kernel", "launch"]

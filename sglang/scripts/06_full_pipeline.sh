@@ -9,12 +9,12 @@
 #   --ncu        adds the Nsight Compute passes: 05_ncu_attention and the counters phase of 08
 #   --nsys       adds the timeline step 04_nsys_profile (Nsight Systems, else the torch profiler)
 #   --only S,..  only these steps (names as --dry-run prints them); the other rows are kept from the last run
-#   --no-warmup  no JIT warm-up (python -m common.jit builds the FlashInfer modules an SGLang server
+#   --no-warmup  no JIT warm-up (python -m common jit builds the FlashInfer modules an SGLang server
 #                compiles during its CUDA-graph capture: batch_prefill fa2 and sm90, cascade, norm)
 #   --dry-run    print the steps, their commands and the ETA; run nothing
 # With --quick one SGLang server (row server:default, _sglang.SharedServer) is started before 01 and stopped
 # after 08, also on failure or Ctrl-C; 01, 02, 03 and 08 run on it where their flags are its flags.
-# The runner is common/pipeline.py (the same for every system); the steps are declared in
+# The runner is common/run/pipeline.py (the same for every system); the steps are declared in
 # sglang/scripts/_steps.py. Progress lines carry the elapsed time and an ETA from the last run's
 # step times (steps.csv). Writes sglang/results/06_full_pipeline/ (steps.csv, warmup.csv, server_starts.csv,
 # logs/<step>.log, summary.json) and refreshes the reports only when every step ended ok.
@@ -25,4 +25,4 @@
 #   ./sglang/scripts/06_full_pipeline.sh --only 04_nsys_profile,05_ncu_attention
 set -euo pipefail
 export PIPELINE_COMMAND="$0 $*"   # the provenance of summary.json
-exec bash "$(dirname "${BASH_SOURCE[0]}")/../../common/pipeline.sh" "${BASH_SOURCE[0]}" sglang "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../../common/run/pipeline.sh" "${BASH_SOURCE[0]}" sglang "$@"

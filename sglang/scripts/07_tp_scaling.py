@@ -15,7 +15,7 @@ What it measures (dummy weights; one SGLang server per configuration, SGLang's d
     --configs given on the command line must fit the visible GPUs (checked before any server starts);
     of the default configurations, those needing more GPUs than visible are skipped with a note. A rank
     that dies ends its configuration with the server's last log lines; the whole process group is
-    stopped either way. NVLink multicast stays off (common.procs.nccl_env: NCCL_NVLS_ENABLE=0,
+    stopped either way. NVLink multicast stays off (common.capture.procs.nccl_env: NCCL_NVLS_ENABLE=0,
     TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1; --enable-nccl-nvls / --enable-symm-mem refused).
 
 What the plan expected (hypotheses in H below, with ranges and sources)
@@ -48,10 +48,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import cli, gpu, procs, stats, story, trace  # noqa: E402
-from common.checks import SetupError, require_modules, run_main  # noqa: E402
-from common.results import Run, load_summary  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import stats, story  # noqa: E402
+from common.base.checks import require_modules, run_main, SetupError  # noqa: E402
+from common.capture import gpu, procs  # noqa: E402
+from common.capture.store import load_summary  # noqa: E402
+from common.tables import trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 FULL_CONFIGS = "llama-3.1-8b:1,2,4;llama-3.1-70b:2,4"
 QUICK_CONFIGS = "llama-3.1-8b:1,2"
@@ -124,7 +128,7 @@ def fitting(wanted, explicit: bool) -> tuple[int, list, list]:
 # ------------------------------------------------------------------ intervals kept in the rows
 
 def iv_cols(name: str, values) -> dict:
-    """``name`` (the median) and its interval (common.stats.interval) as row columns."""
+    """``name`` (the median) and its interval (common.base.stats.interval) as row columns."""
     iv = stats.interval(values)
     return {name: iv.point, f"{name}_lo": iv.lo, f"{name}_hi": iv.hi, f"{name}_n": iv.n}
 
@@ -228,7 +232,7 @@ def figure(run, df) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from common import plots
+    from common.render import plots
     car = df[df["custom_allreduce"]]
     sty = plots.styles(sorted(set(car["model"])))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))

@@ -6,7 +6,7 @@
 #   ./sglang/scripts/07_tp_scaling.sh                  # 8B TP 1/2/4 + 70B TP 2/4 (what fits)
 #   ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-70b:2,4'
 #   ./sglang/scripts/07_tp_scaling.sh --configs 'llama-3.1-8b:2' --merge OLD   # add to an earlier run's rows
-# NVLink multicast stays off: the policy lives in common.procs.nccl_env (applied to every server).
+# NVLink multicast stays off: the policy lives in common.capture.procs.nccl_env (applied to every server).
 # Runs sglang/scripts/07_tp_scaling.py with the same flags (its --help, below, has every flag).
 # Python: $PYTHON (default python3). Writes sglang/results/07_tp_scaling/.
 set -euo pipefail

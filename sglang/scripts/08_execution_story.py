@@ -13,7 +13,7 @@ its own beside it, and the GPU memory curve of phase 3 then includes the shared 
        scrapes. Its TTFT from SGLang's own stamps (meta_info: request_received_ts, api_server_dispatch_finish_ts,
        forward_entry_time, queue_time, prefill_finished_time, response_sent_to_client_ts; /metrics stage
        request_process) and the client's clock: HTTP receive, tokenize + dispatch, to the scheduler, request
-       processing, queue wait, prefill forward, detokenize + return, HTTP stream (common.waterfall: per-part
+       processing, queue wait, prefill forward, detokenize + return, HTTP stream (common.tables.waterfall: per-part
        medians that must add up to the median TTFT within 5%, the remainder printed). The prefill forward split on
        the traced median repetition (batch scheduling, prep + FlashInfer plan(), GPU forward, sampling, the overlap
        scheduler's next step, result processing) and one decode step on the scheduler loop; traced vs untraced
@@ -26,7 +26,7 @@ its own beside it, and the GPU memory curve of phase 3 then includes the shared 
        log line reports: new and cached tokens, running, queued, token usage) -> each layer (the
        repeating unit of the step's kernels; CUDA-graph replays joined by correlation id) -> each
        kernel and its role (QKV / O / gate-up / down GEMMs, norms, RoPE, KV store, attention + merge,
-       activation; embedding, logits GEMM, sampling), with FLOPs and bytes (common.flops) and the
+       activation; embedding, logits GEMM, sampling), with FLOPs and bytes (common.tables.flops) and the
        rate its traced time gives, as % of this GPU's measured ceilings.
     2. The observer effect: TTFT, ITL and the decode step time traced vs untraced, in %.
     3. Pressure: a load that fills the KV pool (queue > 0, token usage near 1, retractions if SGLang
@@ -41,7 +41,7 @@ its own beside it, and the GPU memory curve of phase 3 then includes the shared 
        ragged only), the same as text after another text prompt (its BOS cached: ragged + paged + merge), a decode
        step at batch 1 and one at batch 32 (the batch's prefill steps vary from run to run: no window matches
        them, so they stay without counters and the page says so). Every kernel of the traced steps gets the
-       counters of its position (common.timeline.attach_counters; where the cut model runs another kernel there,
+       counters of its position (common.tables.timeline.attach_counters; where the cut model runs another kernel there,
        those of the same kernel at the same grid in its layer): time, DRAM / SM / tensor %, occupancy and its
        limiter, top warp stalls. The counters' server is launched with the run and held by a gate (_sgl_gate)
        after its imports until phases 1-4 are done with the GPU; the traces are joined while ncu replays.
@@ -84,10 +84,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common import ceilings, cli, clocks, kernels, models, ncu, recording, story, timeline, trace  # noqa: E402
-from common.checks import SetupError, run_main  # noqa: E402
-from common.results import Run, load_summary  # noqa: E402
-from common.verdicts import declare  # noqa: E402
+from common.base import story  # noqa: E402
+from common.base.checks import run_main, SetupError  # noqa: E402
+from common.capture import ceilings, clocks, models, ncu  # noqa: E402
+from common.capture.store import load_summary  # noqa: E402
+from common.tables import kernels, timeline, trace  # noqa: E402
+from common.judge.verdicts import declare  # noqa: E402
+from common.run import cli, recording  # noqa: E402
+from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=64, batch=32, pool=sg.QUICK_POOL_TOKENS, load_n=200, load_rate=50, load_in=512, load_out=128,
              long_prompt=10000, groups=8, prefix=4096)
@@ -182,7 +186,7 @@ def step_key(obs) -> str:
 
 def serve_story(srv, run, name, send, P, prof_dir):
     """Untraced then traced repetitions of one story: the observer rows (with the SM clock and power NVML read while
-    each ran: common.clocks), every traced run (trace, log, results) and every untraced run's log (so that a
+    each ran: common.capture.clocks), every traced run (trace, log, results) and every untraced run's log (so that a
     re-analysis reads the scheduler's decode step from it again)."""
     send(srv, 900 + len(name), P)                                           # warm this shape once
     rows, traced, plain = [], [], []
@@ -214,10 +218,10 @@ def clock_cols(sampler, t0: float) -> dict:
 
 def metrics_phase(srv, run, P) -> dict:
     """The counters on the whole served timeline: one more untraced batch repetition while Nsight Systems samples the
-    GPU's own counters (common.nsys.GpuMetrics: a separate nsys process, system scope, nothing injected into the
+    GPU's own counters (common.capture.nsys.GpuMetrics: a separate nsys process, system scope, nothing injected into the
     server): SM active, tensor active, DRAM read and write throughput, 10 kHz. Its TTFT / ITL beside the untraced
     median is the overhead of the sampling. Returns the samples in 1 ms bins and the request window (epoch s)."""
-    from common import nsys
+    from common.capture import nsys
     with nsys.GpuMetrics(run.dir / "nsys", echo=run.log, max_s=120) as gm:
         mark = srv.log_mark()
         res = batch_requests(srv, 77, P)
@@ -366,7 +370,7 @@ def counters_server(args, run, model_dir, base, P, backend):
     stories' server is done with the GPU. Niced: its imports yield the CPU to the stories' server."""
     log_file = run.dir / "ncu" / "ncu_log.txt"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    wrapper = ncu.build_cmd([], log_file=log_file, metrics="summary", launch_count=5000, cache_control="none",
+    wrapper = ncu.build_cmd([], log_file=log_file, metrics=kernels.SUMMARY_METRICS, launch_count=5000, cache_control="none",
                             extra=["--profile-from-start", "off", "--graph-profiling", "node"])
     if shutil.which("nice"):
         wrapper = ["nice", "-n", "10", *wrapper]
@@ -414,7 +418,7 @@ def counters(srv, run, P, log_file):
     while_decoding(P["batch"])
     t0 = time.time()
     srv.stop()
-    rows = ncu.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv")))
+    rows = kernels.summarize(ncu.read_log(log_file, run.path("ncu/ncu.csv")))
     run.log(f"ncu: server stopped and its log read in {time.time() - t0:.1f} s")
     return rows, windows
 
@@ -479,7 +483,7 @@ def window_specs(kt, names, P, spans=None) -> list[dict]:
 def gemm_efficiency(kt, pk) -> list[dict]:
     """Per step kind and GEMM role (traced kernel time): TFLOP/s and % of the bf16 ceiling; effective bandwidth
     of the weights and, where the step's weights are many times the L2, the weight-streaming % of the DRAM read
-    ceiling (common.kernels stream_pct); the ncu counters where they ran (DRAM % from ncu's bytes)."""
+    ceiling (common.tables.kernels stream_pct); the ncu counters where they ran (DRAM % from ncu's bytes)."""
     rows = []
     gem = kt[kt["role"].isin(timeline.GEMM_ROLES + ("lm_head",)) & kt["flops"].notna()]
     read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
@@ -516,7 +520,7 @@ def judge_all(run, data):
     one, obs, P = data["kt_one"], data["observer"], data["P"]
     dec = one[(one["mode"] == "DECODE") & (one["role"] == "gate_up_proj") & one["stream_pct"].notna()]
     run.judge(H["decode_gemm"], list(dec["stream_pct"]), evidence="kernels_one.csv: gate_up GEMM of every layer "
-              "and decode step (traced time, weight bytes from common.flops; the step reads all 16 GB of weights, many "
+              "and decode step (traced time, weight bytes from common.tables.flops; the step reads all 16 GB of weights, many "
               "times the L2, so they come from DRAM)")
     pre = one[(one["mode"] == "EXTEND") & one["role"].isin(timeline.GEMM_ROLES) & one["pct_bf16_ceiling"].notna()]
     run.judge(H["prefill_gemm"], list(pre["pct_bf16_ceiling"]), evidence="kernels_one.csv: the 4 GEMMs x 32 layers "
@@ -573,7 +577,7 @@ def waterfall_phase(srv, run, P) -> dict:
 
 def median_traced(traced: list) -> int:
     """Index of the traced repetition whose TTFT (the median of its requests) is the median of the repetitions."""
-    from common import waterfall
+    from common.tables import waterfall
     ttft = [statistics.median([r["client"]["ttft_s"] for r in t["results"] if "error" not in r and r["client"].get("ttft_s")]
                               or [math.nan]) for t in traced]
     i = waterfall.median_index(ttft)
@@ -583,7 +587,7 @@ def median_traced(traced: list) -> int:
 def waterfalls(data, cfg) -> dict:
     """The untraced TTFT and ITL waterfalls (medians of the repetitions), the traced ones beside them part by part,
     the prefill stage split on the median traced repetition, one decode step split on the scheduler loop."""
-    from common import waterfall
+    from common.tables import waterfall
     out, notes = {}, []
     per_kind = {}
     for kind, recs in (data.get("waterfall") or {}).items():
@@ -625,7 +629,7 @@ def waterfalls(data, cfg) -> dict:
 
 def waterfall_text(w: dict) -> list:
     """The story's waterfall block: (label, children) items, every line <= 120 characters."""
-    from common import waterfall
+    from common.tables import waterfall
     u, t = w["ttft"], w["ttft_traced"]
     src = ("measured untraced: every top-level part (SGLang's own stamps, /metrics, the client's clock); taken from "
            "the traced median repetition: the split of the prefill forward (traced ms, not scaled)" if t is not None else
@@ -683,7 +687,7 @@ def judge_waterfalls(run, w) -> None:
 
 def finish_waterfall(run, data) -> None:
     """The waterfall's tables and checks, the transitions, memory by owner, the pressure phase as a Perfetto trace."""
-    from common import waterfall
+    from common.tables import waterfall
     w = data["wf"]
     rows = waterfall.rows(w["ttft"], traced=w["ttft_traced"], waterfall="ttft")
     rows += waterfall.rows(w["itl"], traced=w["itl_traced"], waterfall="itl")
@@ -712,7 +716,7 @@ def finish_waterfall(run, data) -> None:
 def perfetto_extras(data, name) -> tuple:
     """For story_<name>.json: each request's waterfall (its stamps, on the trace clock) as phases, the prefill split
     and the decode iteration of the median traced repetition as spans, the transitions inside the trace as instants."""
-    from common import waterfall
+    from common.tables import waterfall
     base = data[f"base_{name}"]
     us = lambda t: t * 1e6 - base  # noqa: E731
     reqs = []
@@ -892,7 +896,7 @@ def check(args):
     """Everything that can fail before a GPU is touched: packages, GPU, ncu, values, the model dir."""
     sg.require_stack()
     if args.ncu:
-        from common.checks import require_tool
+        from common.base.checks import require_tool
         require_tool("ncu", "Nsight Compute ships with the CUDA toolkit; add it to PATH, or leave out --ncu.")
     P = dict(QUICK if args.quick else FULL)
     P["pool"] = args.pool or P["pool"]
@@ -959,7 +963,7 @@ def analyse(run, data, cfg, tables: dict | None = None) -> None:
     data.update(tables if tables is not None else trace_tables(data, cfg))
     pk = data["pk"]
     if data.get("windows"):
-        rows = ncu.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
+        rows = kernels.summarize(ncu.read_raw(run.dir / "ncu" / "ncu.csv"), peaks=pk)
         for name in ("one", "batch"):
             specs = window_specs(data[f"kt_{name}"], data["windows"], data["P"], data[f"spans_{name}"])
             data[f"kt_{name}"], info = timeline.attach_counters(data[f"kt_{name}"], rows, specs, pk,
@@ -1141,7 +1145,7 @@ def finish(run, data, pk, backend_why):
 
 def figures(data, trees, pk) -> dict:
     """The joined timeline, the layer tree, pressure and the cache over time (matplotlib, no display)."""
-    from common import plots
+    from common.render import plots
     out = {"timeline": plots.joined_timeline(data["kt_one"], data["spans_one"], title=f"One request — {pk['gpu']}"),
            "layer_tree": plots.layer_tree([t for t in trees if t["story"] == "one"], pk)}
     out["pressure"] = pressure_figure(data["pressure"], data["mem"], memory_by_owner(data))
@@ -1155,7 +1159,7 @@ def figures(data, trees, pk) -> dict:
 def metrics_figure(gm, pk):
     """The GPU's own counters over the served batch (nsys GPU metrics, 1 ms bins): SM active, tensor active, DRAM
     read and write, with the requests' window shaded (epoch clock; the sampling began at gm['t0'])."""
-    from common.plots import _plt
+    from common.render.plots import _plt
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
     rows = gm["rows"]
@@ -1177,7 +1181,7 @@ def pressure_figure(rows, mem, owners=None):
     """Batch dynamics per scheduler step (running, queued, token usage; every retraction and chunked-prefill mark),
     the wall time per step, and GPU memory by owner (weights, KV pool, other pools, CUDA graphs, the rest). An idle
     gap > 2 s (the benchmark client's own start-up) is cut out of the time axis and said so; nothing is left out."""
-    from common.plots import _plt
+    from common.render.plots import _plt
     plt = _plt()
     fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
     steps = [r for r in rows if r["kind"] in ("prefill", "decode")]
@@ -1245,7 +1249,7 @@ def is_chunk(row) -> bool:
 
 def cache_figure(cache, P):
     """Per request of the cache phase: cached vs new prompt tokens, coloured by hit / miss / evicted."""
-    from common.plots import _plt
+    from common.render.plots import _plt
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 3.2))
     col = {"hit": "tab:green", "miss": "tab:grey", "evicted": "tab:red"}

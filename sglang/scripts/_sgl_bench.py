@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import procs, stats  # noqa: E402
-from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
-from _sglang import _last_stop  # noqa: E402,F401
+from common.base import stats  # noqa: E402
+from common.capture import procs  # noqa: E402
+from _sgl_facts import OFFLINE_ENV, ParseError, SERVER_ENV, ServerError, _last_stop, local_env  # noqa: E402
 
 
 # ================================================================== bench_serving
@@ -56,7 +56,7 @@ def bench_headline(rec: dict) -> dict:
     return {k: rec.get(k) for k in BENCH_SCALARS}
 
 
-def bench_cmd(srv: Server, out_file, *, num_prompts: int, input_len: int, output_len: int, rate="inf",
+def bench_cmd(srv, out_file, *, num_prompts: int, input_len: int, output_len: int, rate="inf",
               dataset: str = "random-ids", seed: int = 1, max_concurrency: int | None = None,
               tokenize_prompt: bool = True, details: bool = True, extra=()) -> list[str]:
     """`python -m sglang.benchmark.serving` against ``srv`` with fixed lengths (range ratio 1.0),
@@ -91,7 +91,7 @@ def _bench_worker(module: str) -> int:
     import contextlib
     import importlib
     import traceback
-    from common.results import write_json_atomic
+    from common.capture.store import write_json_atomic
     mod = importlib.import_module(module)
     ready_at = time.time()
     for line in sys.stdin:
@@ -118,13 +118,13 @@ class BenchWorker:
     duration" of 1.5-5 s (01 --quick on the H200, 2026-11-23: log.txt time stamps against the bench
     JSONs), most of it the start of a Python process that imports sglang; the worker starts once. A run is
     the module's own ``cli_main()`` with the same arguments, output file and log as the command line.
-    The worker is a common.procs.Group (own process group, stopped with its tree on exit, error,
+    The worker is a common.capture.procs.Group (own process group, stopped with its tree on exit, error,
     Ctrl-C, SIGTERM); a run past its timeout stops the worker (ProcError) and the next run starts a
     new one; a worker that dies is a ProcError with its log's last lines."""
 
     def __init__(self, env: dict, log_path, *, echo=print, module: str = BENCH_MODULE, python=sys.executable):
         self.env, self.log_path, self.echo, self.module = env, Path(log_path), echo, module
-        self.cmd = [python, str(Path(__file__).resolve().with_name("_sglang.py")), "--bench-worker", module]
+        self.cmd = [python, str(Path(__file__).resolve().with_name("_sgl_bench.py")), "--bench-worker", module]
         self.group: procs.Group | None = None
         self.runs = 0
         self._at_exit = None
@@ -205,7 +205,7 @@ class BenchWorker:
             pass
 
 
-def run_bench(srv: Server, out_dir, name: str, timeout: float = 900, echo=print, own_process: bool = False,
+def run_bench(srv, out_dir, name: str, timeout: float = 900, echo=print, own_process: bool = False,
               **kw) -> dict:
     """Run bench_serving once, in the server's :class:`BenchWorker` (started on first use, stopped with
     the server); returns its result dict + ``_wall_s`` and ``_bench`` (the worker's timing of the run, see
@@ -248,7 +248,7 @@ def bench_timing(rec: dict, name: str) -> dict:
 
 
 def latency_summary(results: list[dict]) -> dict:
-    """TTFT / ITL / e2e percentiles (ms, common.stats.percentiles) and throughput from
+    """TTFT / ITL / e2e percentiles (ms, common.base.stats.percentiles) and throughput from
     :meth:`Server.generate_many` results."""
     ok = [r for r in results if "error" not in r]
     cl = [r["client"] for r in ok]
@@ -270,3 +270,7 @@ def latency_summary(results: list[dict]) -> dict:
         if vals:
             out.update({f"{p}_{key}": v for p, v in stats.percentiles(vals).items()})
     return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--bench-worker"]:    # BenchWorker starts this file so
+    sys.exit(_bench_worker(sys.argv[2] if len(sys.argv) > 2 else BENCH_MODULE))

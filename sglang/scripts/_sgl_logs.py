@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
+from _sgl_facts import ParseError  # noqa: E402
 
 
 # ================================================================== where a server start goes

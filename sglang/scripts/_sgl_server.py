@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import procs  # noqa: E402
-from common.checks import SetupError  # noqa: E402
-from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
-from _sglang import _LOCAL, _last_stop  # noqa: E402,F401
+from common.base.checks import SetupError  # noqa: E402
+from common.capture import procs  # noqa: E402
+from _sgl_facts import OFFLINE_ENV, SERVER_ENV, ServerError, _LOCAL, _last_stop, local_env, parse_flags  # noqa: E402
+from _sgl_logs import Metrics, breakdown_lines, parse_metrics, startup_breakdown  # noqa: E402
+from _sgl_bench import BenchWorker, tool_env  # noqa: E402
 
 
 # ================================================================== the server

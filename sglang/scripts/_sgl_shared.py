@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import cli, procs  # noqa: E402
-from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
+from common.capture import procs  # noqa: E402
+from common.run import cli  # noqa: E402
+from _sgl_facts import SERVING_ENV, ServerError, add_model_args, changes_from_defaults, config_line, parse_flags, require_sglang, serving_flags, table  # noqa: E402
+from _sgl_logs import breakdown_lines, breakdown_row  # noqa: E402
+from _sgl_server import Server, reap_servers, servers_dir  # noqa: E402
 
 
 # ================================================================== one server for several experiments
@@ -70,8 +73,8 @@ def why_not_shared(info: dict, model_dir, fl, env=None, port=None) -> str | None
 
 def _record_start(run, srv: "Server", started_by: str, quick: bool) -> dict:
     """One row for a server start: in the run (table server_start, headline server_start_s) and, inside a
-    pipeline, in its file of starts (common.pipeline.STARTS_ENV -> server_starts.csv)."""
-    from common.pipeline import STARTS_ENV
+    pipeline, in its file of starts (common.run.steps.STARTS_ENV -> server_starts.csv)."""
+    from common.run.steps import STARTS_ENV
     row = {"started_by": started_by, "server": srv.name, "start_s": round(srv.startup_s or 0.0, 1),
            "quick_changes": "; ".join(f"{c['setting']} {c['value']}" for c in
                                       changes_from_defaults(srv.args, {}, quick) if c["quick"]),
@@ -163,7 +166,7 @@ def gpu_total_gb(index: int = 0) -> float | None:
 
 
 class SharedServer:
-    """The pipeline's shared SGLang server: a common.pipeline service provider, declared in
+    """The pipeline's shared SGLang server: a common.run.pipeline service provider, declared in
     sglang/scripts/_steps.py (``SERVERS = {"default": Service("_sglang:SharedServer")}``).
 
     Its configuration is :func:`serving_flags` of the scripts' default options in the pipeline's mode,
@@ -208,7 +211,7 @@ class SharedServer:
         return reap_servers(servers_dir(PIPELINE_STEM), self.echo)
 
     def start(self, log_dir) -> None:
-        from common.pipeline import ServiceSkipped
+        from common.run.steps import ServiceSkipped
         if self.launcher is None:               # the real launch_server: what it needs, one [setup] line each
             require_sglang()
             cli.check_gpus_for(1, "the shared SGLang server")

@@ -1,4 +1,4 @@
-"""SGLang's steps in a trace and a request's own clock: the forward steps (common.trace.step_kernels with SGLang's
+"""SGLang's steps in a trace and a request's own clock: the forward steps (common.tables.trace.step_kernels with SGLang's
 range names), each step beside its scheduler log line, the per-request time stamps of the waterfall and the
 traced splits of a prefill and a decode step. Part of _sglang."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common import trace  # noqa: E402
-from _sglang import *  # noqa: E402,F401,F403   (the facts: flags, constants, errors)
+from common.tables import trace  # noqa: E402
+from _sgl_logs import Metrics, parse_metrics  # noqa: E402
 
 
 # ================================================================== traces: steps and their kernels
@@ -29,9 +29,9 @@ def parse_step_name(name: str) -> dict | None:
 
 
 def steps(ev):
-    """SGLang's forward steps in a torch-profiler trace: (the kernel table of common.trace.step_kernels, the one
+    """SGLang's forward steps in a torch-profiler trace: (the kernel table of common.tables.trace.step_kernels, the one
     join: each step's kernels from the ``scheduler.run_batch`` range around its ``step[...]`` range, which also
-    holds the sampling kernels; one summary row per step from common.trace.step_summary)."""
+    holds the sampling kernels; one summary row per step from common.tables.trace.step_summary)."""
     kt = trace.step_kernels(ev, STEP_RANGE, outer=OUTER_RANGE, parse=parse_step_name)
     return kt, trace.step_summary(kt)
 
@@ -78,7 +78,7 @@ def join_steps(steps: list[dict], rows: list[dict], min_match: float = 0.8) -> t
 # ================================================================== a request's own clock: the waterfall's stamps
 
 # SGLang 0.5.17's per-request stamps (epoch seconds) in the order a request meets them, each with the part that
-# ends there (common.waterfall builds the parts). Where each one is set:
+# ends there (common.tables.waterfall builds the parts). Where each one is set:
 #   request_received   TokenizerManager: time_stats.set_created_time (tokenizer_manager.py:3480), the FastAPI
 #                      handler's first call -> meta_info request_received_ts
 #   dispatch_finish    after the ZMQ send to the scheduler (_send_one_request, tokenizer_manager.py:1553) ->
@@ -138,8 +138,8 @@ def stage_delta(before, after, stage: str) -> float | None:
 
 
 def ttft_waterfall(result: dict, metrics_before=None, metrics_after=None, label: str = "", source: str = "untraced"):
-    """common.waterfall of one request's TTFT from its stamps; total: the client's own TTFT."""
-    from common import waterfall
+    """common.tables.waterfall of one request's TTFT from its stamps; total: the client's own TTFT."""
+    from common.tables import waterfall
     st = request_stamps(result, metrics_before, metrics_after)
     ttft = (result.get("client") or {}).get("ttft_s")
     return waterfall.build(st, TTFT_CHAIN, total_ms=ttft * 1e3 if ttft else None, label=label, source=source,
@@ -166,13 +166,13 @@ def _plan_calls(ev, lo: float, hi: float, tid) -> list[tuple]:
 
 def prefill_split(ev, stamps: dict, layers: int | None = None) -> dict:
     """The prefill forward stage of one traced request (forward_entry -> prefill_finished) split on the trace,
-    as a common.waterfall: batch scheduling (the rest of get_next_batch_to_run), run_batch before the step range,
+    as a common.tables.waterfall: batch scheduling (the rest of get_next_batch_to_run), run_batch before the step range,
     forward input prep + attention planning (FlashInfer plan() calls found by _plan_calls), the GPU forward
     (embedding to logits, GPU clock), sampling (the kernels of run_batch after the forward), the overlap scheduler's
     next iteration (it schedules and launches the next step before it reads this result) and result processing
-    until prefill_finished_time. ``ev``: common.trace.read_chrome_trace of the traced run (its base_us puts the
+    until prefill_finished_time. ``ev``: common.tables.trace.read_chrome_trace of the traced run (its base_us puts the
     trace on the epoch clock of the stamps); ``stamps``: request_stamps of the traced request."""
-    from common import timeline, waterfall
+    from common.tables import timeline, waterfall
     base = ev.attrs.get("base_us")
     if base is None:
         raise trace.TraceError("the trace has no baseTimeNanoseconds: its clock cannot be put beside the stamps")
@@ -234,11 +234,11 @@ LOOP_WHAT = {"scheduler.recv_requests": "poll the ZMQ socket for new requests",
 
 
 def decode_split(ev, bs: int | None = None) -> dict:
-    """One decode step of the traced run, as the scheduler loop spends it (a common.waterfall): the median
+    """One decode step of the traced run, as the scheduler loop spends it (a common.tables.waterfall): the median
     iteration between two consecutive decode run_batch ranges (batch ``bs``, default the largest traced),
     split into the loop's ranges (LOOP_RANGES; copy_result_to_cpu is inside run_batch) and what no range covers
     (the remainder). Also: that step's GPU kernel span, kernel time and GPU busy share."""
-    from common import waterfall
+    from common.tables import waterfall
     ua = ev[ev["kind"] == "user_annotation"]
     steps = ua[ua["name"].str.match(STEP_RANGE) & ua["name"].str.contains("DECODE")]
     rb = ua[ua["name"] == "scheduler.run_batch"].sort_values("ts_us")
@@ -279,7 +279,7 @@ def itl_waterfall(itl_ms: float, step_ms: float, label: str = "", source: str = 
                   step_from: str = "step_ms") -> dict:
     """A decode step's ITL at the client (median) against the scheduler's decode step (``step_from``: a key of
     STEP_FROM, --decode-log-interval 1): the step is the one part, the rest is delivery (the remainder)."""
-    from common import waterfall
+    from common.tables import waterfall
     return waterfall._finish({"label": label, "total_ms": itl_ms, "source": source, "parts": [
         {"name": "scheduler decode step", "ms": step_ms, "start": None, "end": None, "from": None, "to": None,
          "source": source, "what": STEP_FROM[step_from], "split": None}]})

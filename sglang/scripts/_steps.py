@@ -1,4 +1,4 @@
-"""The SGLang pipeline's steps, as data (run by common/pipeline.py behind 06_full_pipeline.sh).
+"""The SGLang pipeline's steps, as data (run by common/run/pipeline.py behind 06_full_pipeline.sh).
 
 Default (--quick / --all): 00 01 02 03 08 (the joined execution story), and 07_tp_scaling with --all
 when >= 2 GPUs are visible. The flags mean what they mean in every system: --nsys adds the timeline
@@ -14,7 +14,7 @@ pass, 03's Triton variant, 08 where FA3 runs, or any --server-arg) starts its ow
 --all each script starts its own servers, as when run alone: 01's full sweep needs SGLang's own pool size,
 02 and 08 their smaller ones.
 """
-from common.pipeline import ONLY, Service, Step
+from common.run.steps import ONLY, Service, Step
 
 # what an SGLang server with the flashinfer backend compiles for Llama head_dim 128, bf16, int32 indices:
 # paged prefill and tensor-core decode (fa2), the ragged prefill (backend "auto": fa3 on sm90), merge_state, norm

@@ -1,5 +1,5 @@
 """A numbered-script stand-in for the fault tests (tests/test_faults.py): the same skeleton as every
-experiment -- common.checks.run_main around a main() that writes a common.results.Run, optionally with
+experiment -- common.base.checks.run_main around a main() that writes a common.run.results.Run, optionally with
 a (fake) SGLang server from sglang/scripts/_sglang.py -- with the fault chosen on the command line.
 
     python tests/fakes/experiment.py --out DIR [--files a.csv,b.txt] [--fail MSG] [--import MODULE]
@@ -26,26 +26,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from common import results  # noqa: E402
-from common.checks import run_main  # noqa: E402
+from common.base.checks import run_main  # noqa: E402
+from common.capture import store  # noqa: E402
+from common.run import results  # noqa: E402
 
 FAKE_SERVER = REPO / "tests" / "sglang_fake_server.py"
 
 
 def inject(fault: str) -> None:
-    """Replace one file-system call of common.results by one that fails the way ``fault`` says."""
-    real_write, real_rename = results.write_json_atomic, os.rename
+    """Replace one file-system call of common.run.results by one that fails the way ``fault`` says."""
+    real_write, real_rename = store.write_json_atomic, os.rename
     if fault == "enospc-table":
         def write_csv(p, rows):
             raise OSError(errno.ENOSPC, "No space left on device")
-        results._write_csv = write_csv
+        store._write_csv = write_csv
         sys.modules["pandas"] = None          # Run.table then writes through _write_csv
     elif fault == "enospc-finish":
         def write_json(p, data):
             if ".partial-" in str(p) and Path(p).name == "summary.json":
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real_write(p, data)
-        results.write_json_atomic = write_json
+        store.write_json_atomic = write_json
     elif fault in ("eio-replace", "die-between-renames"):
         def rename(src, dst):
             if Path(src).name.startswith(".partial-") and not Path(dst).parent.name.startswith("."):
@@ -53,15 +54,15 @@ def inject(fault: str) -> None:
                     os._exit(137)
                 raise OSError(errno.EIO, "Input/output error")
             return real_rename(src, dst)
-        results.os.rename = rename
+        store.os.rename = rename
     elif fault == "eperm-previous":          # the old run cannot be moved (chattr +i)
         def rename(src, dst):
             if Path(dst).parent.name == ".previous" and not Path(src).name.startswith("."):
                 raise OSError(errno.EPERM, "Operation not permitted")
             return real_rename(src, dst)
-        results.os.rename = rename
+        store.os.rename = rename
     elif fault == "fixed-stamp":              # every time stamp the same: runs at once collide on names
-        results._stamp = lambda: "20260101-000000-000000"
+        store._stamp = lambda: "20260101-000000-000000"
     elif fault:
         raise SystemExit(f"unknown --inject {fault!r}")
 

@@ -1,6 +1,6 @@
 """GPU test: the measured ceilings are plausible and really are ceilings.
 
-Measures the quick set (common.ceilings.measure_ceilings, into a private cache: the user's cached set is left
+Measures the quick set (common.capture.probes.measure_ceilings, into a private cache: the user's cached set is left
 alone) and checks:
   (a) every probe (each DRAM probe, each GEMM shape, each all-reduce size) is positive and below 1.3x
       the datasheet figure it sits beside;
@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
+from common.capture import probes
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -29,13 +30,12 @@ SLACK = 1.02            # an independent measurement may exceed a ceiling by the
 
 @pytest.fixture(scope="module")
 def cset(tmp_path_factory):
-    from common import ceilings
     cache = tmp_path_factory.mktemp("hands-on-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HANDS_ON_CACHE", str(cache))
-        c = ceilings.measure_ceilings(0, quick=True, refresh=True)
+        c = probes.measure_ceilings(0, quick=True, refresh=True)
         print()
-        ceilings._print_set(c)
+        probes._print_set(c)
         out = os.environ.get("HANDS_ON_TEST_OUT")
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
@@ -44,8 +44,8 @@ def cset(tmp_path_factory):
 
 
 def _bench_per_call(fn, calls: int, reps: int = 5):
-    """Median ms per call of ``calls`` back-to-back calls between CUDA events (common.timing.bench)."""
-    from common.timing import bench
+    """Median ms per call of ``calls`` back-to-back calls between CUDA events (common.capture.timing.bench)."""
+    from common.capture.timing import bench
 
     def batch():
         for _ in range(calls):
@@ -110,7 +110,7 @@ def test_plain_sum_does_not_beat_the_dram_read_ceiling(cset):
 
 
 def test_peaks_reads_the_measured_set(cset, monkeypatch, tmp_path):
-    from common import ceilings
+    from common.capture import ceilings
     cache = tmp_path / "cache"
     monkeypatch.setenv("HANDS_ON_CACHE", str(cache))
     ceilings.save_ceilings(cset)                              # as if this machine had measured it

@@ -1,4 +1,4 @@
-"""GPU tests: the measured ceilings (common.ceilings.peaks) are plausible against the datasheet and cached per
+"""GPU tests: the measured ceilings (common.capture.ceilings.peaks) are plausible against the datasheet and cached per
 GPU; NVTX/record_function ranges show up in a torch-profiler trace with the kernels inside them.
 tests/gpu/test_ceilings.py checks that the ceilings really are ceilings.
 
@@ -21,7 +21,7 @@ def test_measured_peaks_against_datasheet(tmp_path, monkeypatch):
     gets no CUDA context from it), caches them per GPU UUID, and reads them back afterwards."""
     _torch()
     monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
-    from common import ceilings
+    from common.capture import ceilings
     children = []
     real = ceilings._measure_in_child
     monkeypatch.setattr(ceilings, "_measure_in_child", lambda *a, **k: children.append(a) or real(*a, **k))
@@ -45,8 +45,8 @@ def test_ranges_appear_in_torch_profiler_trace(tmp_path):
     torch = _torch()
     from torch.profiler import ProfilerActivity, profile
 
-    from common import trace
-    from common.ranges import nvtx_range
+    from common.tables import trace
+    from common.capture.ranges import nvtx_range
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(3):

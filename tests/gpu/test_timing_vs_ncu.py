@@ -1,4 +1,4 @@
-"""GPU test: common.timing.bench agrees with Nsight Compute's gpu__time_duration.sum.
+"""GPU test: common.capture.timing.bench agrees with Nsight Compute's gpu__time_duration.sum.
 
 The same elementwise kernels (y = 2x, bf16) are timed two ways: in-process by the workbook's primitive
 (cold L2, every method; L2 cooled by reading, and by writing for comparison) and by ncu (--clock-control none; ncu flushes caches before each
@@ -10,7 +10,7 @@ Writes $HANDS_ON_TEST_OUT/timing_vs_ncu.json when that variable is set.
 
 The ~10 us bar is checked after removing each instrument's own floor: a y = 2x over 1 KB (a kernel
 that does almost nothing) is timed by both, and the difference of the two floors (ncu reads a fixed
-~1.3 us above CUPTI on every kernel; common/timing.py explains) is added to the workbook's number
+~1.3 us above CUPTI on every kernel; common/capture/timing.py explains) is added to the workbook's number
 before comparing. The raw difference is printed and recorded too, so the offset stays visible.
 """
 import json
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from common.tables import kernels
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +34,13 @@ LAUNCHES = 20
 
 
 def _ncu_medians_us(tmp_path):
-    from common import ncu
+    from common.capture import ncu
     res = ncu.profile([sys.executable, str(ROOT / "tests/gpu/timing_workload.py"), "--mb",
                        *map(str, SIZES_MB.values()), "--gemm", *map(str, GEMM_N.values()), "--launches", str(LAUNCHES)],
                       tmp_path, kernel=ncu.with_marker("vectorized_elementwise|nvjet|gemm|splitK|sm90_xmma|cutlass"),
                       metrics=["gpu__time_duration.sum"], timeout=300,
                       cache_control="all")   # cold caches on each replay, like bench(cold_l2=True)
-    s = ncu.summarize(ncu.split_points(res.df))
+    s = kernels.summarize(kernels.split_points(res.df))
     labels = [("elementwise", k) for k in SIZES_MB] + [("gemm", k) for k in GEMM_N]
     out = {}
     for p, lab in enumerate(labels):  # a point = LAUNCHES calls; a call may be >1 kernel (split-K GEMM)
@@ -56,7 +57,7 @@ def test_bench_matches_ncu(tmp_path):
         pytest.skip("no GPU")
     if not shutil.which(os.environ.get("NCU", "ncu")):
         pytest.skip("ncu not on PATH")
-    from common.timing import bench
+    from common.capture.timing import bench
     ref = _ncu_medians_us(tmp_path)
     rows = []
     calls = {}

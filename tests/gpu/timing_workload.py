@@ -3,7 +3,7 @@
     python tests/gpu/timing_workload.py --mb 200 20 --gemm 3328 1280 --launches 20
 
 Launches ``--launches`` calls of each size, in order, with a marker kernel before each size (see
-common.ncu.split_points). y = 2x is used rather than a copy: a same-dtype copy_ is a cudaMemcpy,
+common.tables.kernels.split_points). y = 2x is used rather than a copy: a same-dtype copy_ is a cudaMemcpy,
 not a kernel. Under ncu each launch gets its own gpu__time_duration.
 """
 import argparse
@@ -18,7 +18,7 @@ a = p.parse_args()
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common.ncu import mark  # noqa: E402  one marker kernel before each size (common.ncu.split_points)
+from common.capture.ncu import mark  # noqa: E402  one marker kernel before each size (common.tables.kernels.split_points)
 bufs = []
 for mb in a.mb:
     n = int(mb * 1e6) // 2

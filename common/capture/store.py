@@ -1,0 +1,262 @@
+"""Where a run's files live on disk: results/<stem>, .previous, .failed; atomic writes; recovery after a crash.
+
+The folder layout and the moves that keep it whole (common.run.results.Run writes through them;
+common.render.report and common.run.recording read what they left)::
+
+    <stem>/                                the last successful run, whole ("status": "ok", "schema": SCHEMA)
+    .partial-<stem>-<stamp>-<pid>/         a run in progress; pruned once its pid is dead
+    .previous/<stem>/                      the run it replaced (one copy)
+    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs (the last KEEP_FAILED kept)
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import errno
+import json
+import math
+import os
+import re
+import shutil
+import stat
+from pathlib import Path
+
+from common.base.checks import SetupError
+
+SCHEMA = 2              # summary.json layout version; common.render.report reads only this one
+
+SUMMARY = "summary.json"
+
+KEEP_FAILED = 5         # failed / interrupted runs kept per stem
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+_STALE = re.compile(r"^\.(partial|trash)-.+-(\d+)$")   # our temporary folders end in -<pid>
+
+_FAILED = re.compile(r"^\d{8}-\d{6}-\d{6}-\d+-[a-z-]+$")  # .failed/<stem>/<stamp>-<pid>-<status>
+
+
+class ResultsError(SetupError):
+    """The results could not be written (disk full, read-only, quota); earlier results are intact."""
+
+
+def _jsonable(o):
+    if hasattr(o, "item"):  # numpy / torch scalars
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, set):
+        return sorted(o)
+    return str(o)
+
+
+def _clean(o):
+    """NaN/inf are not JSON: store them as null."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_clean(json.loads(json.dumps(data, default=_jsonable))), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _stamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+def _oserr(e: OSError) -> str:
+    return f"[Errno {e.errno}] {e.strerror}" if e.strerror else f"{e.__class__.__name__}: {e}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rmtree(p: Path) -> None:
+    """Remove a folder of ours; a symbolic link goes, never what it points to."""
+    if p.is_symlink():
+        p.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def results_dir(script_file: str | Path) -> Path:
+    """``<system>/results/<stem>/`` for a script at ``<system>/scripts/<stem>.py``."""
+    script = Path(script_file).resolve()
+    return script.parent.parent / "results" / script.stem
+
+
+def previous_dir(final: Path) -> Path:
+    """Where the run a newer one replaced is kept: ``<parent>/.previous/<name>``."""
+    return final.parent / ".previous" / final.name
+
+
+def failed_dir(final: Path) -> Path:
+    """Where failed and interrupted runs of ``final`` are kept: ``<parent>/.failed/<name>/``."""
+    return final.parent / ".failed" / final.name
+
+
+def script_of(dir_: Path) -> str | None:
+    """The script whose run a folder holds (``"script"`` of its summary.json), or None when it is not a
+    results folder (absent, not a folder, no readable summary)."""
+    try:
+        s = json.loads((Path(dir_) / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    return s.get("script") if isinstance(s, dict) else None
+
+
+def foreign(path: Path, script: str) -> str | None:
+    """Why a run of ``script`` may not replace (or discard) ``path``: it exists and is not a results folder
+    of that script. None when absent or one. Only such folders are ever moved or deleted. A folder that
+    another run moves away while it is read is looked at again (two runs of one script at once)."""
+    for _ in range(50):
+        try:
+            before = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat.S_ISDIR(before.st_mode):        # the stat above, not a second look that a rename can race
+            return "is not a folder"
+        made = script_of(path)
+        try:
+            after = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if (after.st_ino, after.st_dev) == (before.st_ino, before.st_dev):
+            break
+    if made is None:
+        return "is not a results folder (no summary.json of a run)"
+    return None if made == script else f"holds a run of {made}"
+
+
+def recover(final: Path) -> bool:
+    """Put ``.previous/<name>`` back when a process died between the two renames of a finish."""
+    final = Path(final)
+    prev = previous_dir(final)
+    if os.path.lexists(final) or script_of(prev) is None:    # only a run of ours goes back
+        return False
+    try:
+        os.rename(prev, final)
+        return True
+    except OSError:  # another process got there first, or the folder is read-only
+        return False
+
+
+def load_summary(dir_: str | Path) -> dict | None:
+    """The summary.json of a results folder, or None when absent or unreadable."""
+    recover(Path(dir_))
+    p = Path(dir_) / SUMMARY
+    try:
+        s = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return s if isinstance(s, dict) else None
+
+
+def _prune_stale(base: Path) -> None:
+    """Remove ``.partial-*`` / ``.trash-*`` folders whose owner process is gone."""
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = _STALE.match(p.name)
+        if m and int(m.group(2)) != os.getpid() and not _pid_alive(int(m.group(2))):
+            _rmtree(p)
+
+
+def _aside(p: Path) -> Path | None:
+    """Rename folder ``p`` out of the way (atomic) to a ``.trash-*`` name; None when there is none."""
+    trash = p.parent.parent / f".trash-{p.name}-{_stamp()}-{os.getpid()}"
+    try:
+        os.rename(p, trash)
+    except FileNotFoundError:
+        return None
+    return trash
+
+
+def _put_back(trash: Path | None, p: Path) -> None:
+    """Undo :func:`_aside` (a newer run's folder already at ``p`` wins: then the trash goes)."""
+    if trash is None:
+        return
+    try:
+        os.rename(trash, p)
+    except OSError:
+        _rmtree(trash)
+
+
+def _swap_in(src: Path, final: Path, script: str) -> None:
+    """Replace folder ``final`` by ``src``; the replaced folder becomes ``.previous/<name>``. Only a results
+    folder of ``script`` is ever moved or dropped, and the kept ``.previous`` run goes only once ``src``
+    is in place (a rename that fails leaves both as they were)."""
+    prev = previous_dir(final)
+    prev.parent.mkdir(exist_ok=True)
+    for _ in range(20):  # a concurrent run may slip in between two renames: then go round again
+        for p in (final, prev):
+            why = foreign(p, script)
+            if why:
+                raise OSError(errno.EEXIST, f"{p} {why}: not replaced")
+        old = _aside(prev)
+        try:
+            _rename_pair(final, prev, src)
+        except OSError as e:
+            _put_back(old, prev)
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                continue
+            raise
+        if old:
+            _rmtree(old)
+        return
+    raise OSError(errno.EBUSY, f"{final} kept changing while this run was moved in")
+
+
+def _rename_pair(final: Path, prev: Path, src: Path) -> None:
+    """``final`` -> ``prev`` (when there), then ``src`` -> ``final``; the first is undone if the second fails."""
+    try:
+        os.rename(final, prev)
+        moved = True
+    except FileNotFoundError:
+        moved = False
+    try:
+        os.rename(src, final)
+    except OSError:
+        if moved:
+            recover(final)
+        raise
+
+
+def _write_csv(p: Path, rows: list[dict]) -> None:
+    """A list of dicts as CSV without pandas (columns in order of first appearance)."""
+    cols: dict = {}
+    for r in rows:
+        cols.update(dict.fromkeys(r))
+    with open(p, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(cols))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
+                        for k, v in r.items()})

@@ -1,0 +1,108 @@
+"""`--reanalyse DIR`: a numbered script's analysis again, on a CPU, from the files an earlier run recorded.
+
+Every numbered script splits into measure (GPU) and analyse (tables in, verdicts, figures and story out). The
+measure phase ends by writing its tables (results/<stem>/*.csv) and summary.json; this module reads them back
+into the same record the analysis takes, so a script needs only::
+
+    p = cli.parser(...); recording.add_flag(p)                    # --reanalyse DIR
+    ...
+    if args.reanalyse:
+        rec = recording.open(args.reanalyse, __file__, tables=("sweep", "reference"), optional=("kernels",))
+        with recording.run(__file__, args, rec) as run:           # provenance: the recording's machine
+            analyse(run, Record(**rec.tables, pk=rec.peaks, p=plan(rec.args_like(args))))
+        return 0
+
+The recording's hardware provenance stays (common.run.results.Run.reanalysis_of); its notes carry over; raw files
+the story or figures read (``copy``: trace.json, ...) and the tables read are copied in, so the new run can be
+re-analysed in its turn. A missing or unreadable recording is one
+[setup] line naming the folder and what is missing. Read everything before the Run starts: a run that writes
+back into DIR itself (the default results folder) replaces it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.base.checks import SetupError, require_module
+
+
+@dataclass
+class Recording:
+    """What an earlier run left: its folder, its summary (provenance, args, headline, notes) and its tables."""
+    src: Path
+    summary: dict
+    tables: dict = field(default_factory=dict)          # name -> DataFrame (None when optional and absent)
+    files: dict = field(default_factory=dict)           # name -> bytes, raw files to copy into the new run
+
+    @property
+    def peaks(self) -> dict:
+        """The ceilings the recording divided by (its provenance), with the L2 size and SM count of its GPU."""
+        from common.capture import ceilings
+        prov = self.summary.get("provenance") or {}
+        rec = prov.get("ceilings") or {}
+        pk = {**rec, "gpu": prov.get("gpu"), "method": rec.get("method") or {}}
+        if rec:        # the run measured these on its GPU (common.capture.ceilings); how is recorded since the method key
+            pk["source"] = "measured"
+            pk["sources"] = {k: "measured" for k, v in rec.items() if k.endswith(("_tb_s", "_tflops")) and v}
+        if prov.get("sm_count"):
+            pk.setdefault("sm_count", prov["sm_count"])
+        return ceilings.complete(pk)
+
+    def args_like(self, args) -> argparse.Namespace:
+        """The recording's own arguments (its summary's ``args``) over ``args``: the plan the analysis needs is the
+        one that was measured, not the defaults of this call."""
+        mine = ("reanalyse", "out")              # where this call reads from and writes to stay this call's
+        merged = {**vars(args), **{k: v for k, v in (self.summary.get("args") or {}).items()
+                                   if k in vars(args) and k not in mine}}
+        return argparse.Namespace(**merged)
+
+
+def add_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reanalyse", metavar="DIR", default=None,
+                   help="no GPU: redo the analysis (verdicts, figures, story) from the files an earlier run of this "
+                        "script recorded in DIR (e.g. a copy of its results folder)")
+
+
+def open(src, script_file, tables=(), optional=(), copy=()) -> Recording:  # noqa: A001 - the module's verb
+    """Read the recording in ``src``: summary.json, the CSV ``tables`` (required) and ``optional`` ones, the raw
+    files ``copy``. Raises SetupError (one line) when the folder, its summary or a required table is missing."""
+    pd = require_module("pandas")
+    src = Path(src).resolve()
+    stem = Path(script_file).stem
+    if not src.is_dir():
+        raise SetupError(f"--reanalyse {src}: not a folder (give a results folder of {stem}.py)")
+    try:
+        summary = json.loads((src / "summary.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SetupError(f"--reanalyse {src}: no readable summary.json ({e.__class__.__name__}): is it a results "
+                         f"folder of {stem}.py?") from None
+    if summary.get("stem") not in (None, stem):
+        raise SetupError(f"--reanalyse {src}: a recording of {summary.get('stem')}.py, not of {stem}.py")
+    missing = [t for t in tables if not (src / f"{t}.csv").is_file()]
+    if missing:
+        raise SetupError(f"--reanalyse {src}: no {', '.join(m + '.csv' for m in missing)} to re-analyse "
+                         f"(written by {stem}.py)")
+    out = {t: pd.read_csv(src / f"{t}.csv") for t in tables}
+    out.update({t: (pd.read_csv(src / f"{t}.csv") if (src / f"{t}.csv").is_file() else None) for t in optional})
+    files = {f: (src / f).read_bytes() for f in copy if (src / f).is_file()}
+    # the tables travel too (the analysis may write its own over them): the new run is a recording in its turn
+    files.update({f"{t}.csv": (src / f"{t}.csv").read_bytes() for t in out if out[t] is not None})
+    return Recording(src, summary, out, files)
+
+
+@contextlib.contextmanager
+def run(script_file, args, rec: Recording):
+    """``with recording.run(__file__, args, rec) as run:`` the Run of a re-analysis: the recording's provenance
+    and notes, its raw files copied in; it ends like any run (results/<stem>/ or --out, .failed/ on an error)."""
+    from common.run.results import Run
+    with Run(script_file, rec.args_like(args), out=getattr(args, "out", None)) as r:   # --quick etc. as recorded
+        r.reanalysis_of(rec.summary, rec.src)
+        for n in rec.summary.get("notes", []):
+            if not n.startswith("re-analysed"):
+                r.note(n)
+        for name, data in rec.files.items():
+            r.path(name).write_bytes(data)
+        yield r

@@ -1,0 +1,8 @@
+"""Floor 2, tables: captures turned into the workbook's tables.
+
+    kernels  the kernel table, declared once (every column, its unit and meaning); ncu rows -> its counters
+    trace    profiler traces -> one event table; the range -> kernel join
+    timeline steps -> layers -> kernels -> counters: the joined story's table; Perfetto export
+    flops    FLOPs and formula bytes of every kernel class
+    waterfall a request's parts that must add up to what the client measured
+"""
