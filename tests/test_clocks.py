@@ -3,6 +3,9 @@
 tests/fixtures/nvml_clock_log_ceilings_h100.csv is NVML sampled every 10 ms while the version-4 ceilings ran
 (ceilings_log_h100.txt: each probe's line with its epoch time stamp, written when the probe ended).
 """
+import math
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,56 @@ def test_write_and_read_back(tmp_path, log):
     rows, _ = log
     clocks.write_csv(tmp_path / "c.csv", rows[:20])
     assert clocks.read_csv(tmp_path / "c.csv") == rows[:20]
+
+
+class _FakeNvml:
+    """pynvml as far as the sampler reads it: an SM clock that climbs 100 MHz a reading, 30 GB in use."""
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 1, 0
+
+    def __init__(self):
+        self.sm = 1000
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        if kind == self.NVML_CLOCK_SM:
+            self.sm += 100
+            return self.sm
+        return 2619
+
+    def nvmlDeviceGetMaxClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetPowerManagementLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 350_000
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return 40
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return type("Mem", (), {"used": 30e9})()
+
+
+def test_one_sampler_gives_clocks_and_memory(monkeypatch):
+    """The workbook's one NVML sampler: FlashInfer's cross-check reads its mean SM clock, SGLang's load its memory."""
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    with clocks.Sampler(0, period_s=0.001) as s:
+        time.sleep(0.05)
+    assert s.available and len(s.rows) >= 3
+    assert {r["used_gb"] for r in s.rows} == {30.0}
+    sm = [r["sm_mhz"] for r in s.rows]
+    assert s.mean("sm_mhz") == sum(sm) / len(sm) and sm == sorted(sm) and sm[0] == 1100
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with clocks.Sampler(None) as off:
+        pass
+    assert math.isnan(off.mean("sm_mhz")) and not off.available

@@ -2,7 +2,8 @@
 
     with clocks.Sampler(period_s=0.01) as s:      # SM / memory clock, power, temperature, clock-event reasons
         run_the_gemm_sweep()
-    s.rows                                         # [{"t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons"}]
+    s.rows                                         # [{"t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons", "used_gb"}]
+    s.mean("sm_mhz")                               # the mean of one column over the block (NaN without NVML)
     clocks.window(s.rows, t0, t1)                  # median SM clock, max power, the reasons seen in [t0, t1]
     clocks.reason_names(4)                         # ['power cap']
 
@@ -14,7 +15,9 @@ at full clock then "beats" it. So the ceilings record the clock of every probe, 
 clock of the served steps: a rate above a ceiling is explained by clocks, or the probe is fixed.
 
 Without pynvml or a driver the sampler records nothing and says so (``available`` False, ``why``); it never
-raises. Reading needs no CUDA context, so a script sampling a server's GPU stays outside CUDA.
+raises. Reading needs no CUDA context, so a script sampling a server's GPU stays outside CUDA. It is the workbook's
+one NVML sampler: the ceilings' clock log, FlashInfer's timer cross-check (the SM clock of each timer's calls) and
+SGLang's memory curve under load (``used_gb``) are its rows.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ REASONS = {0x1: "idle", 0x2: "applications clock setting", 0x4: "power cap", 0x8
            0x10: "sync boost", 0x20: "thermal (software)", 0x40: "thermal (hardware)",
            0x80: "power brake (hardware)", 0x100: "display clock setting"}
 SLOWDOWN = 0x4 | 0x8 | 0x20 | 0x40 | 0x80      # reasons that lower the clock under load (not idle/app settings)
-COLUMNS = ("t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons")
+COLUMNS = ("t", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons", "used_gb")
 
 
 def reason_names(bits) -> list[str]:
@@ -42,11 +45,13 @@ def reason_names(bits) -> list[str]:
 class Sampler:
     """NVML readings of one GPU every ``period_s`` seconds while the ``with`` block runs (a daemon thread).
 
-    ``rows``: one dict per reading (COLUMNS; ``t`` is time.time()). ``info``: the GPU's maximum SM and
-    memory clocks and its power limit, read once. ``available``/``why``: whether NVML could be read.
+    ``rows``: one dict per reading (COLUMNS; ``t`` is time.time(); ``used_gb``: device memory in use, every
+    process's). ``info``: the GPU's maximum SM and memory clocks and its power limit, read once.
+    ``available``/``why``: whether NVML could be read. ``index`` None: the device torch has current, where
+    torch is loaded (else 0).
     """
 
-    def __init__(self, index: int = 0, period_s: float = 0.01):
+    def __init__(self, index: int | None = 0, period_s: float = 0.01):
         self.index, self.period_s = index, period_s
         self.rows: list[dict] = []
         self.info: dict = {}
@@ -59,6 +64,10 @@ class Sampler:
         try:
             import pynvml
             pynvml.nvmlInit()
+            if self.index is None:
+                import sys
+                torch = sys.modules.get("torch")
+                self.index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
             h = pynvml.nvmlDeviceGetHandleByIndex(self.index)
             self._nvml, self._h = pynvml, h
             self.info = {"max_sm_mhz": _try(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
@@ -84,7 +93,7 @@ class Sampler:
                           "mem_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
                           "power_w": n.nvmlDeviceGetPowerUsage(h) / 1e3,
                           "temp_c": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
-                          "reasons": int(self._reasons())})
+                          "reasons": int(self._reasons()), "used_gb": n.nvmlDeviceGetMemoryInfo(h).used / 1e9})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -92,6 +101,11 @@ class Sampler:
                 self._read()
             except Exception:  # noqa: BLE001 - a failed reading is skipped, the next one is tried
                 pass
+
+    def mean(self, column: str) -> float:
+        """The mean of ``column`` over the readings so far; NaN when there is none (no NVML)."""
+        vals = [r[column] for r in self.rows if r.get(column) is not None]
+        return sum(vals) / len(vals) if vals else float("nan")
 
     def now(self) -> dict:
         """The latest reading (an empty dict when there is none)."""

@@ -679,40 +679,6 @@ def cupti_python() -> str | None:
     return None if int(v.split(".")[0]) >= 13 else f"cupti-python {v} < 13"
 
 
-class SmClock:
-    """Mean SM clock (MHz, NVML, sampled every 2 ms) while the block runs; nan without NVML."""
-
-    def __enter__(self):
-        import threading
-        self.samples, self._stop = [], threading.Event()
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            import torch
-            h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            read = lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)  # noqa: E731
-            read()
-        except Exception:  # noqa: BLE001
-            self._t = None
-            return self
-
-        def loop():
-            while not self._stop.wait(0.002):
-                self.samples.append(read())
-        self._t = threading.Thread(target=loop, daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._t is not None:
-            self._t.join()
-
-    @property
-    def mhz(self) -> float:
-        return sum(self.samples) / len(self.samples) if self.samples else math.nan
-
-
 def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     """Time ``run_fn(*args)`` with FlashInfer's bench_gpu_time and with the workbook's timer.
 
@@ -746,11 +712,13 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     (';'-separated), which the verdict is judged on.
     """
     import statistics
+
+    from common.capture import clocks
     fn = lambda: run_fn(*args)  # noqa: E731
     out: dict = {}
-    with SmClock() as c:
+    with clocks.Sampler(None, period_s=0.002) as c:
         out["workbook_ms"] = bench(fn).median_ms
-    out["workbook_sm_mhz"] = c.mhz
+    out["workbook_sm_mhz"] = c.mean("sm_mhz")
     out["workbook_write_flush_ms"] = bench(fn, flush="write").median_ms
     n = max(1, min(10, int(2.0 / max(out["workbook_ms"], 1e-3))))     # calls per replay: up to ~2 ms, at least 1
     spaced = lambda k: dict(use_cuda_graph=True, num_iters_within_graph=k, sleep_after_run=True,  # noqa: E731
@@ -761,9 +729,9 @@ def cross_check(bench_gpu_time, run_fn, args: tuple, bench) -> dict:
     if cupti:   # twice: the first CUPTI session after torch.profiler reads ~2x (see the docstring)
         modes += [(m, dict(enable_cupti=True, use_cuda_graph=True)) for m in ("cupti_graph_first", "cupti_graph")]
     for name, kw in modes:
-        with SmClock() as c:
+        with clocks.Sampler(None, period_s=0.002) as c:
             out[f"bgt_{name}_ms"] = statistics.median(bench_gpu_time(run_fn, input_args=args, **kw))
-        out[f"bgt_{name}_sm_mhz"] = c.mhz
+        out[f"bgt_{name}_sm_mhz"] = c.mean("sm_mhz")
     out["graph_spaced_calls_per_replay"] = n
     if n > 1:
         out["spaced_replay_overhead_us"] = 1e3 * (out["bgt_graph_spaced_1_ms"] - out["bgt_graph_spaced_ms"]) * n / (n - 1)

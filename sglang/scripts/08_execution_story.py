@@ -286,36 +286,11 @@ def analyse_story(trace_path, log_text, cfg, pk):
 
 # ------------------------------------------------------------------ phase 3-4: pressure and the cache
 
-class GpuMemory:
-    """GPU memory used (NVML), sampled every 100 ms while the block runs: [(epoch s, GB)]."""
-
-    def __enter__(self):
-        self.samples, self._stop = [], threading.Event()
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
-            read = lambda: pynvml.nvmlDeviceGetMemoryInfo(h).used / 1e9  # noqa: E731
-            read()
-        except Exception:  # noqa: BLE001 - no NVML: no memory curve, said in the story
-            self._t = None
-            return self
-        self._t = threading.Thread(target=lambda: [self.samples.append((time.time(), read()))
-                                                   for _ in iter(lambda: self._stop.wait(0.1), True)], daemon=True)
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._t:
-            self._t.join()
-
-
 def pressure(srv, run, P):
     """A load that fills the KV pool, plus one prompt longer than a prefill chunk; per-step log rows."""
     srv.flush_cache()
     mark = srv.log_mark()
-    with GpuMemory() as mem:
+    with clocks.Sampler(0, period_s=0.1) as mem:              # GPU memory in use, every 100 ms
         def long_prompt():       # once the load runs (the pool is filling): a prompt longer than a prefill chunk
             try:
                 srv.wait_log(r"Decode batch(?: \[\d+\])?, #running-req: (?:[89]|\d\d+),", mark, timeout=300)
@@ -332,7 +307,7 @@ def pressure(srv, run, P):
         a["step_wall_ms"] = (b["ts"] - a["ts"]) * 1e3
     run.log(f"pressure: {len(rows)} scheduler lines, max usage {max((r.get('token_usage') or 0) for r in rows):.2f}, "
             f"max queue {max((r.get('queue_req') or 0) for r in rows)}, retractions {sum(r['kind'] == 'retract' for r in rows)}")
-    return rows, mem.samples, sg.bench_headline(rec)
+    return rows, [(r["t"], r["used_gb"]) for r in mem.rows], sg.bench_headline(rec)
 
 
 def cache_story(srv, run, P):
