@@ -1185,7 +1185,7 @@ def test_no_test_or_script_binds_a_fixed_port():
     pat = re.compile(r"""(port\W{0,3}\s*[=:,]\s*["']?\d{4,5}\b|--port["',\s]+["']?\d{4,5}\b|127\.0\.0\.1:\d{2,5}\b|"""
                      r"""localhost:\d{2,5}\b|\.bind\(\([^)]*,\s*[1-9]\d*\)\)|\b3000\d\b)""")
     hits = []
-    files = [*TESTS.glob("*.py"), *TESTS.glob("fakes/*"), *(REPO / "common").glob("*.py"), REPO / "Makefile",
+    files = [*TESTS.glob("*.py"), *TESTS.glob("fakes/*"), *(REPO / "common").rglob("*.py"), REPO / "Makefile",
              *[p for s in ("flashinfer", "mini-sglang", "sglang") for p in (REPO / s / "scripts").glob("*.*")]]
     for f in files:
         if f.is_file() and f.suffix in (".py", ".sh", "") and f != Path(__file__):

@@ -50,7 +50,7 @@ def check_reanalysis(system: str, stem: str, tmp_path: Path, dropped: tuple = ()
     out = tmp_path / stem
     # judged as the recording was: without the run-to-run noise common/judge/noise.json has measured since (its margins
     # move knife-edge verdicts to inconclusive: tests/test_stats_verdicts.py covers them)
-    with mock.patch("common.judge.noise.lookup", return_value=None):
+    with mock.patch("common.judge.noise.margin_for", return_value=None):
         assert mod.main(["--reanalyse", str(src), "--out", str(out)]) == 0
     before, after = (json.loads((d / "summary.json").read_text()) for d in (src, out))
     kept = {k: v for k, v in _verdicts(before).items() if not k.startswith(dropped)} if dropped else _verdicts(before)

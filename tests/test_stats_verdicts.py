@@ -1,4 +1,5 @@
 """common.base.stats and common.judge.verdicts: one percentile function, intervals, verdicts judged on intervals."""
+import json
 import math
 
 import pytest
@@ -163,3 +164,94 @@ def test_a_second_pair_of_runs_keeps_the_larger_spread(fixture_path, tmp_path):
     assert kept["spread"] == lpm["spread"] and kept["runs"] == lpm["runs"]
     noise.write([{**lpm, "spread": 0.05, "noise": 1.0, "runs": "loud pair"}], path)
     assert noise.lookup("sglang", "02_radix_cache_analysis", "lpm-beats-fcfs-hit-rate", path)["runs"] == "loud pair"
+
+
+# ------------------------------------------------------------------ margins keyed by GPU model (common/judge/noise.json)
+
+def _margins_file(tmp_path, text):
+    p = tmp_path / "noise.json"
+    p.write_text(text)
+    return p
+
+
+GOOD_ROW = {"system": "sglang", "stem": "02_radix_cache_analysis", "hypothesis": "lpm-beats-fcfs-hit-rate", "a": 0.03,
+            "b": 0.04, "spread": 0.01, "noise": 0.29, "runs": "NVIDIA H200 · a · 2026-11-25 vs NVIDIA H200 · b · 2026-11-25"}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"version": 2 "models": {}}', "is damaged (Expecting ','"),                      # one deleted ':' / ','
+    ("", "is damaged (Expecting value"),                                               # an empty file
+    (json.dumps({"version": 2, "models": {"NVIDIA H200": {"rows": [{**GOOD_ROW, "spread": "0.01"}]}}}),
+     "spread is '0.01', not a number"),                                                # a spread written as text
+    (json.dumps({"version": 2, "models": {"NVIDIA H200": {"rows": [{k: v for k, v in GOOD_ROW.items() if k != "runs"}]}}}),
+     "rows[0] lacks runs"),                                                            # a row missing a key
+    (json.dumps([GOOD_ROW]), "the file is a JSON list, not an object"),                # a top-level list
+    (json.dumps({"version": 2, "models": {"NVIDIA H200": {"rows": None}}}), "rows is NoneType, not a list"),
+    (json.dumps({"about": "the version-1 layout", "rows": [GOOD_ROW]}), "not a version-2 margins file"),
+], ids=["deleted-colon", "empty", "spread-as-text", "row-without-key", "top-level-list", "rows-null", "old-layout"])
+def test_a_damaged_margins_file_is_one_line_naming_it(tmp_path, text, why):
+    from common.base.checks import SetupError
+    from common.judge import noise
+    p = _margins_file(tmp_path, text)
+    with pytest.raises(SetupError) as e:
+        noise.load(p)
+    assert str(e.value).startswith(f"the run-to-run margins file {p} is damaged (") and why in str(e.value)
+    assert "\n" not in str(e.value) and "git checkout" in str(e.value)
+
+
+def test_the_committed_margins_file_loads_with_both_models():
+    from common.judge import noise
+    m = noise.load()
+    assert set(m) >= {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} and sum(map(len, m.values())) >= 70
+
+
+def test_margins_are_the_models_own_or_borrowed_and_said(tmp_path):
+    """A run uses its own GPU model's margin; where its model did not measure a quantity, the largest other one
+    stands in and the verdict names the model it came from; no model: no margin."""
+    from common.judge import noise, verdicts
+    h100 = {**GOOD_ROW, "spread": 0.02, "runs": "NVIDIA H100 80GB HBM3 · c · 2026-11-27 vs NVIDIA H100 80GB HBM3 · d"}
+    p = noise.write([GOOD_ROW, h100, {**h100, "hypothesis": "other", "spread": 5.0}], tmp_path / "noise.json")
+    key = ("sglang", "02_radix_cache_analysis", "lpm-beats-fcfs-hit-rate")
+    own = noise.margin_for(*key, "NVIDIA H200", path=p)
+    assert own["spread"] == 0.01 and own["borrowed"] is False and own["model"] == "NVIDIA H200"
+    a100 = noise.margin_for(*key, "NVIDIA A100-SXM4-80GB", path=p)
+    assert a100["spread"] == 0.02 and a100["borrowed"] is True and a100["model"] == "NVIDIA H100 80GB HBM3"
+    lent = noise.margin_for("sglang", "02_radix_cache_analysis", "other", "NVIDIA H200", path=p)
+    assert lent["borrowed"] is True and lent["spread"] == 5.0            # H200 never measured "other"
+    assert noise.margin_for("flashinfer", "x", "y", "NVIDIA H200", path=p) is None
+    h = verdicts.declare("""
+    lead = lead: LPM leads FCFS on hit rate
+        judged on: hit-rate lead
+        confirmed: >= 0.02
+        source: test
+    """)["lead"]
+    rec = verdicts.judge(h, [0.035, 0.036, 0.037], noise=a100)
+    assert rec["verdict"] == "inconclusive" and rec["margin"] == {"spread": 0.02, "model": "NVIDIA H100 80GB HBM3",
+                                                                   "borrowed": True}
+    assert "not measured on this GPU model: the largest known, from NVIDIA H100 80GB HBM3" in rec["observed"]
+    with pytest.raises(ValueError, match="2 GPU models"):
+        noise.compare(*_two_model_trees(tmp_path))
+
+
+def _two_model_trees(tmp_path):
+    out = []
+    for name, gpu in (("a", "NVIDIA H100 80GB HBM3"), ("b", "NVIDIA H200")):
+        d = tmp_path / name / "sglang" / "results" / "02_radix_cache_analysis"
+        d.mkdir(parents=True)
+        d.joinpath("summary.json").write_text(json.dumps({"provenance": {"gpu": gpu}, "observations": [
+            {"hypothesis": "h", "interval": {"point": 1.0}}]}))
+        out.append(tmp_path / name)
+    return out
+
+
+def test_a_run_with_a_damaged_margins_file_stops_before_anything_runs(tmp_path, monkeypatch):
+    from common.base.checks import SetupError
+    from common.judge import noise
+    from common.run.results import Run
+    monkeypatch.setattr(noise, "NOISE_FILE", _margins_file(tmp_path, '{"version": 2, "models": {"X": {"rows": null}}}'))
+    script = tmp_path / "demo" / "scripts" / "01_demo.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    with pytest.raises(SetupError, match="is damaged"):
+        Run(script, {}, quiet=True)
+    assert not (tmp_path / "demo" / "results").exists()              # nothing was started, no folder written

@@ -155,6 +155,7 @@ def judge(h: Hypothesis, values, *, premise: bool | str = True, stat: str = "med
     m = (noise or {}).get("spread")
     margin = float(m) if isinstance(m, (int, float)) and math.isfinite(m) else 0.0
     v = verdict_for(h, iv, premise=ok, margin=margin)
+    src = _margin_source(noise)
     why = ""
     if not ok:
         why = f"; premise failed: {premise if isinstance(premise, str) else 'see evidence'}"
@@ -162,14 +163,27 @@ def judge(h: Hypothesis, values, *, premise: bool | str = True, stat: str = "med
         why = f"; {iv.n} sample(s): at least 3 repetitions are needed to judge"
     elif v == "inconclusive" and verdict_for(h, iv, premise=ok) != "inconclusive":
         why = (f"; within the run-to-run noise of {h.range_text()}: a second run's point moved by {margin:.3g} "
-               f"({noise.get('runs', '?')}), which would cross the bound")
+               f"({src}), which would cross the bound")
     elif v == "inconclusive":
         why = f"; the interval straddles {h.range_text()}"
     elif margin:
-        why = f"; holds with the run-to-run noise too (a second run moved the point by {margin:.3g})"
+        why = f"; holds with the run-to-run noise too (a second run moved the point by {margin:.3g}; {src})"
     observed = f"{h.quantity}: {iv.fmt(digits, h.unit)}" + (f"; {detail}" if detail else "") + why
-    return {"hypothesis": h.id, "expected": h.expected(), "observed": observed, "verdict": v,
-            "interval": iv.to_dict(), "range": [h.low, h.high], "source": h.source}
+    rec = {"hypothesis": h.id, "expected": h.expected(), "observed": observed, "verdict": v,
+           "interval": iv.to_dict(), "range": [h.low, h.high], "source": h.source}
+    if margin:
+        rec["margin"] = {"spread": margin, "model": (noise or {}).get("model"), "borrowed": bool((noise or {}).get("borrowed"))}
+    return rec
+
+
+def _margin_source(noise: dict | None) -> str:
+    """Where a margin comes from, in words: its runs, and the GPU model that measured it when that is not the run's."""
+    if not noise:
+        return ""
+    runs = noise.get("runs", "?")
+    if noise.get("borrowed"):
+        return f"not measured on this GPU model: the largest known, from {noise.get('model')}, runs {runs}"
+    return runs
 
 
 def judge_fact(h: Hypothesis, holds, observed: str, *, premise: bool | str = True) -> dict:

@@ -42,7 +42,9 @@ from pathlib import Path
 from common.base.checks import in_run_main, missing_package, SetupError
 from common.capture import gpu, store
 from common.capture.store import _FAILED, DISK_ERRNOS, KEEP_FAILED, ResultsError, SCHEMA, SUMMARY
-from common.judge.verdicts import judge as _judge, VERDICTS
+from common.judge import noise
+from common.judge.verdicts import VERDICTS
+from common.judge.verdicts import judge as _judge
 
 
 class Run:
@@ -63,6 +65,7 @@ class Run:
         self.quiet = quiet
         self._t0 = time.time()
         self._done = False
+        self._margins = noise.load()           # a damaged margins file: one [setup] line before anything runs
         base = self.final_dir.parent
         try:
             for p in (self.final_dir, self.previous_dir):
@@ -86,6 +89,11 @@ class Run:
             "headline": {}, "tables": [], "figures": [], "files": [], "story": "",
             "observations": [], "point_errors": [], "notes": [],
         }
+
+    @property
+    def gpu_model(self) -> str | None:
+        """The GPU model the measured figures come from (a re-analysis: the recording's), which picks the margins."""
+        return (self.summary.get("provenance") or {}).get("gpu")
 
     def _new_partial(self, base: Path) -> Path:
         while True:
@@ -178,9 +186,8 @@ class Run:
     def judge(self, h, values, evidence: str = "", premise=True, **kw) -> dict:
         """Judge hypothesis ``h`` (common.judge.verdicts.Hypothesis) on repeated measurements ``values``;
         the record (verdict from the interval, see common.judge.verdicts) joins the observations."""
-        if "noise" not in kw:        # this quantity's run-to-run noise, where two runs measured it (common.judge.noise)
-            from common.judge.noise import lookup
-            kw["noise"] = lookup(self.system, self.stem, h.id)
+        if "noise" not in kw:        # this quantity's run-to-run noise on this GPU model (common.judge.noise)
+            kw["noise"] = noise.margin_for(self.system, self.stem, h.id, self.gpu_model, self._margins)
         rec = {**_judge(h, values, premise=premise, **kw), "evidence": evidence}
         self.summary["observations"].append(rec)
         return rec
