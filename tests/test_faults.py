@@ -1375,7 +1375,7 @@ def test_a_gpu_machine_without_torch(tmp_path, pids, script):
     env = env_for(tmp_path, smi="h200", PYTHONPATH=os.pathsep.join(map(str, (sglang_stub(tmp_path),
                                                                               blocked(tmp_path, "torch")))))
     r = run([PY, REPO / "sglang" / "scripts" / f"{script}.py", "--quick", "--out", out], env)
-    log = tmp_path / "cache" / "ceilings" / "measure-GPU-00000000-fake-fake-fake-000000000000.log"
+    log = tmp_path / "cache" / "ceilings" / "measure-NVIDIA_H200-driver580.159.04-sm1980-mem3201.log"   # the machine
     assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
     assert lines(r.stderr) == ["[setup] Python package 'torch' is not importable (ModuleNotFoundError: No module named "
                                "'torch'). Install it: pip install -r requirements.txt (while measuring this GPU's "

@@ -146,6 +146,7 @@ def test_effective_bandwidth_of_a_small_working_set_is_never_a_dram_percent():
 H200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1a2b3c4d-0000-1111-2222-333344445555",
         "memory_gb": 150.0, "driver": "580.159.04"}
 H200_B = {**H200, "index": 1, "uuid": "GPU-99999999-0000-1111-2222-333344445555"}
+MACHINE = "NVIDIA H200-driver580.159.04-sm?-mem?"      # ceilings.machine_key of H200 (no max clocks given here)
 
 
 def _fake_set(uuid=H200["uuid"], dram=(4.31, 4.05, 4.12), gemm=(781.2, 757.5), nvlink=None, mode="quick"):
@@ -156,7 +157,7 @@ def _fake_set(uuid=H200["uuid"], dram=(4.31, 4.05, 4.12), gemm=(781.2, 757.5), n
                    ("torch copy_", "copy", 2 << 30)], dram)]
     shapes = [{"m": m, "n": m, "k": m, "layout": "nt", "tflops": v, "ms": 2 * m ** 3 / v / 1e9}
               for m, v in zip((8192, 4096), gemm)]
-    c = {"version": ceilings.CEILINGS_VERSION, "gpu": "NVIDIA H200", "uuid": uuid, "mode": mode,
+    c = {"version": ceilings.CEILINGS_VERSION, "gpu": "NVIDIA H200", "machine": MACHINE, "uuid": uuid, "mode": mode,
          "date_utc": "2026-11-24T10:00:00Z", "datasheet": gpu.device_spec("NVIDIA H200"),
          "dram": {"tb_s": max(dram), "best": probes[0]["name"], "method": "best of probes", "probes": probes,
                   "kinds": {p["kind"]: {"tb_s": p["tb_s"], "best": p["name"]} for p in probes}, "notes": []},
@@ -181,26 +182,23 @@ def _two_gpus(monkeypatch):
     monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [dict(H200), dict(H200_B)])
 
 
-def test_ceilings_cache_round_trip_keyed_by_uuid(fake_gpus, monkeypatch):
+def test_ceilings_record_is_the_machines(fake_gpus, monkeypatch):
+    """One record per machine: both H200s of a machine share it (every run there divides by the same figures); a
+    new driver or other clocks is another machine; a record of another probe version is never used."""
     _two_gpus(monkeypatch)
     c = _fake_set()
     path = ceilings.save_ceilings(c)
-    assert path == fake_gpus / "ceilings" / f"{H200['uuid']}.json"
-    assert ceilings.load_ceilings(0) == c
-    assert ceilings.load_ceilings(1) is None                               # the other GPU has its own file
-    ceilings.save_ceilings(_fake_set(uuid=H200_B["uuid"], dram=(4.2, 4.0, 4.1)))
-    assert ceilings.load_ceilings(1)["dram"]["tb_s"] == 4.2 and ceilings.load_ceilings(0)["dram"]["tb_s"] == 4.31
-    # CUDA_VISIBLE_DEVICES renumbers: device 0 is then the second GPU, by index or by UUID
-    os.environ["CUDA_VISIBLE_DEVICES"] = "1"
+    assert path == fake_gpus / "ceilings" / "NVIDIA_H200-driver580.159.04-sm_-mem_.json"
+    assert ceilings.machine_key(0) == ceilings.machine_key(1) == MACHINE
+    assert ceilings.load_ceilings(0) == c == ceilings.load_ceilings(1)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
-        assert ceilings.load_ceilings(0)["uuid"] == H200_B["uuid"]
-        os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-99999999"
-        assert ceilings.load_ceilings(0)["uuid"] == H200_B["uuid"]
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
         assert ceilings.load_ceilings(0) is None                           # no GPU visible
     finally:
         del os.environ["CUDA_VISIBLE_DEVICES"]
-    # another probe version: the set is measured again, never used
+    monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [{**H200, "driver": "590.1"}])
+    assert ceilings.machine_key(0) != MACHINE and ceilings.load_ceilings(0) is None      # a new driver: measure again
+    monkeypatch.setattr(gpu, "_gpus_nvml", lambda: [dict(H200)])
     old = _fake_set()
     old["version"] = ceilings.CEILINGS_VERSION - 1
     ceilings.save_ceilings(old)
@@ -364,7 +362,8 @@ def test_ncu_permission_error_is_a_setup_error(tmp_path, monkeypatch):
 
 def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch, capsys):
     """The orchestration of measure_ceilings with the probes stubbed and a fake torch module: measured
-    once and cached; a full request replaces a quick set; ≥ 2 GPUs add the all-reduce sweep once."""
+    once and kept; a full request does not replace the machine's record (only --refresh does); ≥ 2 GPUs add the
+    all-reduce sweep once."""
     import contextlib
     import types
     fake = types.ModuleType("torch")
@@ -388,7 +387,8 @@ def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch
     assert c["version"] == ceilings.CEILINGS_VERSION and c["datasheet"]["model"] == "H200 SXM"
     assert ceilings.load_ceilings(0) == c
     assert probes.measure_ceilings(0, quick=True, log=lambda *a: None) == c and len(ran) == 2     # cached
-    full = probes.measure_ceilings(0, quick=False, log=lambda *a: None)                            # upgrade
+    assert probes.measure_ceilings(0, quick=False, log=lambda *a: None) == c and len(ran) == 2    # no upgrade
+    full = probes.measure_ceilings(0, quick=False, refresh=True, log=lambda *a: None)             # on request
     assert ran[2:] == [("dram", False), ("gemm", False)] and full["mode"] == "full"
     assert probes.measure_ceilings(0, quick=True, log=lambda *a: None)["mode"] == "full" and len(ran) == 4
     n_gpus["n"] = 2
@@ -407,14 +407,13 @@ def test_measure_ceilings_caches_upgrades_and_adds_nvlink(fake_gpus, monkeypatch
     assert "DRAM read" in printed and "DRAM copy" in printed and "methods:" in printed and "TB/s" in printed
 
 
-def test_peaks_full_request_replaces_a_quick_set(fake_gpus, monkeypatch):
+def test_peaks_never_replaces_the_machines_record(fake_gpus, monkeypatch):
+    """A run that asks for the full set on a machine whose record is a quick one divides by the record: every page
+    of every run on the machine states the same ceilings (the full set is measured on request only)."""
     ceilings.save_ceilings(_fake_set(mode="quick"))
-    asked = []
-    monkeypatch.setattr(ceilings, "_measure_in_child", lambda device, quick=True, echo=print:
-                        asked.append(quick) or ceilings.save_ceilings(_fake_set(mode="full")) and ceilings.load_ceilings(device))
-    assert ceilings.peaks(0)["measured"]["mode"] == "quick" and asked == []          # a quick set serves quick asks
-    assert ceilings.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
-    assert ceilings.peaks(0, quick=False)["measured"]["mode"] == "full" and asked == [False]
+    monkeypatch.setattr(ceilings, "_measure_in_child", lambda *a, **k: pytest.fail("the record must not be replaced"))
+    assert ceilings.peaks(0)["measured"]["mode"] == "quick"
+    assert ceilings.peaks(0, quick=False)["measured"]["mode"] == "quick"
 
 
 def test_measuring_child_runs_without_a_profilers_injection():

@@ -305,9 +305,11 @@ def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixt
 
 def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, monkeypatch):
     from common.capture import ceilings
-    c = {"version": ceilings.CEILINGS_VERSION, "uuid": "GPU-x", "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
-         "dram": {"tb_s": 4.71, "kinds": {"read": {"tb_s": 4.6}, "write": {"tb_s": 4.71}, "copy": {"tb_s": 4.4}}},
-         "bf16": {"tflops": 811.0, "sm_mhz": 1980}, "nvlink": {"note": "one GPU visible"}}
+    c = {"version": ceilings.CEILINGS_VERSION, "uuid": "GPU-x", "machine": "NVIDIA H200-driver580-sm1980-mem3201",
+         "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
+         "dram": {"tb_s": 4.71, "kinds": {"read": {"tb_s": 4.6, "spread_pct": 0.4}, "write": {"tb_s": 4.71},
+                                          "copy": {"tb_s": 4.4}}},
+         "bf16": {"tflops": 811.0, "sm_mhz": 1980, "spread_pct": 1.2}, "nvlink": {"note": "one GPU visible"}}
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: c)
     with results.Run(_script(tmp_path), {}, quiet=True) as run:
         pass
@@ -315,6 +317,8 @@ def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, mo
     assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
                    "dram_copy_tb_s": 4.4, "dram_mixed_tb_s": None, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
                    "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x",
+                   "machine": "NVIDIA H200-driver580-sm1980-mem3201",
+                   "spread_pct": {"bf16_tflops": 1.2, "dram_read_tb_s": 0.4},     # the spread of the probe behind each
                    "method": {}}   # this made-up set has no probe details to name (a measured set has them)
     # a re-analysis keeps the recording's denominators, not this machine's
     monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})

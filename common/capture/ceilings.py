@@ -9,8 +9,11 @@
     python -m common ceilings measure [--refresh] [--quick] [--device N]   # measure (once) and print the table
     python -m common ceilings show                                          # the cached set(s), no CUDA
 
-One set per GPU (keyed by its UUID), shared by the three systems, so the same GPU shows the same denominators
-in every report (the probes are common.capture.probes):
+One record per machine (the GPU model, the driver and the maximum clocks: ``machine_key``), shared by the three
+systems and by every run on the machine, so every page of a run states the same denominators (the probes are
+common.capture.probes). It is measured once, kept with the spread of the probe that set each ceiling, and measured
+again on request (``python -m common ceilings measure --refresh``) or when stale (another CEILINGS_VERSION, driver
+or clocks: another record):
 
 * DRAM: four ceilings by kind of traffic, read, mixed (two reads per write), copy (one read per write) and
   write, each the best of several streaming probes on buffers far above L2. A kernel's DRAM rate is divided
@@ -22,8 +25,8 @@ in every report (the probes are common.capture.probes):
 
 Each ceiling carries its method and the datasheet figure beside it (common/capture/datasheet.csv). A datasheet figure is
 a denominator only where nothing was measured, and ``source`` then says "datasheet". The set is cached in
-``~/.cache/hands-on/ceilings/<uuid>.json`` (HANDS_ON_CACHE overrides the base) with CEILINGS_VERSION, so a
-changed probe measures again; the NVML clock log of the measurement lies beside it (``<uuid>.clocks.csv``).
+``~/.cache/hands-on/ceilings/<machine>.json`` (HANDS_ON_CACHE overrides the base) with CEILINGS_VERSION, so a
+changed probe measures again; the NVML clock log of the measurement lies beside it (``<machine>.clocks.csv``).
 Reading the cache (``peaks``, ``cached_peaks``, ``show``) never imports torch nor creates a CUDA context;
 ``peaks()`` without a cached set measures it once in a child process.
 A kernel above a ceiling means the probe under-measures (or ran at a lower clock): improve the probe, never
@@ -42,17 +45,18 @@ from common.base.story import fmt_bytes
 from common.capture.gpu import device_spec, gpus
 
 # One set per GPU (keyed by its UUID), shared by the three systems: every % column of every report
-# divides by the same numbers for the same GPU. Layout of a cached set (``<cache>/ceilings/<uuid>.json``):
-#   {"version", "gpu", "uuid", "mode": "quick"|"full", "date_utc", "driver", "torch", "triton", "datasheet",
-#    "dram":   {"tb_s", "best", "kinds": {"read"|"write"|"copy": {"tb_s", "best"}}, "method",
+# divides by the same numbers for the same machine. Layout of a record (``<cache>/ceilings/<machine>.json``):
+#   {"version", "gpu", "machine", "uuid", "mode": "quick"|"full", "date_utc", "driver", "torch", "triton", "datasheet",
+#    "dram":   {"tb_s", "best", "kinds": {"read"|"write"|"copy": {"tb_s", "best", "spread_pct"}}, "method",
 #               "probes": [{"name", "kind", "bytes", "tb_s", "ms", "mem_mhz", ...}], "notes"},
-#    "bf16":   {"tflops", "best": {"m", "n", "k", "layout"}, "sm_mhz", "method",
+#    "bf16":   {"tflops", "best": {"m", "n", "k", "layout"}, "spread_pct", "sm_mhz", "method",
 #               "shapes": [{"m", "n", "k", "layout", "tflops", "ms", "sm_mhz", "power_w_max", "slowdown"}]},
 #    "clocks": {"max_sm_mhz", "max_mem_mhz", "power_limit_w", "samples", "log"} (NVML while it measured),
 #    "nvlink": {"busbw_gb_s", "gpus", "best_bytes", "method", "sizes": [...]} | {"note": why not} | {"error": ...}}
 
-CEILINGS_VERSION = 5          # bump when a probe changes: a cached set of another version is measured again
+CEILINGS_VERSION = 6          # bump when a probe changes: a cached set of another version is measured again
 # 5: DRAM read / write / copy kept apart; GEMM shapes start off the power cap, their SM clock recorded
+# 6: one record per machine (GPU model, driver, clocks), each ceiling with the spread of the probe that set it
 
 
 def ceilings_dir() -> Path:
@@ -61,12 +65,25 @@ def ceilings_dir() -> Path:
     return cache_dir() / "ceilings"
 
 
-def _file_name(uuid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", uuid)
+def _file_name(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
-def ceilings_path(uuid: str) -> Path:
-    return ceilings_dir() / f"{_file_name(uuid)}.json"
+def machine_key(device: int = 0) -> str | None:
+    """The machine a ceilings record belongs to: the GPU model, the driver and the maximum SM and memory clocks of
+    visible GPU ``device`` (NVML / nvidia-smi, no CUDA context); None without a driver. Every GPU of one model on a
+    machine shares the record; a new driver or other clocks is another machine (the record is measured again)."""
+    g = gpus()
+    if not (0 <= device < len(g)):
+        return None
+    me = g[device]
+    return (f"{me.get('name') or 'GPU'}-driver{me.get('driver') or '?'}-sm{me.get('max_sm_clock_mhz') or '?'}"
+            f"-mem{me.get('max_mem_clock_mhz') or '?'}")
+
+
+def record_path(key: str) -> Path:
+    """The ceilings record of machine ``key`` (:func:`machine_key`)."""
+    return ceilings_dir() / f"{_file_name(key)}.json"
 
 
 def gpu_uuid(device: int = 0) -> str | None:
@@ -90,14 +107,14 @@ def read_ceilings(path) -> dict | None:
 
 
 def load_ceilings(device: int = 0) -> dict | None:
-    """The cached ceilings of visible GPU ``device``; never imports torch nor touches CUDA."""
-    uuid = gpu_uuid(device)
-    return read_ceilings(ceilings_path(uuid)) if uuid else None
+    """The ceilings record of the machine of visible GPU ``device``; never imports torch nor touches CUDA."""
+    key = machine_key(device)
+    return read_ceilings(record_path(key)) if key else None
 
 
 def save_ceilings(c: dict, path=None) -> Path:
-    """Write a ceilings set atomically (temp file + rename) to ``path`` or its UUID's cache file."""
-    path = Path(path) if path else ceilings_path(c["uuid"])
+    """Write a ceilings set atomically (temp file + rename) to ``path`` or its machine's record."""
+    path = Path(path) if path else record_path(c["machine"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(c, indent=1))
@@ -169,7 +186,7 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
                             **{key: "measured" if kinds.get(kind) else "measured (fastest probe)"
                                for kind, key in DRAM_KEYS.items()},
                             "nvlink_busbw_gb_s": "measured" if nv else ("datasheet" if _nvlink_ds(spec) else None)},
-                   method=_short_methods(c),
+                   method=_short_methods(c), spread_pct=_spreads(c),
                    measured={"dram_tb_s": c["dram"]["tb_s"], "bf16_tflops": c["bf16"]["tflops"], **per_kind,
                              "nvlink_busbw_gb_s": nv, "date_utc": c.get("date_utc"), "version": c.get("version"),
                              "mode": c.get("mode"), "uuid": c.get("uuid")})
@@ -186,6 +203,17 @@ def as_peaks(c: dict | None, name: str | None = None, uuid: str | None = None) -
         out.update(dram_tb_s=None, bf16_tflops=None, nvlink_busbw_gb_s=None, source="unknown", sources={}, method={},
                    **{key: None for key in DRAM_KEYS.values()})
     return out
+
+
+def _spreads(c: dict) -> dict:
+    """{peaks key: the timing spread (%, p10-p90 over its samples) of the probe that set that ceiling}."""
+    dram, gemm = c.get("dram") or {}, c.get("bf16") or {}
+    out = {"bf16_tflops": gemm.get("spread_pct")}
+    for kind, key in DRAM_KEYS.items():
+        out[key] = ((dram.get("kinds") or {}).get(kind) or {}).get("spread_pct")
+    best = next((p for p in dram.get("probes") or [] if p.get("name") == dram.get("best")), {})
+    out["dram_tb_s"] = best.get("spread_pct")
+    return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
 
 def complete(pk: dict) -> dict:
@@ -224,8 +252,8 @@ def ceilings_brief(c: dict | None) -> dict | None:
             **{key: (kinds.get(kind) or {}).get("tb_s") for kind, key in DRAM_KEYS.items()},
             "bf16_sm_mhz": (c.get("bf16") or {}).get("sm_mhz"),
             "nvlink_busbw_gb_s": (c.get("nvlink") or {}).get("busbw_gb_s"), "version": c.get("version"),
-            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid"),
-            "method": _methods(c)}
+            "mode": c.get("mode"), "date_utc": c.get("date_utc"), "uuid": c.get("uuid"), "machine": c.get("machine"),
+            "spread_pct": _spreads(c), "method": _methods(c)}
 
 
 def _methods(c: dict) -> dict:
@@ -282,7 +310,7 @@ def _measure_in_child(device: int, quick: bool = True, echo=print) -> dict:
         cmd = [sys.executable, "-m", "common", "ceilings", "measure", "--device", str(device), "--json-out", str(out)]
         cmd += ["--quick"] if quick else []
         env, notes = measure_env()
-        log = ceilings_dir() / f"measure-{_file_name(gpu_uuid(device) or f'device{device}')}.log"
+        log = ceilings_dir() / f"measure-{_file_name(machine_key(device) or f'device{device}')}.log"
         echo(f"measuring this GPU's ceilings once ({'quick' if quick else 'full'} set, then cached in "
              f"{ceilings_dir()}; log {log})" + "".join(f"; {n}" for n in notes))
         with Group(cmd, log, env=env, name="ceilings", echo=echo, cwd=str(REPO_ROOT)) as g:
@@ -303,13 +331,14 @@ def peaks(device: int = 0, *, measure: bool = True, quick: bool = True) -> dict:
 
     Returns ``{"gpu", "dram_tb_s", "bf16_tflops", "nvlink_busbw_gb_s", "source", "sources", "method",
     "datasheet", "measured", "ceilings", "uuid"}`` (see :func:`as_peaks`). A cached set is read without
-    importing torch. Without one, ``measure=True`` measures the quick set once in a child process
-    (~20-40 s; the caller's process never creates a CUDA context); ``quick=False`` also replaces a cached
-    quick set by the full one (~1-2 min); with ≥ 2 GPUs visible a set without the all-reduce sweep gets
-    it. ``measure=False`` never measures: the cached set, else the datasheet (``source`` says which).
+    importing torch. Without one, ``measure=True`` measures it once in a child process (the quick set, ~20-40 s,
+    or with ``quick=False`` the full one, ~1-2 min; the caller's process never creates a CUDA context); with ≥ 2
+    GPUs visible a set without the all-reduce sweep gets it. A record is never replaced here (a quick one by a full
+    one, say): every run on the machine divides by the same figures until ``python -m common ceilings measure
+    --refresh`` measures them again. ``measure=False`` never measures: the record, else the datasheet (``source``).
     """
     c = load_ceilings(device)
-    if measure and (c is None or _nvlink_wanted(c) or (not quick and c.get("mode") == "quick")):
+    if measure and (c is None or _nvlink_wanted(c)):
         c = _measure_in_child(device, quick=quick)
     g = gpus()
     me = g[device] if 0 <= device < len(g) else {}
@@ -331,7 +360,9 @@ def ceiling_text(pk: dict, key: str = "dram_tb_s", short: bool = False) -> str:
     src = (pk.get("sources") or {}).get(key) or pk.get("source") or "?"
     how = (pk.get("method") or {}).get(key)
     val = pk.get(key)
-    text = f"the {src} {what} ceiling {val:.3g} {unit}" if val else f"no {what} ceiling"
+    spread = (pk.get("spread_pct") or {}).get(key)
+    text = (f"the {src} {what} ceiling {val:.3g} {unit}" + (f" (±{spread / 2:.1f}%)" if spread is not None else "")
+            if val else f"no {what} ceiling")
     if short:
         return text
     return text + (f" ({how})" if how and how != src else "") + f" of {pk.get('gpu') or 'this GPU'}"

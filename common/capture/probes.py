@@ -32,9 +32,10 @@ from common.capture.ceilings import (
     DRAM_KINDS,
     as_peaks,
     ceilings_dir,
-    ceilings_path,
     ceilings_table,
     gpu_uuid,
+    machine_key,
+    record_path,
     read_ceilings,
     save_ceilings,
 )
@@ -271,7 +272,7 @@ def measure_dram(torch, device: int, quick: bool, log=print, sampler=None) -> di
         mine = [r for r in rows if r["kind"] == kind]
         if mine:
             b = max(mine, key=lambda r: r["tb_s"])
-            kinds[kind] = {"tb_s": b["tb_s"], "best": b["name"]}
+            kinds[kind] = {"tb_s": b["tb_s"], "best": b["name"], "spread_pct": b.get("spread_pct")}
     best = max(rows, key=lambda r: r["tb_s"])
     return {"tb_s": best["tb_s"], "best": best["name"], "kinds": kinds, "buffer_bytes": size,
             "method": DRAM_METHOD.format(size=f"{size / GIB:.0f} GiB", reps=reps),
@@ -380,6 +381,7 @@ def measure_gemm(torch, device: int, quick: bool, log=print, sampler=None) -> di
         notes.append(f"sustained run of the best shape: {e.__class__.__name__}")
     torch.cuda.empty_cache()
     return {"tflops": best["tflops"], "best": {x: best[x] for x in ("m", "n", "k", "layout")},
+            "spread_pct": best.get("spread_pct"),
             "sm_mhz": best.get("sm_mhz"), "sustained_tflops": best.get("sustained_tflops"),
             "method": GEMM_METHOD.format(n=len(rows), target_ms=target_ms, reps=reps), "shapes": rows,
             "notes": notes}
@@ -516,11 +518,12 @@ class _Lock:
 
 def measure_ceilings(device: int = 0, *, quick: bool = False, refresh: bool = False, nvlink: bool = True,
                      log=print) -> dict:
-    """Measure (or read from the cache) the ceilings of visible GPU ``device``; returns the cached set.
+    """Measure (or read) the ceilings record of the machine of visible GPU ``device``; returns it.
 
-    A cached set of this CEILINGS_VERSION is returned as it is, unless ``refresh``, or a full set is asked
-    for and a quick one is cached, or ≥ 2 GPUs are visible and the set has no NVLink entry (then only the
-    all-reduce sweep runs and is added). Needs the GPU: ~15 s quick, ~1-2 min full (+ ~30 s NVLink).
+    A record of this CEILINGS_VERSION is returned as it is (whichever set, quick or full, measured it: every run on
+    the machine divides by the same figures) unless ``refresh``, or ≥ 2 GPUs are visible and the record has no NVLink
+    entry (then only the all-reduce sweep runs and is added). Needs the GPU: ~15 s quick, ~1-2 min full (+ ~30 s
+    NVLink).
     """
     from common.base.checks import SetupError, require_module
     torch = require_module("torch", "pip install -r requirements.txt")
@@ -529,12 +532,10 @@ def measure_ceilings(device: int = 0, *, quick: bool = False, refresh: bool = Fa
     props = torch.cuda.get_device_properties(device)
     t_uuid = getattr(props, "uuid", None)
     uuid = gpu_uuid(device) or (f"GPU-{t_uuid}" if t_uuid else props.name.replace(" ", "_") + f"-{device}")
-    path = ceilings_path(uuid)
+    key = machine_key(device) or f"{props.name}-device{device}"
+    path = record_path(key)
     with _Lock(path.with_suffix(".lock")):
         c = None if refresh else read_ceilings(path)
-        if c is not None and not quick and c.get("mode") == "quick":
-            log(f"cached ceilings of {uuid} are a quick set: measuring the full set")
-            c = None
         want_nvlink = nvlink and torch.cuda.device_count() >= 2
         if c is not None and not (want_nvlink and not c.get("nvlink", {}).get("gpus", 0) >= 2):
             return c
@@ -551,7 +552,7 @@ def measure_ceilings(device: int = 0, *, quick: bool = False, refresh: bool = Fa
                 clocks.write_csv(log_path, s.rows)
             g = gpus()
             me = g[device] if device < len(g) else {}
-            c = {"version": CEILINGS_VERSION, "gpu": props.name, "uuid": uuid, "device_index": device,
+            c = {"version": CEILINGS_VERSION, "gpu": props.name, "machine": key, "uuid": uuid, "device_index": device,
                  "mode": "quick" if quick else "full", "date_utc": t0.strftime("%Y-%m-%dT%H:%M:%SZ"),
                  "driver": me.get("driver"), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
                  "triton": (kern or {}).get("version"), "sm_count": props.multi_processor_count,
@@ -609,11 +610,12 @@ def ceilings_main(argv=None) -> int:
         c = measure_ceilings(a.device, quick=a.quick, refresh=a.refresh, nvlink=not a.no_nvlink)
         if a.json_out:
             save_ceilings(c, a.json_out)
-        _print_set(c, ceilings_path(c["uuid"]))
+        _print_set(c, record_path(c["machine"]))
         return 0
     g = gpus()
     idx = [a.device] if a.device is not None else list(range(len(g)))
-    paths = [ceilings_path(g[i]["uuid"]) for i in idx if i < len(g)] if g else sorted(ceilings_dir().glob("*.json"))
+    paths = (list(dict.fromkeys(record_path(machine_key(i)) for i in idx if i < len(g))) if g
+             else sorted(ceilings_dir().glob("*.json")))
     shown = 0
     for p in paths:
         c = read_ceilings(p)
