@@ -1,6 +1,7 @@
 """`python -m common TOOL ...`: the workbook's tools, each a floor's own command line.
 
     python -m common report [--system S]          refresh the auto blocks of every page (make reports)
+    python -m common reference [--write]          the reference run each final page compares with
     python -m common pipeline --system S [...]    the runner behind every 06_full_pipeline.sh
     python -m common jit --system S | --modules M  build the JIT modules a system's steps load
     python -m common ceilings measure | show      this GPU's measured ceilings (the cached record)
@@ -12,7 +13,7 @@
 import importlib
 import sys
 
-TOOLS = {"report": "common.render.report:main", "pipeline": "common.run.pipeline:main",
+TOOLS = {"report": "common.run.steps:report_main", "reference": "common.render.reference:main", "pipeline": "common.run.pipeline:main",
          "jit": "common.run.warmup:main", "ceilings": "common.capture.probes:ceilings_main",
          "ncu": "common.tables.kernels:ncu_main", "models": "common.capture.models:main",
          "noise": "common.judge.noise:main", "crossview": "common.render.crossview:main"}

@@ -68,17 +68,16 @@ FAULTS = {
     "pipeline-missing-package": ("pipelines", "the step's one [setup] line with 'pip install pandas' / 'matplotlib'; "
                                               "the runner itself needs neither; exit 1"),
     # (b) reports
-    "report-mixed-machines": ("reports", "one line per page naming both machines; only that run's blocks change"),
-    "report-older-or-other-gpu-run": ("reports", "'skipped <summary>: its run (<date>) is older than the blocks it "
-                                                 "would replace in <page> (<date>) ...' / '... its run on <GPU> would "
-                                                 "sit beside runs on <GPU> in <page>; copy it to results/other-gpu/...'; "
-                                                 "exit 0; byte-identical; ACCEPT_MIXED=1 takes it (the case above)"),
+    "report-mixed-machines": ("reports", "a run on another GPU model makes the pages its machine's: its blocks, each other "
+                                         "block one 'Not measured in this run' line with its command; no mix"),
+    "report-older-or-other-gpu-run": ("reports", "runs of two machines: the newest one's pages; 'skipped <summary>: its run "
+                                                 "on <machine> is not this refresh's machine ...', nothing of it shown"),
     "report-old-schema": ("reports", "'skipped <summary>: no \"schema\" key ...'; exit 0; reports byte-identical"),
     "report-no-provenance": ("reports", "'skipped <summary>: no provenance ...'; exit 0; byte-identical"),
     "report-malformed-json": ("reports", "'skipped <summary>: not valid JSON (...)'; exit 0; byte-identical"),
     "report-unfinished-run": ("reports", "'skipped <summary>: status 'failed': only finished, successful runs ...'"),
-    "report-binary-table": ("reports", "'skipped <table>.csv: not text ...'; its blocks keep their bytes, "
-                                       "the rest refresh"),
+    "report-binary-table": ("reports", "'skipped <table>.csv: not text ...'; its block says this run's table could "
+                                       "not be read (never another run's figures); the run's other blocks refresh"),
     "report-pandas-missing": ("reports", "make reports renders the same without pandas; exit 0"),
     "report-matplotlib-missing": ("reports", "make reports renders the same without matplotlib; exit 0"),
     "report-render-error-last-file": ("reports", "'[failed] reports not refreshed, no file written: ...'; exit 1; "
@@ -568,56 +567,56 @@ def bodies_outside(text: str, stems: tuple) -> str:
 
 
 @covers("report-mixed-machines")
-def test_a_run_from_another_gpu_on_the_real_pages_is_named(tmp_path, pids):
+def test_a_run_from_another_gpu_makes_the_pages_its_own(tmp_path, pids):
+    """A run on a GPU model no committed page shows: the pages it appears on become that machine's, whole. Its blocks
+    carry its run; every other block of those pages says this run did not measure it and names the command; the
+    hand-written text stays byte for byte; no page mixes machines (before: refused, or a page mixing 3 machines)."""
     w = World(tmp_path, systems=("flashinfer",), code=True)
     pages0 = {p.name: p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md")}
     w.seed("flashinfer", "03_profile_decode", gpu=OTHER_GPU, torch="2.10.0", commit="abc1234", keep=False,
            story="STORY of 03 on the A100\n└── CUDA cores, batch 32\n    └── a kernel")   # the branch the page shows
-    out = make_reports(w, env_for(tmp_path), "ACCEPT_MIXED=1")      # asked for (else skipped: the case below)
+    out = make_reports(w, env_for(tmp_path))
     assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
-    # the pages where this run's blocks sit beside blocks of other runs (a block's hidden run line, or a provenance
-    # block of another script), none of them on the seeded GPU model
-    others = re.compile(r"<!-- auto:(?!03_)\w+/\w+[^>]*-->\n(?:<!-- run: 1x NVIDIA |_Run: 1x NVIDIA )")
-    pages = sorted(n for n, t in pages0.items() if "<!-- auto:03_profile_decode/" in t and others.search(t)
-                   and "<!-- auto:versus/" not in t)
-    assert len(pages) >= 1
-    for page in pages:
-        (line,) = [ln for ln in lines(out.stdout) if ln.startswith(f"flashinfer/reports/{page}: This page mixes runs from ")]
-        assert f"1x {OTHER_GPU} (torch 2.10.0)" in line and "1x NVIDIA H" in line, line
-    for name, before in pages0.items():        # hand-written text and every other run's blocks: byte for byte
+    assert not [ln for ln in lines(out.stdout) if "mixes runs" in ln or ln.startswith("skipped ")], out.stdout
+    own = [n for n, t0 in pages0.items() if "<!-- auto:03_profile_decode/" in t0]
+    assert own
+    for name, before in pages0.items():
         after = (w.root / "flashinfer" / "reports" / name).read_text()
-        keep = ("03_profile_decode", "runs")
-        assert bodies_outside(after, keep) == bodies_outside(before, keep), name
-    text = "".join((w.root / "flashinfer" / "reports" / n).read_text() for n in pages)
-    block = text[text.index("<!-- auto:03_profile_decode/"):].split("<!-- /auto -->")[0]
-    assert f"<!-- run: 1x {OTHER_GPU} · " in block                # the run's blocks carry their own run
-    header = text[text.index("<!-- auto:runs -->"):].split("<!-- /auto -->")[0]
-    assert "This page mixes runs from " in header and f"1x {OTHER_GPU}" in header      # and the header says so
+        assert report.BLOCK.sub("", after) == report.BLOCK.sub("", before), name      # hand-written text, byte for byte
+        for m in report.BLOCK.finditer(after):
+            key, body = m.group("key"), m.group("body")
+            if key.startswith("03_profile_decode/"):
+                assert body.startswith(f"<!-- run: 1x {OTHER_GPU} · ") or body.startswith(
+                    f"_Not measured in this run on 1x {OTHER_GPU}: 03_profile_decode's run has no "), (name, key, body)
+            elif report._stem_of(key):
+                stem = key.split("/", 1)[0]
+                assert body.startswith(f"_Not measured in this run on 1x {OTHER_GPU}: no run of {stem}; `") and \
+                    f"{stem}" in body.split("; `", 1)[1] and body.endswith("` measures it._\n"), (name, key, body)
+        header = after[after.index("<!-- auto:runs -->"):].split("<!-- /auto -->")[0] if "auto:runs" in after else ""
+        assert "mixes" not in header and "H100" not in header and "H200" not in header, (name, header)
     w.check(reports=False)
 
 
 @covers("report-older-or-other-gpu-run")
-@pytest.mark.parametrize("case", ["other-gpu", "older"])
-def test_an_older_or_other_gpu_run_is_skipped_unless_asked_for(tmp_path, pids, case):
-    """`make reports` over a run from another GPU model (another commit, an older torch), or over one dated
-    before the blocks it would replace: before, it silently replaced the newer blocks (only the mixed-machine
-    banner said anything); now one line, every report byte-identical (ACCEPT_MIXED=1: the case above)."""
+def test_runs_of_two_machines_give_the_newest_ones_pages(tmp_path, pids):
+    """Runs of two machines in results/ (copied in, or left from another GPU): the pages are the machine of the newest
+    run; the other's run is one line and none of its figures is shown (ACCEPT_MIXED=1: both, and the page says it
+    mixes them)."""
     w = World(tmp_path, systems=("flashinfer",), code=True)
-    if case == "other-gpu":
-        w.seed("flashinfer", "03_profile_decode", gpu=OTHER_GPU, torch="2.10.0", commit="abc1234")
-        why = (r"its run on NVIDIA A100-SXM4-80GB would sit beside runs on [^;]+ in flashinfer/reports/\S+\.md; "
-               r"copy it to results/other-gpu/03_profile_decode/ to compare, or `make reports ACCEPT_MIXED=1` uses it")
-    else:
-        w.seed("flashinfer", "03_profile_decode", date="2026-11-01T10:00:00Z")
-        why = (r"its run \(2026-11-01\) is older than the blocks it would replace in flashinfer/reports/\S+\.md "
-               r"\(2026-11-\d\d\); `make reports ACCEPT_MIXED=1` uses it")
+    w.seed("flashinfer", "03_profile_decode", gpu=OTHER_GPU, torch="2.10.0", commit="abc1234", keep=False,
+           date="2026-12-01T10:00:00Z")
+    w.seed("flashinfer", "02_profile_prefill", gpu=PAGE_GPU, keep=False, date="2026-11-30T10:00:00Z")
     out = make_reports(w, env_for(tmp_path))
     assert out.returncode == 0 and out.stderr == "" and TB not in out.stdout, out.stdout + out.stderr
     (line,) = [ln for ln in lines(out.stdout) if ln.startswith("skipped ")]
-    assert re.fullmatch(rf"skipped flashinfer/results/03_profile_decode/summary\.json: {why}", line), line
-    assert not [ln for ln in lines(out.stdout) if ("mixes runs" in ln and not by_design(w, ln)) or ln.startswith("updated ")]
-    assert totals(out.stdout).endswith("1 results file(s) skipped, 0 file(s) changed")
-    w.check()
+    assert line == ("skipped flashinfer/results/02_profile_prefill/summary.json: its run on 1x NVIDIA H100 80GB HBM3 is "
+                    f"not this refresh's machine (1x {OTHER_GPU}, that of the newest run): a page shows one machine's "
+                    "runs (`make reports ACCEPT_MIXED=1` puts them beside)")
+    pages = "".join(p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md"))
+    assert "<!-- run: 1x NVIDIA H100 80GB HBM3 · torch" not in pages and "STORY of 02_profile_prefill" not in pages
+    mixed = make_reports(w, env_for(tmp_path), "ACCEPT_MIXED=1")
+    assert any("This page mixes runs from 2 machines" in ln for ln in lines(mixed.stdout)), mixed.stdout
+    w.check(reports=False)
 
 
 BAD_SUMMARIES = {
@@ -649,19 +648,20 @@ def test_a_bad_summary_is_one_line_and_changes_nothing(tmp_path, pids, fault):
 
 
 @covers("report-binary-table")
-def test_a_table_that_is_not_text_keeps_its_blocks(tmp_path, pids):
+def test_a_table_that_is_not_text_is_said_in_its_block(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",), code=True)
     md, m = next((p, m) for p in sorted((w.root / "flashinfer" / "reports").glob("*.md"))
                  for m in [re.search(r"<!-- auto:(\d\d_\w+)/table:(\w+)[^>]*-->", p.read_text())] if m)
     key, stem, name = m.group(0), m.group(1), m.group(2)
-    before = md.read_text()
     d = w.seed("flashinfer", stem, files=(f"{name}.csv",), keep=False)
     (d / f"{name}.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     out = report_cmd(w, env_for(tmp_path), "--quiet")
     assert out.returncode == 0 and TB not in out.stdout + out.stderr
     assert (f"skipped flashinfer/results/{stem}/{name}.csv: not text (undecodable byte 0x89 at "
             "offset 0)") in lines(out.stdout)
-    assert md.read_text().split(key)[1].split("<!-- /auto -->")[0] == before.split(key)[1].split("<!-- /auto -->")[0]
+    body = md.read_text().split(key)[1].split("<!-- /auto -->")[0]
+    assert body.startswith(f"\n_Not measured in this run on 1x {PAGE_GPU}: {stem}'s run has no {name}") and \
+        "(skipped: not text (undecodable byte 0x89 at offset 0))" in body       # never another run's table
     pages = "".join(p.read_text() for p in (w.root / "flashinfer" / "reports").glob("*.md"))
     assert f"STORY of {stem}" in pages                             # the rest of that run refreshed
     w.check(reports=False)

@@ -439,18 +439,37 @@ def test_runs_header_on_a_clone_without_results_is_byte_identical(tmp_path):
     o = report.refresh(["demo"], root=clone, echo=_quiet)
     assert (clone / "demo" / "reports" / "analysis.md").read_bytes() == committed and o.files_written == []
     assert o.refreshed == ["demo/reports/analysis.md: runs"]                # recomputed from the kept blocks
-    assert "1 block(s) carry no run line" in _block(committed.decode(), "runs")   # 02_other: never run
+    assert "1 block(s) carry no run: this run did not measure them" in _block(committed.decode(), "runs")  # 02_other
 
 
-def test_a_page_that_mixes_machines_says_so(tmp_path, capsys, monkeypatch):
+def test_a_page_is_one_machines_the_newest_runs(tmp_path, capsys, monkeypatch):
+    """Runs of two machines in results/: the pages are the newest run's machine's; the other machine's run is one
+    line, and its block says this run did not measure it (never the other machine's figures beside)."""
     md = _page(tmp_path)
-    _good_run(tmp_path)
+    _good_run(tmp_path, date="2026-11-22T10:00:00Z")
     _good_run(tmp_path, "02_other", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0")
     monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(report, "refresh", lambda systems, root=tmp_path, **k: _refresh(["demo"], root=root))
     assert report.main([]) == 0
-    mixed = ("This page mixes runs from 2 machines: 1x NVIDIA H200 (torch 2.11.0+cu130); "
-             "1x NVIDIA H100 80GB HBM3 (torch 2.10.0)")
+    out = capsys.readouterr().out
+    assert ("skipped demo/results/02_other/summary.json: its run on 1x NVIDIA H100 80GB HBM3 is not this refresh's "
+            "machine (1x NVIDIA H200, that of the newest run): a page shows one machine's runs (`make reports "
+            "ACCEPT_MIXED=1` puts them beside)") in out
+    text = md.read_text()
+    assert "mixes" not in text and "H100" not in _block(text, "runs")
+    assert _block(text, "02_other/story") == ("_Not measured in this run on 1x NVIDIA H200: no run of 02_other; "
+                                              "`python demo/scripts/02_other.py --quick` measures it._\n")
+
+
+def test_accept_mixed_puts_two_machines_beside_and_says_so(tmp_path, capsys, monkeypatch):
+    md = _page(tmp_path)
+    _good_run(tmp_path)
+    _good_run(tmp_path, "02_other", gpu="NVIDIA H100 80GB HBM3", torch="2.10.0")
+    monkeypatch.setenv("ACCEPT_MIXED", "1")
+    monkeypatch.setattr(report, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(report, "refresh", lambda systems, root=tmp_path, **k: _refresh(["demo"], root=root))
+    assert report.main([]) == 0
+    mixed = "This page mixes runs from 2 machines: 1x NVIDIA H200; 1x NVIDIA H100 80GB HBM3"
     assert _block(md.read_text(), "runs").startswith(f"**{mixed}; compare their figures with care.**\n\n")
     assert f"demo/reports/analysis.md: {mixed}\n" in capsys.readouterr().out
 
@@ -469,7 +488,7 @@ def test_old_schema_summary_is_skipped_and_the_rest_refreshed(tmp_path):
     assert o.skipped == ['skipped demo/results/02_other/summary.json: no "schema" key (an older summary; '
                          'reports read schema 2): re-run the script']
     text = md.read_text()
-    assert _block(text, "02_other/story") == "committed other story\n"
+    assert _block(text, "02_other/story").startswith("_Not measured in this run on 1x NVIDIA H200: no run of 02_other")
     assert "STORY of 01_demo" in _block(text, "01_demo/story")
 
 
@@ -495,23 +514,26 @@ def test_bad_summaries_are_skipped_with_one_line(tmp_path, content, why):
     assert md.read_text() == PAGE and o.files_written == []
 
 
-def test_a_table_that_is_not_text_keeps_its_block(tmp_path):
+def test_a_table_that_is_not_text_is_said_in_its_block(tmp_path):
     md = _page(tmp_path)
     d = _good_run(tmp_path)
     (d / "sweep.csv").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
     o = report.refresh(["demo"], root=tmp_path, echo=_quiet)
     assert o.skipped == ["skipped demo/results/01_demo/sweep.csv: not text (undecodable byte 0x89 at offset 0)"]
     text = md.read_text()
-    assert _block(text, "01_demo/table:sweep") == "committed table\n" and "STORY of 01_demo" in text
+    assert _block(text, "01_demo/table:sweep") == (      # never the committed (another run's) table beside this run's
+        "_Not measured in this run on 1x NVIDIA H200: 01_demo's run has no sweep (skipped: not text (undecodable byte "
+        "0x89 at offset 0)); `01_demo` measures it._\n") and "STORY of 01_demo" in text
 
 
-def test_a_ragged_table_keeps_its_block(tmp_path):
+def test_a_ragged_table_is_said_in_its_block(tmp_path):
     md = _page(tmp_path)
     d = _good_run(tmp_path)
     (d / "sweep.csv").write_text("a,b\n1,2\n3,4,5\n")
     o = report.refresh(["demo"], root=tmp_path, echo=_quiet)
     assert o.skipped == ["skipped demo/results/01_demo/sweep.csv: line 3 has 3 fields, the header 2"]
-    assert _block(md.read_text(), "01_demo/table:sweep") == "committed table\n"
+    assert "01_demo's run has no sweep (skipped: line 3 has 3 fields, the header 2)" in \
+        _block(md.read_text(), "01_demo/table:sweep")
 
 
 def test_refresh_is_all_or_nothing(tmp_path, monkeypatch, capsys):
@@ -540,7 +562,7 @@ def test_refresh_is_all_or_nothing(tmp_path, monkeypatch, capsys):
                                        "demo/reports/b.md: block 02_other/headline: KeyError: 'boom'\n")
 
 
-def test_index_keeps_committed_rows_of_scripts_without_results(tmp_path):
+def test_index_lists_this_machines_runs_and_says_which_script_did_not_run(tmp_path):
     _script(tmp_path, "00_check_env")
     _good_run(tmp_path)
     md = _page(tmp_path, "INDEX.md", "<!-- auto:index -->\n| script | last run | status | GPU | headline |\n|---|---|---|---|---|\n"
@@ -552,7 +574,7 @@ def test_index_keeps_committed_rows_of_scripts_without_results(tmp_path):
                 raise RuntimeError("x")
     report.refresh(["demo"], root=tmp_path, echo=_quiet)
     assert md.read_text().splitlines()[3:5] == [
-        "| [`00_check_env.py`](../scripts/00_check_env.py) | 2026-11-21T16:08:31Z | ok | NVIDIA H200 | copy_tb_s=4.28 |",
+        "| [`00_check_env.py`](../scripts/00_check_env.py) | - | not run on 1x NVIDIA H200 | - | - |",
         "| [`01_demo.py`](../scripts/01_demo.py) | 2026-11-21T16:08:31Z | ok (2 failed kept) | NVIDIA H200 | tb_s=2.50 |"]
 
 
@@ -569,7 +591,7 @@ def test_report_runs_without_pandas_or_matplotlib(tmp_path):
     """
     p = _py(code)
     out, err = p.communicate(timeout=60)
-    assert (p.returncode, err, out) == (0, "", "3 []\n")
+    assert (p.returncode, err, out) == (0, "", "4 []\n")           # 02_other's block: "not measured"
     assert _block(md.read_text(), "01_demo/table:sweep") == f"{RUN_H200}\n| batch | tb_s |\n|---|---|\n| 1 | 1.23 |\n| 2 | - |\n"
 
 
@@ -587,18 +609,3 @@ def test_a_folder_renamed_away_while_it_is_looked_at_is_not_called_a_file(tmp_pa
     assert store.foreign(final, "demo/scripts/01_demo.py") is None
 
 
-def test_a_comparison_with_another_gpu_is_not_a_mix():
-    """An "On the other GPU" block (versus/<folder>) or a <stem>@<folder> block shows another GPU's runs on purpose:
-    the runs header lists them and says so in one line, but only the page's own blocks can make it a mix (the final
-    reports were flagged as mixing machines for their versus block alone)."""
-    h100 = "<!-- run: 1x NVIDIA H100 80GB HBM3 · torch 2.11.0 · commit aaaaaaa · 2026-11-27 -->\n"
-    h200 = "<!-- run: 1x NVIDIA H200 · torch 2.11.0 · commit bbbbbbb · 2026-11-27 -->\n"
-    blocks = [("01_demo/story", h100 + "x\n"), ("versus/other-gpu", h100 + h200 + "| t |\n"),
-              ("04_x@other-gpu/table:fusion", h200 + "| t |\n")]
-    body, mixed = report.runs_header(blocks)
-    assert mixed is None and "**This page mixes" not in body
-    assert "also show runs on 1x NVIDIA H200 (torch 2.11.0), on purpose; the rest of the page is one machine's" in body
-    assert "| 1x NVIDIA H200 |" in body
-    body, mixed = report.runs_header(blocks + [("02_demo/story", h200 + "y\n")])      # an own block on the H200
-    assert mixed == ("This page mixes runs from 2 machines: 1x NVIDIA H100 80GB HBM3 (torch 2.11.0); "
-                     "1x NVIDIA H200 (torch 2.11.0)")

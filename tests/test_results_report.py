@@ -173,10 +173,10 @@ def test_report_refresh_fills_blocks_and_keeps_the_rest(tmp_path):
     assert "Hand-written text stays." in text
     assert "```text\nSTORY\n└── decode 198 us\n```" in text
     assert "| decode is memory-bound | DRAM 81% \\| SM 12% | **confirmed** | ncu.csv |" in text
-    assert "committed text of a block without results" in text
+    assert "_Not measured in this run on 0x no GPU: no run of 02_missing" in text    # never another run's text
     assert "| 1 | 1.23 |" in text and "| 2 | - |" in text
     assert "| tb_s |\n|---|\n| 1.23 |\n| - |" in text                  # column selection
-    assert any("02_missing/story" in k for k in o.kept)
+    assert "demo/reports/analysis.md: 02_missing/story" in o.refreshed
     # a second refresh with the same results changes nothing
     before = md.read_bytes()
     o2 = report.refresh(["demo"], root=tmp_path, echo=lambda *a: None)
@@ -202,7 +202,7 @@ def test_committed_reports_are_well_formed():
         for m in report.BLOCK.finditer(text):
             key = m.group("key")
             n += 1
-            if key in ("index", "runs") or key.startswith("versus/"):
+            if key in ("index", "runs", "reference"):
                 continue
             stem, what = key.split("/", 1)
             assert stem[:2].isdigit(), (md, key)
@@ -221,139 +221,99 @@ def test_report_handles_an_empty_table(tmp_path):
     assert "empty table" in md.read_text()
 
 
-VERSUS_PAGE = """# fake final report
+REFERENCE_PAGE = """# fake final report
 <!-- auto:runs -->
 <!-- /auto -->
 
-## On the other GPU
+## Against the reference run
 
-<!-- auto:versus/other-gpu -->
-_not run yet_
-<!-- /auto -->
-
-<!-- auto:04_profile_rmsnorm@other-gpu/table:fusion -->
-_not run yet_
+<!-- auto:reference -->
+_committed comparison_
 <!-- /auto -->
 """
 
 
-def _other_gpu_world(tmp_path, fixture_path):
-    """flashinfer/results/<stem> from the real H200 runs, and results/other-gpu/<stem> a copy of them
-    that says it ran on an H100, with one verdict turned over (damaged on purpose: no second GPU model
-    was lent when this was written) and no ceilings recorded in its provenance."""
+def _reference_world(tmp_path, fixture_path, gpu="NVIDIA H200", flip=("rmsnorm-bw",)):
+    """flashinfer/results/<stem>: the real H200 runs (relabelled to ``gpu`` when asked); the committed reference: a copy
+    of them that says it ran on an H100 (DRAM ceilings, L2 and memory of one; measured figures kept), with the
+    ceilings the H200 measured in tests/fixtures/ceilings_h200_v5.json recorded on this run (these runs predate that), with the
+    verdicts of ``flip`` turned over on purpose, written by common.render.reference.build."""
     import shutil
+
+    from common.capture import ceilings
+    from common.render import reference
+    measured = ceilings.ceilings_brief(json.loads(fixture_path("ceilings_h200_v5.json").read_text()))   # the H200's
     src = fixture_path("results_flashinfer_h200")
     res = tmp_path / "flashinfer" / "results"
     shutil.copytree(src, res)
-    shutil.copytree(src, res / "other-gpu")
-    for p in (res / "other-gpu").glob("*/summary.json"):
+    ref_runs = []
+    for p in sorted(res.glob("*/summary.json")):
         s = json.loads(p.read_text())
-        s["provenance"].update(gpu="NVIDIA H100 80GB HBM3", sm_count=132, l2_mb=50.0,
-                               ceilings={"dram_tb_s": 3.0, "bf16_tflops": 700.0})
-        s["provenance"]["gpus"][0].update(name="NVIDIA H100 80GB HBM3", memory_gb=79.6)
-        for o in s["observations"]:
-            if o.get("hypothesis") == "rmsnorm-bw":
-                o["verdict"] = "confirmed"
+        s["provenance"].update(ceilings=measured, **({"gpu": gpu} if gpu != "NVIDIA H200" else {}))
         p.write_text(json.dumps(s))
+        r = json.loads(json.dumps(s))
+        r["provenance"].update(gpu="NVIDIA H100 80GB HBM3", l2_mb=50.0, date_utc="2026-11-20T10:00:00Z",
+                               ceilings={**(r["provenance"].get("ceilings") or {}), "dram_copy_tb_s": 3.0,
+                                         "dram_read_tb_s": 3.16, "bf16_tflops": 801.0})
+        r["provenance"]["gpus"][0].update(name="NVIDIA H100 80GB HBM3", memory_gb=79.6)
+        for o in r["observations"]:
+            if o.get("hypothesis") in flip:
+                o["verdict"] = "confirmed" if o["verdict"] != "confirmed" else "refuted"
+        ref_runs.append(r)
     (tmp_path / "flashinfer" / "reports").mkdir()
+    (tmp_path / "flashinfer" / "reports" / "reference.json").write_text(json.dumps(reference.build("flashinfer", ref_runs)))
     page = tmp_path / "flashinfer" / "reports" / "final-report.md"
-    page.write_text(VERSUS_PAGE)
+    page.write_text(REFERENCE_PAGE)
     return page
 
 
-def test_versus_block_puts_each_verdict_of_two_gpus_side_by_side(tmp_path, fixture_path):
-    page = _other_gpu_world(tmp_path, fixture_path)
-    o = report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
-    text = page.read_text()
-    assert "_not run yet_" not in text, o.kept
-    block = text.split("<!-- auto:versus/other-gpu -->")[1].split("<!-- /auto -->")[0]
-    assert block.count("<!-- run: ") == 2                        # one run line per side
-    assert "| measured DRAM ceiling (TB/s) | 4.71 | 3 | 0.64 |" in block      # H200: from its 00 headline
-    assert "| L2 (MB) | 60 | 50 | 0.83 |" in block
-    assert ("1 of 10 hypotheses judged on both GPUs changed verdict (same verdict: 00_check_env 4/4, "
-            "04_profile_rmsnorm 5/6).") in block
-    row = next(l for l in block.splitlines() if "| rmsnorm-bw |" in l)
-    assert "**refuted** 67" in row and "**confirmed** 67" in row and row.endswith("| **changed** |")
-    assert "fusion-40" not in block and block.count("**changed**") == 1          # only what changed is listed
-    # the other GPU's own table, from results/other-gpu/, with its run line
-    fusion = text.split("<!-- auto:04_profile_rmsnorm@other-gpu/table:fusion -->")[1].split("<!-- /auto -->")[0]
-    assert fusion.startswith("\n<!-- run: 1x NVIDIA H100 80GB HBM3") and "| tokens |" in fusion
-    # the page names the other GPU's runs as a comparison on purpose, not as a mix of machines
-    assert "This page mixes runs" not in text and not any("mixes" in m for m in o.mixed)
-    header = text.split("<!-- /auto -->")[0]
-    assert "Every block here compares GPUs on purpose: runs on 1x NVIDIA H200 (" in header and "1x NVIDIA H100" in header
+def _ref_block(page):
+    return page.read_text().split("<!-- auto:reference -->")[1].split("<!-- /auto -->")[0]
 
 
-def test_versus_all_lists_every_hypothesis(tmp_path, fixture_path):
-    page = _other_gpu_world(tmp_path, fixture_path)
-    page.write_text(VERSUS_PAGE.replace("versus/other-gpu", "versus/other-gpu:all"))
+def test_the_reference_block_lists_each_changed_verdict_with_its_measured_reason(tmp_path, fixture_path):
+    page = _reference_world(tmp_path, fixture_path)
     report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
-    block = page.read_text().split("<!-- auto:versus/other-gpu:all -->")[1].split("<!-- /auto -->")[0]
-    assert "| 04_profile_rmsnorm | fusion-40 | **refuted** 19.7 [19.7, 19.7] | **refuted** 19.7 [19.7, 19.7] |  |" in block
-    assert block.count("| 00_check_env |") == 4 and block.count("**changed**") == 1
+    block = _ref_block(page)
+    assert block.count("<!-- run: 1x NVIDIA H200") == 1 and "H100" not in block.split("Against")[0]  # this run's line
+    assert "Against the reference run on 1x NVIDIA H100 80GB HBM3 (`flashinfer/reports/reference.json`):" in block
+    assert "| L2 (MB) | 60 | 50 | 1.20 |" in block and "| GPU memory (GB) | 151 | 79.6 | 1.89 |" in block
+    assert "1 of 10 hypotheses judged in both runs changed verdict." in block
+    row = next(ln for ln in block.splitlines() if "| rmsnorm-bw |" in ln)
+    # judged on "% of the measured DRAM ceiling" (of its kind): the reason is the DRAM ceilings' measured ratios
+    assert "**refuted** 67" in row and "**confirmed** 67" in row and "DRAM copy ceiling x1.43 (4.28 vs 3.00 TB/s)" in row
+    assert "Run-to-run margins: measured on NVIDIA H200." in block
 
 
-def test_versus_block_without_the_second_gpus_runs_keeps_its_text(tmp_path, fixture_path):
-    page = _other_gpu_world(tmp_path, fixture_path)
+def test_a_change_nothing_measured_explains_is_shown_as_unexplained(tmp_path, fixture_path):
+    page = _reference_world(tmp_path, fixture_path, flip=("auto-is-fa3",))     # a deterministic fact of the code
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    row = next(ln for ln in _ref_block(page).splitlines() if "| auto-is-fa3 |" in ln)
+    assert "**unexplained**: no measured figure it depends on" in row
+
+
+def test_the_reference_run_itself_and_a_model_without_margins_say_so(tmp_path, fixture_path):
+    from common.render import reference
+    page = _reference_world(tmp_path, fixture_path, gpu="NVIDIA A100-SXM4-80GB")
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert ("Run-to-run margins: none measured on NVIDIA A100-SXM4-80GB; each verdict used the largest margin known "
+            "for its quantity") in _ref_block(page)
+    reference.write(["flashinfer"], root=tmp_path, echo=lambda *a: None)        # this run becomes the reference
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert "This page is the reference run itself (1x NVIDIA A100-SXM4-80GB; its 10 judged quantities" in _ref_block(page)
+    (tmp_path / "flashinfer" / "reports" / "reference.json").unlink()
+    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
+    assert "No reference run is committed for flashinfer (flashinfer/reports/reference.json)" in _ref_block(page)
+
+
+def test_a_results_other_gpu_folder_is_named_not_read(tmp_path, fixture_path):
     import shutil
-    shutil.rmtree(tmp_path / "flashinfer" / "results" / "other-gpu")
+    page = _reference_world(tmp_path, fixture_path)
+    shutil.copytree(tmp_path / "flashinfer" / "results" / "04_profile_rmsnorm",
+                    tmp_path / "flashinfer" / "results" / "other-gpu" / "04_profile_rmsnorm")
     o = report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
-    assert page.read_text() == VERSUS_PAGE
-    assert any("versus/other-gpu (no experiment has a finished run in both" in k for k in o.kept)
+    assert ("skipped flashinfer/results/other-gpu: not read any more; to compare two machines, make one run the "
+            "reference (python -m common reference --write) and refresh the other") in o.skipped
+    assert "1 of 10 hypotheses" in _ref_block(page)
 
 
-
-def test_a_run_records_the_ceilings_it_divided_by_in_its_provenance(tmp_path, monkeypatch):
-    from common.capture import ceilings
-    c = {"version": ceilings.CEILINGS_VERSION, "uuid": "GPU-x", "machine": "NVIDIA H200-driver580-sm1980-mem3201",
-         "mode": "quick", "date_utc": "2026-11-23T10:00:00Z",
-         "dram": {"tb_s": 4.71, "kinds": {"read": {"tb_s": 4.6, "spread_pct": 0.4}, "write": {"tb_s": 4.71},
-                                          "copy": {"tb_s": 4.4}}},
-         "bf16": {"tflops": 811.0, "sm_mhz": 1980, "spread_pct": 1.2}, "nvlink": {"note": "one GPU visible"}}
-    monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: c)
-    with results.Run(_script(tmp_path), {}, quiet=True) as run:
-        pass
-    got = store.load_summary(run.final_dir)["provenance"]["ceilings"]
-    assert got == {"dram_tb_s": 4.71, "bf16_tflops": 811.0, "dram_read_tb_s": 4.6, "dram_write_tb_s": 4.71,
-                   "dram_copy_tb_s": 4.4, "dram_mixed_tb_s": None, "bf16_sm_mhz": 1980, "nvlink_busbw_gb_s": None,
-                   "version": ceilings.CEILINGS_VERSION, "mode": "quick", "date_utc": "2026-11-23T10:00:00Z", "uuid": "GPU-x",
-                   "machine": "NVIDIA H200-driver580-sm1980-mem3201",
-                   "spread_pct": {"bf16_tflops": 1.2, "dram_read_tb_s": 0.4},     # the spread of the probe behind each
-                   "method": {}}   # this made-up set has no probe details to name (a measured set has them)
-    # a re-analysis keeps the recording's denominators, not this machine's
-    monkeypatch.setattr(ceilings, "load_ceilings", lambda device=0: {**c, "dram": {"tb_s": 9.9}})
-    prev = store.load_summary(run.final_dir)
-    with results.Run(_script(tmp_path, system="demo2"), {}, quiet=True) as again:
-        again.reanalysis_of(prev, run.final_dir)
-    assert store.load_summary(again.final_dir)["provenance"]["ceilings"]["dram_tb_s"] == 4.71
-
-
-def test_a_measured_ceilings_set_records_how_each_was_measured(fixture_path):
-    """tests/fixtures/ceilings_h200_v5.json: the ceilings the H200 measured for the a5d3c27 pipelines (2026-11-25)."""
-    import json
-    from common.capture import ceilings
-    from common.run import recording
-    brief = ceilings.ceilings_brief(json.loads(fixture_path("ceilings_h200_v5.json").read_text()))
-    assert brief["method"]["dram_copy_tb_s"] == "fastest copy probe: torch copy_"
-    rec = recording.Recording(Path("."), {"provenance": {"gpu": "NVIDIA H200", "ceilings": brief}})
-    pk = rec.peaks
-    assert pk["sources"]["dram_copy_tb_s"] == "measured" and pk["l2_mb"] == 60
-    assert "the measured DRAM copy ceiling" in __import__("common.capture.timing", fromlist=["x"]).dram_ceiling_text(pk, "copy")
-
-
-def test_versus_block_names_the_host_cpu_when_a_run_recorded_it(tmp_path, fixture_path):
-    """CPU-side times (tokenize, schedule, launch, plan()) follow the host, so the machine table shows the host CPU
-    beside the GPU; runs that predate the field (the real H200 fixtures) show no such row rather than a blank one."""
-    from common.capture import gpu
-    model = gpu.cpu_model(str(fixture_path("proc_cpuinfo_first_cpu_amd_epyc.txt")))
-    assert model == "AMD EPYC" and gpu.cpu_model(str(tmp_path / "none")) in (None, __import__("platform").processor())
-    page = _other_gpu_world(tmp_path, fixture_path)
-    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
-    assert "| host CPU |" not in page.read_text()
-    page.write_text(VERSUS_PAGE)
-    for p in (tmp_path / "flashinfer" / "results" / "other-gpu").glob("*/summary.json"):
-        s = json.loads(p.read_text())
-        s["provenance"]["host"]["cpu_model"] = model
-        p.write_text(json.dumps(s))
-    report.refresh(["flashinfer"], root=tmp_path, echo=lambda *a: None)
-    assert "| host CPU | - | AMD EPYC |" in page.read_text()

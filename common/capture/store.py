@@ -260,3 +260,59 @@ def _write_csv(p: Path, rows: list[dict]) -> None:
         for r in rows:
             w.writerow({k: "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
                         for k, v in r.items()})
+
+
+# ------------------------------------------------------------------ reading a run back
+
+def summary_problem(s) -> str | None:
+    """What makes a summary.json unusable for reports, or None when it is a finished, successful run
+    of this schema with provenance."""
+    if not isinstance(s, dict):
+        return f"not a JSON object (a {type(s).__name__})"
+    schema = s.get("schema")
+    if schema is None:
+        return f"no \"schema\" key (an older summary; reports read schema {SCHEMA}): re-run the script"
+    if not isinstance(schema, int) or schema < SCHEMA:
+        return f"schema {schema!r} is older than {SCHEMA}: re-run the script"
+    if schema > SCHEMA:
+        return f"schema {schema} is newer than this workbook reads ({SCHEMA}): update the workbook"
+    if s.get("status") != "ok":
+        return f"status {s.get('status')!r}: only finished, successful runs refresh reports"
+    prov = s.get("provenance")
+    if not isinstance(prov, dict) or not prov.get("date_utc"):
+        return "no provenance (GPU, stack, commit, date)"
+    for k, t in (("packages", dict), ("git", dict), ("reanalysed", dict)):
+        if prov.get(k) is not None and not isinstance(prov[k], t):
+            return f"provenance \"{k}\" is a {type(prov[k]).__name__}, not an object"
+    for k, t in (("headline", dict), ("observations", list), ("point_errors", list), ("story", str)):
+        if s.get(k) is not None and not isinstance(s[k], t):
+            return f"\"{k}\" is a {type(s[k]).__name__}, not a {t.__name__}"
+    for i, o in enumerate(s.get("observations") or [], 1):
+        if not isinstance(o, dict) or not {"expected", "observed", "verdict"} <= set(o):
+            return f"observation {i} lacks expected/observed/verdict"
+    if any(not isinstance(e, dict) for e in s.get("point_errors") or []):
+        return "a point error is not an object"
+    return None
+
+
+# ---------------------------------------------------------------- rendering
+
+# the ceilings a run divided by: recorded in its provenance (results.Run.finish), or for runs before
+# that, the figures 00_check_env of each system put in its headline
+def machine_of(prov: dict) -> str:
+    """The machine a run ran on, as the pages name it: '1x NVIDIA H200' (GPU count and model)."""
+    return f"{prov.get('gpu_count') or 0}x {prov.get('gpu') or 'no GPU'}"
+
+
+def read_summary(p: Path) -> tuple[dict | None, str]:
+    """(a finished, successful run's summary, "") or (None, what is wrong) for results/<stem>/summary.json."""
+    try:
+        s = json.loads(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not text (undecodable bytes)"
+    except ValueError as e:
+        return None, f"not valid JSON ({e})"
+    except OSError as e:
+        return None, f"unreadable ({e.strerror or e})"
+    why = summary_problem(s)
+    return (None, why) if why else (s, "")

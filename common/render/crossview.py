@@ -16,10 +16,12 @@ is missing gives no rows, and the block keeps what it showed (common.render.repo
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 from pathlib import Path
 
 from common import REPO_ROOT
+from common.capture.store import machine_of
 from common.tables import kernels
 
 # one layer's K and V of a decode step at batch 32 x 4096 (Llama-3.1-8B: 8 KV heads x 128, bf16): the bytes a
@@ -69,11 +71,21 @@ def _dram_mb(r: dict) -> float:
     return (_num(r.get("dram_read_mb")) or 0.0) + (_num(r.get("dram_write_mb")) or 0.0)
 
 
-def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
-    """(rows, the summary.json of each run read) for the decode shape."""
+def _usable(folder: Path, machine: str | None) -> bool:
+    """Whether the run in ``folder`` (results/<stem>) is on ``machine`` (any run with provenance when None: the
+    tables are read whatever wrote them, as the fixtures' cut summaries)."""
+    try:
+        prov = json.loads((folder / "summary.json").read_text()).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        return machine is None
+    return machine is None or (isinstance(prov, dict) and machine_of(prov) == machine)
+
+
+def decode(root: Path = REPO_ROOT, machine: str | None = None) -> tuple[list[dict], list[Path]]:
+    """(rows, the summary.json of each run read) for the decode shape, from runs on ``machine``."""
     rows, used = [], []
     sg = root / "sglang/results/05_ncu_attention"
-    a = [r for r in _rows(sg / "attention_kernels.csv") if r.get("stage") == "decode"]
+    a = [r for r in _rows(sg / "attention_kernels.csv") if r.get("stage") == "decode"] if _usable(sg, machine) else []
     kv = {r["launch"]: _dram_mb(r) * 1e6 for r in a if "Merge" not in r["kernel"]}
     full = set(kv) - kernels.other_step_launches(kv, expected=KV_BYTES_B32_4K)
     if full:
@@ -81,7 +93,8 @@ def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
                        [r for r in a if r["launch"] in full])
         used.append(sg / "summary.json")
     ms = root / "mini-sglang/results/04_profile_attention"
-    m = [r for r in _rows(ms / "ncu_kernels.csv") if "decode bs=32 kv=4096" in r.get("call", "")]
+    m = [r for r in _rows(ms / "ncu_kernels.csv") if "decode bs=32 kv=4096" in r.get("call", "")] \
+        if _usable(ms, machine) else []
     for variant, how in (("fi", "forward's backend, tensor-core decode (04)"),
                          ("fi tc=off", "backend with tensor cores off (04)")):
         g = [r for r in m if r.get("variant") == variant]
@@ -91,7 +104,7 @@ def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
         used.append(ms / "summary.json")
     fi = root / "flashinfer/results/03_profile_decode"
     f = [r for r in _rows(fi / "kernels.csv") if r.get("batch") == "32" and r.get("kv_len") == "4096"
-         and r.get("model", "llama-3.1-8b") == "llama-3.1-8b"]
+         and r.get("model", "llama-3.1-8b") == "llama-3.1-8b"] if _usable(fi, machine) else []
     for variant, how in (("tc", "alone, use_tensor_cores=True (03)"), ("cuda", "alone, CUDA cores (03)")):
         g = [r for r in f if r.get("variant") == variant]
         if any(r.get("kind") == "reference" for r in g):
@@ -103,8 +116,8 @@ def decode(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
     return rows, used
 
 
-def prefill(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
-    """(rows, the summary.json of each run read) for the 512-token prefill shape."""
+def prefill(root: Path = REPO_ROOT, machine: str | None = None) -> tuple[list[dict], list[Path]]:
+    """(rows, the summary.json of each run read) for the 512-token prefill shape, from runs on ``machine``."""
     rows, used = [], []
     for system, how, folder, keep in (
             ("SGLang", "served, one text request (08; BOS cached: ragged + paged + merge)",
@@ -112,13 +125,14 @@ def prefill(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
             ("mini-SGLang", "its forward, 512-token prompt (08, graph variant)",
              "mini-sglang/results/08_forward_timeline", {"variant": "graph", "mode": "prefill"})):
         a = [r for r in _rows(root / folder / "layer_tree.csv") if r.get("role") == "attention"
-             and all(r.get(k) == v for k, v in keep.items())]      # the traced joined tree: traced times too
+             and all(r.get(k) == v for k, v in keep.items())] \
+            if _usable(root / folder, machine) else []            # the traced joined tree: traced times too
         if a:
             rows += _group(system, how, a, {r["kernel"]: _num(r.get("dur_us")) for r in a})
             used.append(root / folder / "summary.json")
     fi = root / "flashinfer/results/02_profile_prefill"
     f = [r for r in _rows(fi / "kernels.csv") if r.get("kind") == "reference" and r.get("batch") == "1"
-         and r.get("qo_len") == "512" and r.get("kv_len") == "512"]
+         and r.get("qo_len") == "512" and r.get("kv_len") == "512"] if _usable(fi, machine) else []
     for backend, how in (("fa2", "alone, FA2 paged prefill (02)"), ("fa3", "alone, FA3 (02)")):
         g = [r for r in f if r.get("backend") == backend]
         if g:
@@ -131,14 +145,15 @@ def prefill(root: Path = REPO_ROOT) -> tuple[list[dict], list[Path]]:
 SHAPES = {"decode": decode, "prefill": prefill}
 
 
-def render(shape: str, root: Path = REPO_ROOT) -> tuple[str | None, str]:
-    """(the block's Markdown: each run's line, then the table; or None and why) for ``cross/<shape>``."""
+def render(shape: str, root: Path = REPO_ROOT, machine: str | None = None) -> tuple[str | None, str]:
+    """(the block's Markdown: each run's line, then the table; or None and why) for ``cross/<shape>``, from the runs on
+    ``machine`` (the refresh's: one machine's figures side by side)."""
     import json
 
     from common.render.markdown import md_table, run_line
     if shape not in SHAPES:
         return None, f"unknown shape {shape!r} (one of {sorted(SHAPES)})"
-    rows, used = SHAPES[shape](root)
+    rows, used = SHAPES[shape](root, machine)
     if not rows:
         return None, f"no system has a run of the {shape} shape in its results/"
     lines = []

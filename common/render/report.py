@@ -52,7 +52,6 @@ Tables are read with the stdlib csv module (no pandas needed to run this).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -61,9 +60,9 @@ from pathlib import Path
 from common import REPO_ROOT, SYSTEMS
 from common.base.story import fmt, fold, section
 from common.capture.gpu import provenance_line
-from common.capture.store import failed_dir, recover, SCHEMA, SUMMARY
-from common.render import crossview, glossary
-from common.render.markdown import _md_row, _num, md_table, read_table, run_line, Skip, STACK
+from common.capture.store import failed_dir, machine_of, read_summary, recover, SUMMARY
+from common.render import crossview, glossary, reference
+from common.render.markdown import _md_row, _num, md_table, read_table, run_line, Skip
 
 BLOCK = re.compile(r"(<!-- auto:(?P<key>[^\s>]+) -->\n)(?P<body>.*?)(<!-- /auto -->)", re.S)
 MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
@@ -93,97 +92,37 @@ class RenderError(Exception):
 # ---------------------------------------------------------------- reading results
 
 
-def summary_problem(s) -> str | None:
-    """What makes a summary.json unusable for reports, or None when it is a finished, successful run
-    of this schema with provenance."""
-    if not isinstance(s, dict):
-        return f"not a JSON object (a {type(s).__name__})"
-    schema = s.get("schema")
-    if schema is None:
-        return f"no \"schema\" key (an older summary; reports read schema {SCHEMA}): re-run the script"
-    if not isinstance(schema, int) or schema < SCHEMA:
-        return f"schema {schema!r} is older than {SCHEMA}: re-run the script"
-    if schema > SCHEMA:
-        return f"schema {schema} is newer than this workbook reads ({SCHEMA}): update the workbook"
-    if s.get("status") != "ok":
-        return f"status {s.get('status')!r}: only finished, successful runs refresh reports"
-    prov = s.get("provenance")
-    if not isinstance(prov, dict) or not prov.get("date_utc"):
-        return "no provenance (GPU, stack, commit, date)"
-    for k, t in (("packages", dict), ("git", dict), ("reanalysed", dict)):
-        if prov.get(k) is not None and not isinstance(prov[k], t):
-            return f"provenance \"{k}\" is a {type(prov[k]).__name__}, not an object"
-    for k, t in (("headline", dict), ("observations", list), ("point_errors", list), ("story", str)):
-        if s.get(k) is not None and not isinstance(s[k], t):
-            return f"\"{k}\" is a {type(s[k]).__name__}, not a {t.__name__}"
-    for i, o in enumerate(s.get("observations") or [], 1):
-        if not isinstance(o, dict) or not {"expected", "observed", "verdict"} <= set(o):
-            return f"observation {i} lacks expected/observed/verdict"
-    if any(not isinstance(e, dict) for e in s.get("point_errors") or []):
-        return "a point error is not an object"
-    return None
-
-
-# ---------------------------------------------------------------- rendering
-
-# the ceilings a run divided by: recorded in its provenance (results.Run.finish), or for runs before
-# that, the figures 00_check_env of each system put in its headline
-_CEILING_KEYS = {"dram_tb_s": ("dram_ceiling_tb_s", "dram_tb_s", "measured_copy_tb_s"),
-                 "bf16_tflops": ("bf16_ceiling_tflops", "bf16_tflops", "measured_bf16_tflops")}
-
-
-def _ceiling(prov: dict, summary: dict, key: str):
-    v = (prov.get("ceilings") or {}).get(key)
-    if v is None:
-        head = summary.get("headline") or {}
-        v = next((head[k] for k in _CEILING_KEYS[key] if isinstance(head.get(k), (int, float))), None)
-    return v
-
-
-def _gpu0(prov: dict) -> dict:
-    return (prov.get("gpus") or [{}])[0] or {}
-
-
-_MACHINE = (
-    ("GPU", lambda p, s: p.get("gpu")),
-    ("GPUs visible", lambda p, s: p.get("gpu_count")),
-    ("memory (GB)", lambda p, s: _gpu0(p).get("memory_gb")),
-    ("SMs", lambda p, s: p.get("sm_count")),
-    ("L2 (MB)", lambda p, s: p.get("l2_mb")),
-    ("max SM clock (MHz)", lambda p, s: _gpu0(p).get("max_sm_clock_mhz")),
-    ("max memory clock (MHz)", lambda p, s: _gpu0(p).get("max_mem_clock_mhz")),
-    ("host CPU", lambda p, s: (p.get("host") or {}).get("cpu_model")),     # CPU-side times follow the host
-    ("host CPUs", lambda p, s: (p.get("host") or {}).get("cpus")),
-    ("measured DRAM ceiling (TB/s)", lambda p, s: _ceiling(p, s, "dram_tb_s")),
-    ("measured bf16 ceiling (TFLOP/s)", lambda p, s: _ceiling(p, s, "bf16_tflops")),
-)
-
-
-def _verdict_cell(o: dict | None) -> str:
-    """'**confirmed** 56.5 [56.5, 56.9]' from an observation record; '—' when not judged there."""
-    if not o:
-        return "—"
-    iv = o.get("interval") or {}
-    fig = ""
-    if isinstance(iv.get("point"), (int, float)):
-        fig = f" {fmt(iv['point'])}"
-        if isinstance(iv.get("lo"), (int, float)) and isinstance(iv.get("hi"), (int, float)):
-            fig += f" [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
-    return f"**{o['verdict']}**{fig}"
+def refresh_machine(systems, root: Path) -> str | None:
+    """The machine this refresh renders pages for: that of the newest usable run in the systems' results/ (by its
+    date), or None when there is none (a fresh clone: every page stays as committed, the reference run)."""
+    newest = None
+    for system in systems:
+        for p in (root / system / "results").glob(f"*/{SUMMARY}"):
+            if p.parent.name.startswith("."):
+                continue
+            s, _ = read_summary(p)
+            if s is not None:
+                key = (str(s["provenance"].get("date_utc")), machine_of(s["provenance"]))
+                newest = max(newest or key, key)
+    return newest[1] if newest else None
 
 
 class Renderer:
-    """Renders the block keys of one system from its results folder (nothing is written here:
-    figure copies wait in ``self.copies`` until every page has rendered)."""
+    """Renders the block keys of one system from its results folder for one machine (nothing is written here:
+    figure copies wait in ``self.copies`` until every page has rendered). ``machine``: the refresh's machine
+    (refresh_machine): a run on another one is skipped with a line, unless ACCEPT_MIXED=1. ``hints``: {stem: {"run":
+    the command that measures the stem, "ncu"/"nsys"/"all": what to add for the parts a --quick run leaves out}},
+    the pipeline's steps as data (common.run.steps.measure_hints), for the line of a block this run did not measure."""
 
-    def __init__(self, system_dir: Path, root: Path = REPO_ROOT):
+    def __init__(self, system_dir: Path, root: Path = REPO_ROOT, machine: str | None = None, hints: dict | None = None):
         self.root = root
         self.sys_dir = system_dir
         self.results = system_dir / "results"
         self.reports = system_dir / "reports"
+        self.machine = machine
+        self.hints = hints or {}
         self.skipped: dict[str, str] = {}          # path -> what is wrong (one line each)
         self.copies: dict[Path, Path] = {}         # reports/figures/<stem>-<name>.png -> source
-        self.pages: dict[str, str] = {}            # label -> committed text: what a run may replace (mixed_problem)
         self.accept_mixed = os.environ.get(ACCEPT_MIXED, "") not in ("", "0")
         self._cache: dict = {}
 
@@ -198,12 +137,11 @@ class Renderer:
         return None, f"skipped: {why}"
 
     def _dir(self, stem: str) -> Path:
-        """results/<stem>, or results/<folder>/<name> for a stem written ``<name>@<folder>``."""
-        name, _, folder = stem.partition("@")
-        return self.results / folder / name if folder else self.results / name
+        return self.results / stem
 
     def summary(self, stem: str) -> dict | None:
-        """The summary of a finished, successful schema-2 run, or None (a bad one is noted in skipped)."""
+        """The summary of a finished, successful run on this refresh's machine, or None (a bad one is noted in
+        skipped)."""
         if stem not in self._cache:
             self._cache[stem] = self._load(stem)
         return self._cache[stem]
@@ -213,52 +151,45 @@ class Renderer:
         p = self._dir(stem) / SUMMARY
         if not p.is_file():
             return None
-        try:
-            s = json.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError:
-            self._skip(p, "not text (undecodable bytes)")
-            return None
-        except ValueError as e:
-            self._skip(p, f"not valid JSON ({e})")
-            return None
-        except OSError as e:
-            self._skip(p, f"unreadable ({e.strerror or e})")
-            return None
-        why = summary_problem(s) or self.mixed_problem(stem, s)
+        s, why = read_summary(p)
+        if s is not None and self.machine and not self.accept_mixed and machine_of(s["provenance"]) != self.machine:
+            why = (f"its run on {machine_of(s['provenance'])} is not this refresh's machine ({self.machine}, that of the "
+                   f"newest run): a page shows one machine's runs (`make reports {ACCEPT_MIXED}=1` puts them beside)")
+            s = None
         if why:
             self._skip(p, why)
-            return None
         return s
 
-    def mixed_problem(self, stem: str, s: dict) -> str | None:
-        """Why run ``s`` of ``stem`` may not replace its blocks on the committed pages: it is older (by date)
-        than a block of its stem it would replace, or its GPU model differs from that of the other blocks
-        of a page it appears on. None when neither, when asked for (ACCEPT_MIXED=1), and for a run of
-        another folder (``<stem>@<folder>``, e.g. the other GPU's runs)."""
-        if self.accept_mixed or "@" in stem:
-            return None
-        gpu, _, _, date = _fields(run_line(s["provenance"]).removeprefix("<!-- run: ").removesuffix(" -->"))
-        for label, text in self.pages.items():
-            blocks = [(m.group("key"), m.group("body")) for m in BLOCK.finditer(text)]
-            if not any(_stem_of(k) == stem for k, _ in blocks):
-                continue
-            newer = max((_fields(r)[3] for k, b in blocks if _stem_of(k) == stem for r in _run_lines(b)), default="")
-            if newer > date:
-                return (f"its run ({date}) is older than the blocks it would replace in {label} ({newer}); "
-                        f"`make reports {ACCEPT_MIXED}=1` uses it")
-            others = _gpu_models([(k, b) for k, b in blocks if _stem_of(k) not in (None, stem)])
-            if others and _model(gpu) not in others:
-                return (f"its run on {_model(gpu)} would sit beside runs on {', '.join(sorted(others))} in {label}; "
-                        f"copy it to results/other-gpu/{stem}/ to compare, or `make reports {ACCEPT_MIXED}=1` uses it")
-        return None
+    def stems(self) -> list[str]:
+        """The stems of this system's results/ (hidden folders aside)."""
+        return sorted(p.parent.name for p in self.results.glob(f"*/{SUMMARY}") if not p.parent.name.startswith("."))
+
+    def any_run(self) -> bool:
+        """Whether this system has a usable run on the refresh's machine: its pages are then that machine's."""
+        return any(self.summary(stem) is not None for stem in self.stems())
+
+    def not_measured(self, key: str, why: str) -> str:
+        """The one line of a block this run did not measure, with the command that measures it."""
+        stem, _, what = key.partition("/")
+        h = self.hints.get(stem) or {}
+        s = self.summary(stem)
+        if s is None:
+            how = h.get("run") or f"python {self.sys_dir.name}/scripts/{stem}.py --quick"
+            what_missing = f"no run of {stem}"
+        else:
+            args = s.get("args") or {}
+            extra = [h[k] for k in ("ncu", "nsys") if h.get(k) and not args.get(k)]
+            if args.get("quick") and h.get("all"):
+                extra.append(h["all"])
+            how = " or ".join(f"`{x}`" for x in extra) if extra else f"`{h.get('run') or stem}`"
+            what_missing = f"{stem}'s run has no {what.split(':', 1)[-1] or what} ({why})"
+            return f"_Not measured in this run on {self.machine or machine_of(s['provenance'])}: {what_missing}; {how} measures it._\n"
+        return f"_Not measured in this run on {self.machine}: {what_missing}; `{how}` measures it._\n"
 
     def render(self, key: str, old: str = "") -> tuple[str | None, str]:
         """(new body or None, reason when None). ``old``: the block's current body."""
         if key == "index":
             return self.index(old)
-        if key.startswith("versus/"):
-            folder, _, every = key.split("/", 1)[1].partition(":")
-            return self.versus(folder, every=every == "all")
         if "/" not in key:
             return None, f"unknown block key {key!r}"
         stem, what = key.split("/", 1)
@@ -306,9 +237,8 @@ class Renderer:
             p = self._dir(stem) / f"{name}.png"
             if not p.is_file():
                 return None, f"{p.name} missing"
-            flat = stem.replace("@", "-")
-            self.copies[self.reports / "figures" / f"{flat}-{name}.png"] = p
-            return f"![{stem} {name}](figures/{flat}-{name}.png)\n", ""
+            self.copies[self.reports / "figures" / f"{stem}-{name}.png"] = p
+            return f"![{stem} {name}](figures/{stem}-{name}.png)\n", ""
         return None, f"unknown block kind {what!r}"
 
     def _table(self, stem: str, name: str) -> tuple[str | None, str]:
@@ -335,62 +265,9 @@ class Renderer:
             return "_(no rows)_\n", ""
         return md_table(rows, columns, more=f" in `{self._rel(p)}`") + "\n", ""
 
-    def versus(self, folder: str, every: bool = False) -> tuple[str | None, str]:
-        """The experiments run on two GPUs, side by side: the machines (name, memory, SMs, L2, clocks and
-        the measured ceilings each run divided by, with their ratio) and the hypotheses whose verdict
-        changed, with verdict and interval on each (``every``, key ``versus/<folder>:all``: every judged
-        hypothesis, the changed ones marked), and per experiment how many kept their verdict.
-        ``folder``: results/<folder>/<stem>/ holds the second GPU's runs. Each side's run lines start the
-        block (the page then says it mixes machines)."""
-        base = self.results / folder
-        stems = sorted(p.name for p in base.iterdir() if (p / SUMMARY).is_file()) if base.is_dir() else []
-        pairs = [(st, self.summary(st), self.summary(f"{st}@{folder}")) for st in stems]
-        pairs = [(st, a, b) for st, a, b in pairs if a and b]
-        if not pairs:
-            return None, f"no experiment has a finished run in both results/ and {self._rel(base)}"
-        lines = list(dict.fromkeys(run_line(x["provenance"]) for _, a, b in pairs for x in (a, b)))
-        env = next(((a, b) for st, a, b in pairs if st.startswith("00_")), pairs[0][1:])
-        pa, pb = env[0]["provenance"], env[1]["provenance"]
-        ga, gb = pa.get("gpu") or "GPU A", pb.get("gpu") or "GPU B"
-        if ga == gb:
-            ga, gb = f"{ga} (results/)", f"{gb} ({folder})"
-        machine = []
-        for label, get in _MACHINE:
-            va, vb = get(pa, env[0]), get(pb, env[1])
-            if va is None and vb is None:       # runs that predate the field
-                continue
-            ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
-            machine.append({"": label, ga: va, gb: vb, f"{gb.split(' (')[0]} / {ga.split(' (')[0]}": ratio})
-        rows, changed, judged, kept, one_only = [], 0, 0, [], []
-        for st, a, b in pairs:
-            oa = {o["hypothesis"]: o for o in a.get("observations") or [] if o.get("hypothesis")}
-            ob = {o["hypothesis"]: o for o in b.get("observations") or [] if o.get("hypothesis")}
-            n_same = n_both = 0
-            for hid in list(oa) + [h for h in ob if h not in oa]:
-                va, vb = oa.get(hid), ob.get(hid)
-                diff = bool(va and vb and va["verdict"] != vb["verdict"])
-                n_both += bool(va and vb)
-                n_same += bool(va and vb) and not diff
-                if diff or every:
-                    rows.append({"experiment": st, "hypothesis": hid, ga: _verdict_cell(va), gb: _verdict_cell(vb),
-                                 "changed": "**changed**" if diff else ("" if va and vb else "judged on one only")})
-                elif not (va and vb):
-                    one_only.append(hid)
-            judged += n_both
-            changed += n_both - n_same
-            kept.append(f"{st} {n_same}/{n_both}")
-        out = lines + [md_table(machine, max_rows=100), "",
-                       f"{changed} of {judged} hypotheses judged on both GPUs changed verdict "
-                       f"(same verdict: {', '.join(kept)}).", ""]
-        out.append(md_table(rows, max_rows=200) if rows else "_No verdict changed._")
-        if one_only:     # a hypothesis one side's code did not judge: counted, listed in versus/<folder>:all
-            out += ["", f"{len(one_only)} hypotheses were judged on one GPU only (the two runs' code differs there; "
-                        f"`versus/{folder}:all` lists them)."]
-        return "\n".join(out) + "\n", ""
-
     def index(self, old: str = "") -> tuple[str | None, str]:
-        """Every numbered script with its last successful run; a script without a usable run here
-        keeps its committed row."""
+        """Every numbered script with its last successful run on this machine; with none here at all, the committed
+        rows stay; else a script without a run here says so."""
         cols = ["script", "last run", "status", "GPU", "headline"]
         kept = {line.split(" | ", 1)[0]: line for line in old.splitlines() if line.startswith("| [`")}
         scripts = sorted(p for p in (self.sys_dir / "scripts").glob("[0-9][0-9]_*") if p.suffix in (".py", ".sh"))
@@ -398,7 +275,7 @@ class Renderer:
         for sc in scripts:
             cell = f"[`{sc.name}`](../scripts/{sc.name})"
             s = self.summary(sc.stem)
-            if s is None and f"| {cell}" in kept:
+            if s is None and f"| {cell}" in kept and not self.any_run():
                 lines.append(kept[f"| {cell}"])
                 continue
             n_failed = self._n_failed(sc.stem)
@@ -408,7 +285,8 @@ class Renderer:
             lines.append(_md_row({
                 "script": cell,
                 "last run": s.get("provenance", {}).get("date_utc", "-"),
-                "status": s.get("status", "not run") + (f" ({n_failed} failed kept)" if n_failed else ""),
+                "status": s.get("status", f"not run on {self.machine}" if self.machine else "not run")
+                          + (f" ({n_failed} failed kept)" if n_failed else ""),
                 "GPU": s.get("provenance", {}).get("gpu", "-"),
                 "headline": "; ".join(f"{k}={fmt(_num(v))}" for k, v in list(head.items())[:3]) or "-",
             }, cols))
@@ -422,24 +300,8 @@ class Renderer:
         return sum(1 for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else 0
 
 
-# the visible line of a provenance block (common.capture.gpu.provenance_line): "_Run: 1x NVIDIA H200 · driver ... ·
-# CUDA ... · torch 2.11.0, flashinfer-python ... · 2026-11-21T16:08:59Z · commit ..."
-PROV_RUN = re.compile(r"^_Run: (?P<gpu>.+?) · driver .*? · CUDA .*? · (?P<pkgs>.*?) · \d{4}-", re.M)
-
-
-def prov_machine(body: str) -> str | None:
-    """'1x NVIDIA H200 (torch 2.11.0, ...)' from a provenance block's visible line, or None. Committed
-    blocks written before run lines were recorded say their machine only there."""
-    m = PROV_RUN.search(body)
-    if not m:
-        return None
-    pk = dict(x.rsplit(" ", 1) for x in m.group("pkgs").split(", ") if " " in x)
-    return f"{m.group('gpu')} ({', '.join(f'{k} {pk[k]}' for k in STACK if k in pk) or 'no stack recorded'})"
-
-
 def _run_lines(body: str) -> list[str]:
-    """The runs a block was rendered from: the hidden run lines it begins with (one, or one per side of
-    a ``versus`` block)."""
+    """The runs a block was rendered from: the hidden run lines it begins with."""
     out = []
     for line in body.splitlines():
         m = RUN_LINE.match(line)
@@ -454,83 +316,40 @@ def _fields(run: str) -> list[str]:
     return (run.split(" · ") + ["?"] * 4)[:4]
 
 
-def _model(gpu: str) -> str:
-    """'4x NVIDIA H200' -> 'NVIDIA H200' (the GPU model, whatever the count)."""
-    return re.sub(r"^\d+x ", "", gpu)
-
-
 def _stem_of(key: str) -> str | None:
-    """The stem whose run a block key renders from this system's own results/, or None (runs, index,
-    versus/<folder>, a ``<stem>@<folder>`` block of another folder)."""
+    """The stem whose run a block key renders from (None: runs, index, glossary/, cross/, reference)."""
     stem = key.split("/", 1)[0] if "/" in key else None
-    return None if stem is None or stem == "versus" or "@" in stem else stem
-
-
-def _gpu_models(blocks: list[tuple[str, str]]) -> set[str]:
-    """The GPU models the blocks ``[(key, body)]`` were rendered from: their run lines, or for a block
-    without one, its stem's committed provenance line."""
-    out = {_model(_fields(r)[0]) for _, b in blocks for r in _run_lines(b)}
-    out |= {_model(m.split(" (", 1)[0]) for k, b in blocks if k.endswith("/provenance") and not _run_lines(b)
-            for m in [prov_machine(b)] if m}
-    return out
-
-
-def _comparison(key: str) -> bool:
-    """A block that shows another GPU's runs on purpose: ``versus/<folder>`` or ``<stem>@<folder>/...``."""
-    return key.startswith("versus/") or "@" in key.split("/", 1)[0]
+    return None if stem in (None, "glossary", "cross", "reference") else stem
 
 
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
-    """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from
-    the hidden run lines of the page's blocks ``[(key, body), ...]``. (None, None): no run lines.
-    A block without a run line counts with the machine its stem's provenance block (also without a
-    run line) names, so a new run's blocks beside committed ones from another machine are a mix."""
+    """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from the hidden run
+    lines of the page's blocks ``[(key, body), ...]``. (None, None): no block carries a run line."""
     runs: dict[str, list[str]] = {}
-    own: set[str] = set()          # runs of the page's own blocks (not of a comparison with another GPU)
-    earlier = {k.split("/", 1)[0]: prov_machine(b) for k, b in blocks
-               if k.endswith("/provenance") and not RUN_LINE.match(b)}
-    older: list[str] = []
-    unknown = 0
+    unmeasured = 0
     for key, body in blocks:
-        if key in ("runs", "index"):
+        if key in ("runs", "index") or _stem_of(key) is None:
             continue
         found = _run_lines(body)
-        if not found:
-            unknown += 1
-            if earlier.get(key.split("/", 1)[0]):
-                older.append(earlier[key.split("/", 1)[0]])
-            continue
+        unmeasured += not found
         for run in found:
             stems = runs.setdefault(run, [])
             if key.split("/", 1)[0] not in stems:
                 stems.append(key.split("/", 1)[0])
-            if not _comparison(key):
-                own.add(run)
     if not runs:
         return None, None
-    rows, compared = [], []
+    rows = []
     for run, stems in runs.items():
-        gpu, stack, commit, date = (run.split(" · ") + ["?"] * 4)[:4]
+        gpu, stack, commit, date = _fields(run)
         rows.append({"GPU": gpu, "stack": stack, "commit": commit.removeprefix("commit "), "date": date,
                      "results of": ", ".join(stems)})
-        if run not in own:
-            compared.append(f"{gpu} ({stack})")
-    machines = list(dict.fromkeys([f"{r['GPU']} ({r['stack']})" for r, run in zip(rows, runs) if run in own]
-                                  + older))
-    mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}"
-             if len(machines) > 1 else None)
-    others = [m for m in dict.fromkeys(compared) if m not in machines]
+    machines = list(dict.fromkeys(r["GPU"] for r in rows))
+    mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}" if len(machines) > 1 else None)
     out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
     out.append("Runs behind this page (from the run line each block below carries):\n")
     out.append(md_table(rows, max_rows=100))
-    if others and not machines:
-        out.append(f"\n_Every block here compares GPUs on purpose: runs on {'; '.join(others)}._")
-    elif others:
-        out.append(f"\n_The blocks that compare with another GPU (\"versus\", \"@\" in \"results of\") also show runs on "
-                   f"{'; '.join(others)}, on purpose; " + ("the rest of the page is one machine's._" if not mixed else
-                                                          "the page's own blocks are the mix above._"))
-    if unknown:
-        out.append(f"\n_{unknown} block(s) carry no run line (written before runs were recorded)._")
+    if unmeasured:
+        out.append(f"\n_{unmeasured} block(s) carry no run: this run did not measure them (each says which command does)._")
     return "\n".join(out) + "\n", mixed
 
 
@@ -551,10 +370,15 @@ def check_markers(text: str, label: str) -> None:
         raise RenderError(f"{label} line {opened[0]}: <!-- auto:{opened[1]} --> has no closing <!-- /auto -->")
 
 
-def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = REPO_ROOT) -> str:
-    """The page ``text`` with every block rendered (kept blocks unchanged); raises RenderError."""
+def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = REPO_ROOT,
+                machine: str | None = None) -> str:
+    """The page ``text`` with every block rendered; raises RenderError. The pages of a system with a run on the refresh's
+    machine are that machine's pages, whole: each block this run did not measure says so in one line (with the command
+    that measures it) instead of keeping another run's figures. A system without one keeps every block as it is (the
+    reference run, as committed); so does a page outside the systems when no system has a run."""
     check_markers(text, label)
     matches = list(BLOCK.finditer(text))
+    switched = r.any_run() if r is not None else machine is not None
     bodies: list[str] = []
     for m in matches:
         key, old = m.group("key"), m.group("body")
@@ -565,11 +389,18 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = R
             if key.startswith("glossary/"):
                 body, why = glossary.render(key.split("/", 1)[1]), ""
             elif key.startswith("cross/"):            # the three systems side by side (common.render.crossview)
-                body, why = crossview.render(key.split("/", 1)[1], root)
+                body, why = crossview.render(key.split("/", 1)[1], root, machine)
+                if body is None and switched and not why.startswith("unknown shape"):
+                    body, why = (f"_Not measured in this run on {machine}: {why}; each system's "
+                                 "`06_full_pipeline.sh --quick --ncu` measures it._\n"), ""
             elif r is None:
                 body, why = None, "a page outside the systems holds glossary and cross/ blocks only"
+            elif key == "reference":
+                body, why = reference.render(r.sys_dir.name, root, [r.summary(s) for s in r.stems()], machine)
             else:
                 body, why = r.render(key, old)
+                if body is None and switched and _stem_of(key):
+                    body, why = r.not_measured(key, why), ""
         except Exception as e:  # an unexpected error: the whole refresh stops, nothing written
             first = str(e).splitlines()[0][:200] if str(e) else ""
             raise RenderError(f"{label}: block {key}: {e.__class__.__name__}: {first}") from e
@@ -584,8 +415,11 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = R
     for i, m in enumerate(matches):
         if m.group("key") == "runs":
             has_header = True
-            if header is None:
+            if header is None and not switched:
                 out.kept.append(f"{label}: runs (no block on this page carries a run line)")
+            elif header is None:
+                bodies[i] = f"_No block on this page shows a run's figures (this run: {machine})._\n"
+                out.refreshed.append(f"{label}: runs")
             else:
                 bodies[i] = header
                 out.refreshed.append(f"{label}: runs")
@@ -610,29 +444,34 @@ def _stage(path: Path, data: bytes) -> Path:
     return tmp
 
 
-def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
-    """Render every page of ``systems``, then write the changed ones (all or nothing; RenderError)."""
+def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print, hints: dict | None = None) -> Outcome:
+    """Render every page of ``systems`` for one machine (refresh_machine: that of the newest run), then write the
+    changed ones (all or nothing; RenderError). ``hints``: {system: {stem: ...}} (Renderer)."""
     out = Outcome()
     pages: list[tuple[Path, str]] = []
     renderers = []
+    machine = refresh_machine(systems, root)
     for system in systems:
         rdir = root / system / "reports"
         if not rdir.is_dir():
             continue
-        r = Renderer(root / system, root)
+        r = Renderer(root / system, root, machine, (hints or {}).get(system))
         renderers.append(r)
-        mds = sorted(rdir.glob("*.md"))
-        r.pages = {f"{system}/reports/{md.name}": md.read_text() for md in mds}
-        for md, (label, text) in zip(mds, r.pages.items()):
-            new = render_page(text, r, label, out)
+        for md in sorted(rdir.glob("*.md")):
+            text = md.read_text()
+            new = render_page(text, r, f"{system}/reports/{md.name}", out, root, machine)
             if new != text:
                 pages.append((md, new))
         out.skipped += [f"skipped {p}: {why}" for p, why in r.skipped.items()]
+        other = r.results / "other-gpu"
+        if other.is_dir():
+            out.skipped.append(f"skipped {r._rel(other)}: not read any more; to compare two machines, make one run "
+                               "the reference (python -m common reference --write) and refresh the other")
     for name in (GLOSSARY, CROSS):                   # the pages at the top: the glossary (from the code) and
         gl = root / name                             # the three systems side by side (from their results)
         if gl.is_file():
             text = gl.read_text()
-            new = render_page(text, None, name, out, root)
+            new = render_page(text, None, name, out, root, machine)
             if new != text:
                 pages.append((gl, new))
     staged: list[tuple[Path, Path]] = []            # all rendered: every byte goes to temp files first,
@@ -664,7 +503,7 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print) -> Outcome:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv=None, hints=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m common report",
                                 description="Refresh the auto blocks of <system>/reports/*.md from results/.")
@@ -672,7 +511,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true", help="print only problems and the totals")
     a = p.parse_args(argv)
     try:
-        o = refresh(a.system or SYSTEMS)
+        o = refresh(a.system or SYSTEMS, hints=hints() if callable(hints) else hints)
     except RenderError as e:
         print(f"[failed] reports not refreshed, no file written: {e}")
         return 1

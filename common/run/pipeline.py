@@ -81,6 +81,7 @@ from pathlib import Path
 from common import REPO_ROOT, SYSTEMS
 from common.capture.procs import reap_left
 from common.run.steps import (
+    measure_hints,
     COLUMNS,
     ROOT_ENV,
     STARTS_ENV,
@@ -553,7 +554,7 @@ def refresh_reports(root: Path, system: str) -> bool:
     """common.render.report for this system (in-process); a failure is one line and exit code 1."""
     try:
         from common.render.report import refresh
-        o = refresh(systems=(system,), root=root)
+        o = refresh(systems=(system,), root=root, hints=measure_hints(root, (system,)))
     except Exception as e:  # noqa: BLE001
         print(f"reports: refresh failed ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
               f"the results are kept", flush=True)

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import REPO_ROOT
+from common import REPO_ROOT, SYSTEMS
 
 ONLY = "only"                   # Step(ncu=ONLY) / Step(nsys=ONLY): the step runs only with that flag
 
@@ -267,3 +267,38 @@ def eta_text(rest: list[Planned]) -> str:
         return "ETA unknown: no earlier timing of these steps"
     tail = f" + {unknown} step{'s' if unknown > 1 else ''} never timed" if unknown else ""
     return f"ETA {fmt_s(sum(known))}{tail}"
+
+
+def measure_hints(root: Path = REPO_ROOT, systems=SYSTEMS) -> dict:
+    """{system: {stem: {"run": the command that measures the stem, "ncu" / "nsys" / "all": the command for the parts a
+    run without that flag leaves out}}}, from each system's steps: what a page says a block this run did not measure
+    needs (common.render.report). A system whose steps cannot be read gets none (the page then names the script)."""
+    out: dict = {}
+    for system in systems:
+        try:
+            steps, _notes, _servers = load_system(root, system)
+        except UsageError:
+            continue
+        pipe = f"./{system}/scripts/06_full_pipeline.sh"
+        mine = out.setdefault(system, {})
+        for s in steps:
+            stem = Path(s.script).stem
+            where = f" (on a machine with >= {s.min_gpus} GPUs)" if s.min_gpus > 1 else ""
+            flag = "--ncu" if s.ncu == ONLY else "--nsys" if s.nsys == ONLY else ""
+            mode = "--all" if s.only_all else "--quick"
+            h = {"run": f"{pipe} {mode}{' ' + flag if flag else ''} --only {s.name}{where}"}
+            if s.ncu and s.ncu != ONLY:
+                h["ncu"] = f"{pipe} --quick --ncu --only {s.name}{where}"
+            if s.nsys and s.nsys != ONLY:
+                h["nsys"] = f"{pipe} --quick --nsys --only {s.name}{where}"
+            if s.full != s.quick:
+                h["all"] = f"{pipe} --all --only {s.name}{where}"
+            mine[stem] = mine.get(stem) or h
+    return out
+
+
+def report_main(argv=None) -> int:
+    """`make reports` (python -m common report): common.render.report with the pipeline's hints for what measures a
+    block this run left out."""
+    from common.render import report
+    return report.main(argv, hints=measure_hints)
