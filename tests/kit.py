@@ -3,6 +3,7 @@
   load_script(path, name)               a script imported as a module, its main() not run
   STEP_SCRIPTS, FAKE_PAGE               stand-in pipeline steps and a report page with one auto block
   write_fake_system(root, name, steps)  <root>/<name>/{scripts,reports} for common.run.pipeline runs
+  check_perfetto(events)                a Perfetto JSON trace's events are well formed (SGLang 01's and 08's traces)
 """
 from __future__ import annotations
 
@@ -61,3 +62,36 @@ def write_fake_system(root: Path, name: str, steps: list[str]) -> Path:
     (sd / "scripts" / "_steps.py").write_text("from common.run.steps import ONLY, Step\n\nSTEPS = [\n"
                                               + "".join(f"    {s},\n" for s in steps) + "]\n")
     return sd
+
+
+def _nesting_errors(events) -> list:
+    """X events of one (pid, tid) that overlap without nesting: Perfetto's JSON importer cannot place them."""
+    bad, by = [], {}
+    for e in events:
+        if e.get("ph") == "X":
+            by.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    for key, xs in by.items():
+        stack = []
+        for a, b, n in sorted(xs, key=lambda x: (x[0], -x[1])):
+            while stack and a >= stack[-1][1]:
+                stack.pop()
+            if stack and b > stack[-1][1]:
+                bad.append((key, stack[-1][2], n))
+            stack.append((a, b, n))
+    return bad
+
+
+def check_perfetto(ev) -> None:
+    """A Perfetto JSON trace's events (its traceEvents) as Perfetto's JSON importer needs them: known phases,
+    times >= 0, whole-number pids, counters of numbers, instants with a scope, X events that nest."""
+    assert ev and all(e["ph"] in ("X", "M", "C", "i") for e in ev)
+    for e in ev:
+        if e["ph"] != "M":
+            assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0 and isinstance(e["pid"], int)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+        if e["ph"] == "C":
+            assert all(isinstance(v, (int, float)) for v in e["args"].values())
+        if e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t")
+    assert _nesting_errors(ev) == []

@@ -20,8 +20,9 @@ P = {"prompt": 512, "batch": 32}
 
 @pytest.fixture(scope="module")
 def s08():
+    """08's counters phase (sglang/scripts/_sgl08_counters.py): the windows, their join, the transitions."""
     sys.path.insert(0, str(ROOT / "sglang" / "scripts"))
-    return kit.load_script(ROOT / "sglang" / "scripts" / "08_execution_story.py", "story08w")
+    return kit.load_script(ROOT / "sglang" / "scripts" / "_sgl08_counters.py", "_sgl08_counters")
 
 
 def test_prefill_path_from_the_log_or_the_kernels(s08, kt):
@@ -99,6 +100,29 @@ def test_the_served_prefill_takes_its_own_window_on_the_real_run(s08, run_h200):
     assert by["prefill_b1"]["matched"] >= by["prefill_b1"]["expected"] - 1
     same = s08.same_kernels(j, "prefill_b1")
     assert same["same_grid_pct"] == 100.0 and 1.0 < same["ncu_over_traced"] < 1.5
+
+
+def test_the_cache_transition_joins_the_cold_and_the_served_prefill_windows(s08, run_h200):
+    """With the counters, 08's transitions name the cache's cold -> warm prefill (its cache over time, request by
+    request, is 02's now): one layer's attention under ncu in the cold window (token IDs, nothing cached: the ragged
+    kernel only) beside the served prefill's (text: its BOS cached, ragged + paged + merge), at the served prefill's
+    time. On the real H200 run: the same prompt length, each kernel with its ncu time."""
+    from common.tables import timeline
+    kt, rows = run_h200
+    specs = s08.window_specs(kt, ["prefill-cold_b1", "prefill_b1", "decode_b1", "prefill_b16", "decode_b32"], P)
+    j, info = timeline.attach_counters(kt, rows, specs, H200)
+    data = {"kt_one": j, "base_one": 1000.0, "P": P, "cold_attention": s08.cold_attention(rows, info, 2)}
+    tr = s08.transitions(data)
+    assert [t["kind"] for t in tr] == ["prefill -> decode", "cache cold -> warm"]
+    text = tr[1]["text"]
+    assert text.startswith("cache cold -> warm: a 512-token prefill, per layer under ncu: attention ragged only "
+                           "(nothing cached) PrefillWithKVCacheKernel")
+    cold, warm = text.split(" -> ragged + paged + merge (prefix in the cache) ")
+    assert "Merge" not in cold and "Paged" not in cold and "BatchPrefillWithPagedKVCache" in warm and "MergeState" in warm
+    assert tr[1]["t"] == pytest.approx((kt[kt["step"] == 0]["ts_us"].min() + 1000.0) / 1e6)
+    assert "(ncu)" in warm and " us (ncu)" in cold
+    plain = s08.transitions({**data, "cold_attention": []})          # no cold window: no such event
+    assert [t["kind"] for t in plain] == ["prefill -> decode"]
 
 
 

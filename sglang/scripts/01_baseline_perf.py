@@ -16,21 +16,29 @@ are exactly these)
        measured DRAM ceiling (common.capture.ceilings.peaks);
     4. continuous batching under load: SGLang's own `sglang.benchmark.serving` at several request
        rates (the highest 3 times); batch size, running/queued requests and token usage over time from
-       the log lines; then, in a staggered burst of its own (a trace export stalls the scheduler, so no
-       measured run is traced), a window of scheduler steps under load next to their kernels;
+       the log lines; then a load that fills the KV pool (_sgl01_pressure, its docstring has the arithmetic:
+       with --quick 114 prompts of 384 in / 192 out at once, 2.0x the 32768-token pool, after a 10,000-token
+       prompt that needs chunked prefill): queue, retractions, the chunk, batch dynamics per scheduler step,
+       the wall time of each step and GPU memory over time by owner (NVML); then, in a staggered burst of its
+       own (a trace export stalls the scheduler, so no measured run is traced), a window of scheduler steps
+       under load next to their kernels;
     5. the performance bar: the workbook's own client vs `sglang.benchmark.serving
        --request-rate inf` on the same server and workload (3 rounds).
 
 What the plan expected (hypotheses in H below: each with its range and the plan figure it comes from;
 judged on the interval of its repetitions, common.judge.verdicts)
     * CPU work before the first kernel was ~6% of TTFT on A100; larger on faster GPUs.
-    * Attention ~45% of prefill (A100). Restated: at 512 tokens GEMMs dominate, attention < 10%.
     * ITL rose ~25% over 128 generated tokens (A100). Restated: flat at batch 1 (weights dominate
       the bytes), linear in KV bytes only at large batch x context.
-    * Under load #running-req rises and plateaus; prefill batches interrupt decode (ITL tail).
+    * Under load #running-req rises and plateaus; prefill batches interrupt decode (ITL tail); under
+      pressure the KV pool fills.
+    Judged by 08 on its traced steps, not here: attention's share of the prefill step (the A100 plan's ~45%;
+    08 judges it beside the same step's GEMMs, role by role) and a batch-1 decode bound by reading the weights
+    (08 times each layer's GEMMs: no CPU gap enters it, as one enters the ITL here; the story below still gives
+    the ITL's effective bandwidth).
 
 Run
-    python sglang/scripts/01_baseline_perf.py --quick                  # ~2 min warm
+    python sglang/scripts/01_baseline_perf.py --quick                  # ~2.5 min warm
     python sglang/scripts/01_baseline_perf.py                          # full (~5 min)
     python sglang/scripts/01_baseline_perf.py --backend triton --out sglang/results/01_baseline_perf_triton
     python sglang/scripts/01_baseline_perf.py --quick --rates 4,16,inf --skip-load
@@ -41,8 +49,10 @@ Writes sglang/results/01_baseline_perf/: request_steps.csv, phase_kernels.csv, i
 load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
 time: the worker's start, the run, the benchmark's own duration), requests.csv (each traced request's client and
 meta_info stamps, log lines, trace<->log join), batch_log.csv and batch.csv (part 2's log lines, its throughput),
-joins.csv (the under-load trace<->log join): the last four for --reanalyse, server_start.csv (its own server's start,
-phase by phase), itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
+joins.csv (the under-load trace<->log join): the last four for --reanalyse; the pressure load's pressure_run.csv,
+pressure_steps.csv, gpu_memory.csv, server_memory.csv (for --reanalyse), gpu_memory_owners.csv, pressure_events.csv,
+story_pressure.json (Perfetto), pressure.png; server_start.csv (its own server's start, phase by phase),
+itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -56,6 +66,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
+from _sgl01_pressure import (  # noqa: E402
+    PRESSURE_TABLES, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
+    record_pressure, step_classes, top_usage, write_pressure
+)
 from common.base import story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
 from common.capture import ceilings, models, timing  # noqa: E402
@@ -65,10 +79,11 @@ from common.run import cli, recording  # noqa: E402
 from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=128, batch=8, itl_points=[(1, 512), (16, 512)], itl_new=160, rates=("8", "32"),
-             load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128)
+             load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128,
+             pressure_in=384, pressure_out=192, long_prompt=10000)
 FULL = dict(reps=3, prompt=512, new=128, batch=32, itl_points=[(1, 512), (1, 8192), (8, 4096), (32, 4096), (64, 2048)],
             itl_new=512, rates=("4", "16", "64", "inf"), load_n=256, load_in=1024, load_out=256, trace_steps=48,
-            bar_n=256, bar_in=1024, bar_out=256)
+            bar_n=256, bar_in=1024, bar_out=256, pressure_in=1024, pressure_out=512, long_prompt=20000)
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 01"
 KV_SPAN_MIN = 0.25    # itl-linear-kv is judged only when the KV range moves >= 25% of a step's bytes
 H = declare(f"""
@@ -77,20 +92,10 @@ H = declare(f"""
         judged on: share of the client TTFT outside the traced prefill step (per traced request)
         confirmed: [6, 100]%
         source: {PLAN}: '~6% of the A100 TTFT'
-    attention = prefill-attention-share: attention is ~45% of prefill (A100 plan; restated: < 10% at 512 tokens, GEMMs
-            dominate)
-        judged on: attention kernels' share of the prefill step's kernel time (per traced request)
-        confirmed: [30, 60]%
-        source: {PLAN}: '~45% of prefill' (A100), judged as 45 +- 15
     itl_rise = itl-rise-b1: ITL rises ~25% over 128 generated tokens at batch 1 (A100 plan; restated: nearly flat)
         judged on: median ITL of tokens 113-128 vs 1-16 at batch 1 (per repetition)
         confirmed: >= 15%
         source: {PLAN}: '+25% over 128 tokens' (A100), confirmed from +15%
-    b1_bw = decode-b1-weights-bw: a batch-1 decode step is bound by reading the weights from HBM (restated plan)
-        judged on: effective bandwidth (weights + KV bytes) / ITL at batch 1 as % of the measured DRAM read ceiling, per
-            repetition (16 GB a step: many times the L2, so the bytes do stream from DRAM; the ITL holds CPU gaps too)
-        confirmed: [50, 100]%
-        source: {PLAN} (restated): 'at batch 1 decode reads all weights each step'
     itl_linear = itl-linear-kv: ITL grows linearly with the KV bytes read per step at batch >= 8 (restated plan)
         judged on: R^2 of the ITL-vs-KV-tokens line at batch >= 8, signed by its slope (per repetition)
         confirmed: [0.8, 1]
@@ -103,6 +108,10 @@ H = declare(f"""
         judged on: retracted requests per run at the highest request rate (/metrics)
         confirmed: >= 1
         source: {PLAN}: 'retractions appear at the plateau' (premise: token usage reached 0.9)
+    usage = pressure-usage: under pressure the KV pool fills (token usage near 1.0)
+        judged on: max token usage of the scheduler's steps in the pressure run(s)
+        confirmed: [0.9, 1]
+        source: PLAN.md Experiment 5: continuous batching under memory pressure
     perf_bar = perf-bar: the workbook's instrumentation does not slow SGLang: its client (non-streaming /generate with
             token ids, all requests at once) keeps up with sglang.benchmark.serving --request-rate inf
         judged on: workbook client output tok/s as % of bench_serving's on the same server and shape (per round)
@@ -114,7 +123,8 @@ H = declare(f"""
 def parse_args(argv=None):
     p = cli.parser(__file__, __doc__, quick="smaller workloads, 2 request rates (~2 min)")
     p.add_argument("--rates", type=cli.rates, default=None, help="request rates for the load runs, e.g. '4,16,inf'")
-    p.add_argument("--skip-load", action="store_true", help="no load runs (parts 4 and 5)")
+    p.add_argument("--skip-load", action="store_true", help="no load runs (parts 4 and 5: the rates, the pressure "
+                   "load, the steps under load, the bar)")
     p.add_argument("--bench-control", action="store_true",
                    help="also run the first load benchmark as its own `python -m sglang.benchmark.serving` process "
                         "(as before the one-process worker), to measure what the worker saves (bench_runs.csv)")
@@ -180,14 +190,11 @@ def class_table(steps) -> list[dict]:
 
 
 def request_figures(rep: dict) -> dict:
-    """One traced request: TTFT at the client, its prefill step(s) on the GPU, the share outside them,
-    and attention's share of the prefill kernel time."""
+    """One traced request: TTFT at the client, its prefill step(s) on the GPU and the share outside them."""
     ext = [s for s in rep["steps"] if s["mode"] == "EXTEND"]
     ttft = (rep["result"]["client"]["ttft_s"] or 0) * 1e3
     ext_ms = sum(s["dur_us"] for s in ext) / 1e3
-    k_us = sum(s["kernel_us"] for s in ext)
-    return {"ttft_ms": ttft, "prefill_gpu_ms": ext_ms, "cpu_share_pct": 100 * (1 - ext_ms / ttft) if ttft else float("nan"),
-            "attention_pct": 100 * sum(s.get("attention_us", 0) for s in ext) / k_us if k_us else float("nan")}
+    return {"ttft_ms": ttft, "prefill_gpu_ms": ext_ms, "cpu_share_pct": 100 * (1 - ext_ms / ttft) if ttft else float("nan")}
 
 
 REQUEST_META = ("prompt_tokens", "completion_tokens", "api_server_dispatch_finish_ts", "forward_entry_time",
@@ -353,6 +360,12 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
         d["itl"] = itl_sweep(srv, P, run)
         d["loads"], d["timeline"] = load_runs(srv, P, [] if args.skip_load else rates, run, d["bench"],
                                               control=args.bench_control)
+        d["pressure"] = None
+        if not args.skip_load:
+            try:
+                d["pressure"] = pressure_run(srv, run, P)
+            except Exception as e:  # noqa: BLE001 - the other parts stand
+                run.point_error({"part": "pressure load"}, e)
         d["under_load"], d["under_load_join"] = [], {}
         if not args.skip_load:
             try:
@@ -426,13 +439,8 @@ def verdicts(run, d, a) -> None:
     run.judge(H["cpu_share"], [r["cpu_share_pct"] for r in req], evidence="request_steps.csv",
               detail="TTFT " + ", ".join(f"{r['ttft_ms']:.1f}" for r in req) + " ms; prefill step on the GPU "
               + ", ".join(f"{r['prefill_gpu_ms']:.1f}" for r in req) + " ms")
-    gemm = next((r["prefill_pct"] for r in a["classes"] if r["class"] == "gemm"), 0.0)
-    run.judge(H["attention"], [r["attention_pct"] for r in req], evidence="phase_kernels.csv",
-              detail=f"GEMM {gemm:.0f}% of the last traced prefill")
     if a["rise"]:
         run.judge(H["itl_rise"], a["rise"], evidence="itl_vs_kv.csv", detail=f"batch 1, prompt {a['b1_L']}")
-        run.judge(H["b1_bw"], a["b1_pct"], evidence="itl_vs_kv.csv",
-                  detail=f"weights {a['wbytes'] / 1e9:.2f} GB + KV {a['kvb'] / 1024:.0f} KiB/token per step")
     if a["fits"]:
         signed = [(1 if s > 0 else -1) * r2 for s, r2 in a["fits"]]
         lo_kv, hi_kv, share = a.get("kv_span") or (0, 0, 1.0)
@@ -450,6 +458,12 @@ def verdicts(run, d, a) -> None:
         run.judge(H["retract"], [lr["retractions"] for lr in top], evidence="batch_timeline.csv, load_runs.csv",
                   premise=True if usage >= 0.9 else f"token usage reached only {usage:.2f} (< 0.9): the load did not "
                   "fill the KV pool", detail=f"max token usage {usage:.2f}")
+    pr = d.get("pressure")
+    if pr:
+        r = pr["run"]
+        run.judge(H["usage"], top_usage(pr), evidence="pressure_steps.csv: token usage of the fullest scheduler steps",
+                  detail=f"{load_text(r)}, {r['offered_tokens'] / r['pool_tokens']:.1f}x the {r['pool_tokens']:,}-token "
+                  "pool")
     if d["bar"]:
         run.judge(H["perf_bar"], [b["ratio_pct"] for b in d["bar"]], evidence="perf_bar.csv")
         run.headline(perf_bar_pct=min(b["ratio_pct"] for b in d["bar"]))
@@ -469,6 +483,8 @@ def figures(run, a, d, pk, backend) -> None:
                                             title=f"ITL vs KV tokens read per step — {pk['gpu']}, {backend}"))
     if d["timeline"]:
         run.figure("batch_dynamics", dynamics_figure(d["timeline"]))
+    if d.get("pressure"):
+        run.figure("pressure", pressure_figure(d["pressure"]))
 
 
 def dynamics_figure(timeline):
@@ -536,6 +552,8 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
              f"p99 {lr['p99_ttft_ms']:.0f} ms, ITL p50 {lr['median_itl_ms']:.1f} / p99 {lr['p99_itl_ms']:.1f} ms, "
              f"running<={lr['max_running']}, queued<={lr['max_queue']}, usage<={lr['max_token_usage']:.2f}", [])
             for lr in d["loads"]]))
+    if d.get("pressure"):
+        items += pressure_items(d["pressure"], a.get("pressure_events") or [])
     if d["under_load"]:
         items.append((f"sampled steps under load (join {d['under_load_join'].get('matched')}/"
                       f"{d['under_load_join'].get('of')})", [
@@ -581,6 +599,8 @@ def write_tables(run, d, a) -> None:
     sg.table(run, "batch_log", d["batch_rows"])
     sg.table(run, "batch", [batch_record(d)])
     sg.table(run, "joins", join_rows(d))
+    if d.get("pressure"):
+        record_pressure(run, d["pressure"])
     run.log(f"last traced request: {len(last['steps'])} steps, join {last['join']['matched']}/{last['join']['of']}")
 
 
@@ -603,6 +623,9 @@ def analyse(run, x: Record) -> None:
     --reanalyse alike)."""
     figures(run, x.a, x.d, x.pk, x.args.backend)
     verdicts(run, x.d, x.a)
+    if x.d.get("pressure"):
+        x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]))
+        write_pressure(run, x.d["pressure"], x.a["pressure_events"])
     run.story(sg.config_line(x.fl, sg.SERVING_ENV, x.args.quick) + "\n"
               + tell(x.d, x.a, x.model_dir, x.fl, x.P, x.pk, x.args.backend), echo=True)
 
@@ -623,9 +646,9 @@ def _records(t) -> list[dict]:
 
 def main_reanalyse(args) -> int:
     """--reanalyse DIR: the measured parts back from the recording's tables (traced requests: request_steps.csv +
-    requests.csv; the batch: batch_log.csv + batch.csv; ITL, load, the steps under load, the bar), the model's
-    config from its preset; no server, no sglang. A recording made before requests.csv (the client's TTFT and
-    stamps of each traced request were in no table) is one [setup] line."""
+    requests.csv; the batch: batch_log.csv + batch.csv; ITL, load, the pressure load, the steps under load, the bar),
+    the model's config from its preset; no server, no sglang. A recording made before requests.csv (the client's TTFT
+    and stamps of each traced request were in no table) is one [setup] line."""
     src = Path(args.reanalyse)
     missing = [t for t in NEW_TABLES if not (src / f"{t}.csv").is_file()]
     if src.is_dir() and (src / "summary.json").is_file() and missing:
@@ -636,7 +659,8 @@ def main_reanalyse(args) -> int:
                          "client TTFT and stamps, which the TTFT-CPU-share verdict and the request story read, were "
                          "in no table. Re-run 01 on a GPU to record them")
     rec = recording.open(src, __file__, tables=("request_steps",) + NEW_TABLES,
-                         optional=("joins", "itl_vs_kv", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs"))
+                         optional=("joins", "itl_vs_kv", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs",
+                                   *PRESSURE_TABLES))
     a = rec.args_like(args)
     t = rec.tables
     P = QUICK if a.quick else FULL
@@ -654,7 +678,7 @@ def main_reanalyse(args) -> int:
          "itl": [{k: r[k] for k in itl_cols if k in r} for r in _records(t["itl_vs_kv"])],
          "loads": _records(t["load_runs"]), "timeline": _records(t["batch_timeline"]),
          "under_load": _records(t["step_join"]), "under_load_join": joins.get("under load", {}),
-         "bar": _records(t["perf_bar"]), "bench": _records(t["bench_runs"])}
+         "bar": _records(t["perf_bar"]), "bench": _records(t["bench_runs"]), "pressure": read_pressure(t, _records)}
     import pandas as pd
     x = Record(a, P, model_dir, fl, rec.peaks, cfg, d)
     x.a = derive(d, pd, cfg, x.pk)

@@ -17,7 +17,11 @@ are exactly these); C's LPM pass needs a server of its own, --schedule-policy lp
     B. eviction: G prefix groups (2048 tokens each) sent once (pass 1), then again in reverse order
        (pass 2) with new suffixes; the working set (G x request size) is swept across the pool size,
        3 times. LRU keeps the most recently used groups: pass 2 hits exactly those and misses the
-       oldest. Records pass-2 hit rate, evicted tokens (/metrics), and which groups went.
+       oldest. Records pass-2 hit rate, evicted tokens (/metrics), and which groups went. Where the
+       working set is >= 1.2x the pool, the cache over time too: a round-robin, pass 2 in pass 1's order
+       (LRU's worst case: each prefix is evicted just before its turn comes back), then the most recent
+       group once more (a hit), 3 times; per request its cached tokens from meta_info and from the
+       scheduler log (they must agree) and its outcome: miss, evicted, hit.
     C. cache-aware scheduling: the same shuffled shared-prefix workload (groups x requests, all sent at
        once, <= 128 so LPM stays active), 3 times, on a server with --schedule-policy lpm and one with
        fcfs (0.5.17's default, so no flag): hit rate, prefill tokens computed, throughput, TTFT; both
@@ -29,18 +33,20 @@ of the repetitions, common.judge.verdicts)
       restated: prefill time falls roughly with the uncached fraction.
     * A warm request reports cached_tokens = the shared token count; an exact repeat prompt - 1.
     * Cold prefill: ragged attention only; warm: ragged + paged + merge-state (FlashInfer).
-    * Under memory pressure an eviction pattern appears; LRU evicts the oldest unlocked leaves.
+    * Under memory pressure an eviction pattern appears; LRU evicts the oldest unlocked leaves, so a
+      round-robin over more prefixes than fit evicts each before its reuse.
     * LPM beats FCFS on hit rate and TTFT (while < 128 requests wait).
     * The three hit-rate measurements agree.
 
 Run
-    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (1 in a --quick pipeline), ~3 min warm
+    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (1 in a --quick pipeline), ~3.5 min warm
     python sglang/scripts/02_radix_cache_analysis.py             # + more prefix lengths, a 2nd pool size
     python sglang/scripts/02_radix_cache_analysis.py --quick --pool-tokens 32768,16384
     python sglang/scripts/02_radix_cache_analysis.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
     (attention kernels under the counters: 05_ncu_attention.py; the serving timeline: 04_nsys_profile.py)
 Writes sglang/results/02_radix_cache_analysis/: cold_warm.csv, hit_rate_3ways.csv, kernel_switch.csv,
-eviction.csv, eviction_groups.csv, policy.csv, hit_rate.png, server_*.log, profiles/, story.txt, summary.json.
+eviction.csv, eviction_groups.csv (both with the pass-2 order), round_robin.csv (each request of the round-robins),
+policy.csv, hit_rate.png, round_robin.png, server_*.log, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -67,6 +73,7 @@ FULL = dict(reps=3, prefix_lens=(256, 1024, 4096, 8192), branches=(1, 4, 16), po
             ws_tokens=(8192, 16384, 24576, 32768, 49152, 65536), groups=16, per_group=8, sys_len=2048, q_len=128,
             out_len=64)
 SUFFIX = 32
+CYCLIC_MIN = 1.2     # working sets this many times the pool or more get the round-robin (pass 2 in pass 1's order)
 ONE = {"max_new_tokens": 1, **sg.GREEDY}
 HALF = "half-shared 512"
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 02"
@@ -106,6 +113,10 @@ H = declare(f"""
         judged on: fraction of partly kept sweeps whose kept groups are exactly the newest ones (per repetition)
         confirmed: [1, 1]
         source: {PLAN}: 'oldest unlocked leaves go first (LRU)'
+    thrash = lru-thrash: a round-robin over more prefixes than fit evicts each before its reuse
+        judged on: hit fraction (cached / prefix tokens) of second-pass requests
+        confirmed: [0, 0.1]
+        source: RadixCache with LRU eviction (sglang radix_cache.py); PLAN.md Experiment 2
     lpm_hit = lpm-beats-fcfs-hit-rate: LPM beats FCFS on hit rate for a shuffled shared-prefix burst (< 128 waiting)
         judged on: LPM hit rate - FCFS hit rate (per repetition pair)
         confirmed: >= 0.02
@@ -195,10 +206,12 @@ def kernel_switch(srv, prof_dir: Path, P, run) -> list[dict]:
     return out
 
 
-def eviction(srv, pool: int, P, run) -> tuple[list, list]:
-    """Each working set P["reps"] times: pass 1 oldest first, pass 2 newest first; what pass 2 hits."""
+def eviction(srv, pool: int, P, run) -> dict:
+    """Each working set P["reps"] times: pass 1 oldest first, pass 2 newest first; what pass 2 hits. From CYCLIC_MIN x
+    the pool up, the round-robin too (round_robin). Returns {"ev": summary rows, "evg": group rows, "rr": the
+    round-robins' requests, "agree": their hit rate three ways (a case of hit_rate_3ways.csv each)}."""
     per_req = P["group_len"] + SUFFIX + 1
-    summary, groups = [], []
+    out = {"ev": [], "evg": [], "rr": [], "agree": []}
     for ws in P["ws_tokens"]:
         G = max(2, ws // per_req)
         for rep in range(P["reps"]):
@@ -211,18 +224,57 @@ def eviction(srv, pool: int, P, run) -> tuple[list, list]:
                 hits = {g: send(srv, prefixes[g] + sg.random_ids(SUFFIX, 30_000 + g))["cached_tokens"]
                         for g in reversed(range(G))}     # pass 2: most recent first
                 hm = sg.hit_rate(m0, srv.metrics())
-                kept = [g for g in range(G) if hits[g] >= P["group_len"]]
-                hr = sum(hits.values()) / (G * (P["group_len"] + SUFFIX))
-                summary.append({"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "ws_over_pool": G * per_req / pool,
-                                "groups": G, "pass2_hit_rate": hr, "groups_kept": len(kept),
-                                "lru_order": kept == list(range(G - len(kept), G)), "evicted_tokens": hm["evicted_tokens"]})
-                groups += [{"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "group": g, "pass2_cached": hits[g],
-                            "kept": hits[g] >= P["group_len"]} for g in range(G)]
-                run.log(f"pool {pool}, working set {G * per_req} ({G} groups) rep {rep}: pass-2 hit rate {hr:.2f}, "
-                        f"kept {len(kept)} groups, evicted {hm['evicted_tokens']:.0f} tokens")
+                _sweep_rows(out, pool, rep, G, per_req, hits, hm, "reverse", P)
+                run.log(f"pool {pool}, working set {G * per_req} ({G} groups) rep {rep}: pass-2 hit rate "
+                        f"{out['ev'][-1]['pass2_hit_rate']:.2f}, kept {out['ev'][-1]['groups_kept']} groups, evicted "
+                        f"{hm['evicted_tokens']:.0f} tokens")
+                if G * per_req >= CYCLIC_MIN * pool:
+                    round_robin(srv, pool, G, P, rep, run, out)
             except Exception as e:  # noqa: BLE001
                 run.point_error({"part": "eviction", "pool": pool, "ws_tokens": ws, "rep": rep}, e)
-    return summary, groups
+    return out
+
+
+def _sweep_rows(out, pool, rep, G, per_req, hits, hm, order, P) -> None:
+    """One sweep's row of eviction.csv and its groups' rows of eviction_groups.csv (``hits``: pass-2 cached tokens
+    by group; ``order``: pass 2's, reverse or cyclic)."""
+    kept = [g for g in range(G) if hits[g] >= P["group_len"]]
+    hr = sum(hits.values()) / (G * (P["group_len"] + SUFFIX))
+    out["ev"].append({"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "ws_over_pool": G * per_req / pool,
+                      "groups": G, "order": order, "pass2_hit_rate": hr, "groups_kept": len(kept),
+                      "lru_order": kept == list(range(G - len(kept), G)), "evicted_tokens": hm["evicted_tokens"]})
+    out["evg"] += [{"pool_tokens": pool, "rep": rep, "ws_tokens": G * per_req, "order": order, "group": g,
+                    "pass2_cached": hits[g], "kept": hits[g] >= P["group_len"]} for g in range(G)]
+
+
+def round_robin(srv, pool: int, G: int, P, rep: int, run, out) -> None:
+    """The cache over time: G prefixes (more than the pool holds) in pass 1's order twice, then the most recent one
+    again, one request at a time; each request's cached tokens from meta_info and from its scheduler log lines, its
+    outcome (miss: first use, evicted: used before but gone, hit), and the run's hit rate three ways."""
+    srv.flush_cache()
+    per_req = P["group_len"] + SUFFIX + 1
+    prefixes = [sg.random_ids(P["group_len"], seed=60_000 + G + g + 997 * rep) for g in range(G)]
+    order = [(p, g) for p in (0, 1) for g in range(G)] + [(2, G - 1)]
+    m0, mark0 = srv.metrics(), srv.log_mark()
+    got, rows = [], []
+    for n, (pas, g) in enumerate(order):
+        mark = srv.log_mark()
+        r = send(srv, prefixes[g] + sg.random_ids(SUFFIX, 70_000 + 100 * n))
+        log_cached = sum(x["cached_token"] for x in sg.parse_batch_log(srv.log_since(mark)) if x["kind"] == "prefill")
+        seen = any(gg == g for _p, gg in order[:n])
+        got.append(r)
+        rows.append({"pool_tokens": pool, "ws_tokens": G * per_req, "rep": rep, "request": n, "pass": pas, "group": g,
+                     "prefix_len": P["group_len"], "prompt": r["prompt_tokens"], "api_cached": r["cached_tokens"],
+                     "log_cached": log_cached, "agree": r["cached_tokens"] == log_cached,
+                     "hit_fraction": r["cached_tokens"] / P["group_len"], "prefix_inserted_before": seen,
+                     "outcome": "hit" if r["cached_tokens"] >= P["group_len"] * 0.9 else ("evicted" if seen else "miss")})
+    m1 = srv.metrics()
+    out["rr"] += rows
+    out["agree"].append({"case": f"round-robin {G} x {P['group_len']}, pool {pool}", "rep": rep,
+                         **hit3(got, sg.parse_batch_log(srv.log_since(mark0)), m0, m1)})
+    _sweep_rows(out, pool, rep, G, per_req, {x["group"]: x["api_cached"] for x in rows if x["pass"] == 1},
+                sg.hit_rate(m0, m1), "cyclic", P)
+    run.log(f"round-robin pool {pool}, {G} groups rep {rep}: " + " ".join(f"{x['group']}{x['outcome'][0]}" for x in rows))
 
 
 def policy_run(srv, P, policy: str, rep: int, run) -> dict:
@@ -270,7 +322,7 @@ def measure(args, P, pools, model_dir, run) -> dict:
         _, fl = server_flags(args, policy, pool)
         return sg.server(run, model_dir, fl, quick=args.quick, port=args.port, start_timeout=args.start_timeout,
                          name=f"server[{policy}, pool {pool}]", log_name=f"server_{policy}_{pool}.log", own_why=why)
-    d = {"ks": [], "pol": []}
+    d = {"ks": [], "pol": [], "rr": []}
     with server("fcfs", pools[0]) as srv:
         d["flags"] = srv.args
         d["pool0"] = int(srv.server_info().get("max_total_num_tokens") or pools[0])
@@ -284,7 +336,8 @@ def measure(args, P, pools, model_dir, run) -> dict:
             d["ks"] = kernel_switch(srv, run.dir / "profiles", P, run)
         except Exception as e:  # noqa: BLE001
             run.point_error({"part": "kernel switch"}, e)
-        d["ev"], d["evg"] = eviction(srv, d["pool0"], P, run)
+        ev = eviction(srv, d["pool0"], P, run)
+        d["ev"], d["evg"], d["rr"], d["agree"] = ev["ev"], ev["evg"], ev["rr"], d["agree"] + ev["agree"]
         fcfs = [policy_run(srv, P, "fcfs", rep, run) for rep in range(P["reps"])]
     d["pol"] = fcfs
     try:
@@ -295,8 +348,9 @@ def measure(args, P, pools, model_dir, run) -> dict:
     for pool in pools[1:]:   # the same working sets on a smaller pool
         try:
             with server("fcfs", pool) as srv:
-                e2, g2 = eviction(srv, int(srv.server_info().get("max_total_num_tokens") or pool), P, run)
-                d["ev"], d["evg"] = d["ev"] + e2, d["evg"] + g2
+                ev = eviction(srv, int(srv.server_info().get("max_total_num_tokens") or pool), P, run)
+                for k in ("ev", "evg", "rr", "agree"):
+                    d[k] = d[k] + ev[k]
         except Exception as e:  # noqa: BLE001
             run.point_error({"part": "eviction", "pool": pool}, e)
     return d
@@ -354,10 +408,18 @@ def verdicts(run, d, pd, P, backend) -> None:
         run.judge(H["agree"], list(spread.values()), evidence="hit_rate_3ways.csv", digits=2,
                   detail=f"{len(d['agree'])} cases")
     judge_eviction(run, pd.DataFrame(d["ev"]))
+    judge_thrash(run, d.get("rr") or [])
     judge_policy(run, d["pol"])
 
 
+def reverse_sweeps(evd):
+    """The sweeps whose pass 2 ran newest first (every sweep of a recording made before the round-robin: no order
+    column)."""
+    return evd[evd["order"] == "reverse"] if "order" in evd else evd
+
+
 def judge_eviction(run, evd) -> None:
+    evd = reverse_sweeps(evd)
     if not len(evd):
         return
     fits, over = evd[evd["ws_over_pool"] <= 0.9], evd[evd["ws_over_pool"] >= 1.2]
@@ -369,6 +431,19 @@ def judge_eviction(run, evd) -> None:
     partial = evd[(evd["groups_kept"] > 0) & (evd["groups_kept"] < evd["groups"])]
     run.judge(H["lru"], [float(g["lru_order"].all()) for _, g in partial.groupby("rep")], evidence="eviction_groups.csv",
               detail=f"{int(partial['lru_order'].sum())} of {len(partial)} partly kept sweeps in LRU order")
+
+
+def judge_thrash(run, rr) -> None:
+    """lru-thrash on the round-robins' second pass; the scheduler log and meta_info agreeing on each request is told
+    (the story), its agreement judged with the other cases by hit-rate-3-ways."""
+    second = [r for r in rr if r["pass"] == 1]
+    if not second:
+        return
+    fit = [r for r in rr if r["ws_tokens"] <= r["pool_tokens"] * 0.9]
+    run.judge(H["thrash"], [r["hit_fraction"] for r in second], evidence="round_robin.csv",
+              premise=True if not fit else "the pool held every prefix (no eviction pressure)",
+              detail=f"{len({(r['pool_tokens'], r['ws_tokens'], r['rep']) for r in second})} round-robin(s), "
+              f"{sum(r['outcome'] == 'hit' for r in second)} of {len(second)} second-pass requests hit")
 
 
 def judge_policy(run, pol) -> None:
@@ -388,6 +463,7 @@ def judge_policy(run, pol) -> None:
 
 
 def figure(run, evd) -> None:
+    evd = reverse_sweeps(evd)
     if not len(evd):
         return
     from common.render import plots
@@ -397,6 +473,25 @@ def figure(run, evd) -> None:
                       hline=1.0, hline_label="")
     fig.axes[0].axvline(1.0, color="grey", ls=":", lw=1)
     run.figure("hit_rate", fig)
+
+
+def round_robin_figure(rr):
+    """The first round-robin, per request: cached vs new prompt tokens, coloured by hit / miss / evicted."""
+    from common.render.plots import _plt
+    plt = _plt()
+    first = (rr[0]["pool_tokens"], rr[0]["ws_tokens"], rr[0]["rep"])
+    rows = [r for r in rr if (r["pool_tokens"], r["ws_tokens"], r["rep"]) == first]
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    col = {"hit": "tab:green", "miss": "tab:grey", "evicted": "tab:red"}
+    for c in rows:
+        ax.bar(c["request"], c["prompt"], color=col[c["outcome"]], alpha=0.35)          # the whole prompt
+        ax.bar(c["request"], c["api_cached"], color=col[c["outcome"]])                 # the cached part
+        ax.text(c["request"], c["prompt"] * 1.01, str(c["group"]), ha="center", fontsize=6)
+    ax.set_xlabel("request (in order; the number on top is its prefix group)")
+    ax.set_ylabel("prompt tokens (solid: cached)")
+    ax.set_title(f"{1 + max(r['group'] for r in rows)} prefixes of {rows[0]['prefix_len']} tokens, pool {first[0]} tokens: "
+                 "green hit, red evicted, grey first use", fontsize=8)
+    return fig
 
 
 def tell(d, pd, P, pools, model_dir, backend) -> str:
@@ -410,7 +505,14 @@ def tell(d, pd, P, pools, model_dir, backend) -> str:
     ks = [(f"{k['kind']} rep {k['rep']} (cached {k['cached_tokens']}): {k['attention_kernels'] or '-'}", []) for k in d["ks"]]
     ev = [(f"pool {e['pool_tokens']} rep {e['rep']}: working set {e['ws_over_pool']:.2f}x -> pass-2 hit rate "
            f"{e['pass2_hit_rate']:.2f}, kept {e['groups_kept']}/{e['groups']} newest groups, evicted "
-           f"{e['evicted_tokens']:.0f} tokens", []) for e in d["ev"]]
+           f"{e['evicted_tokens']:.0f} tokens", []) for e in d["ev"] if e.get("order", "reverse") == "reverse"]
+    runs = {}
+    for r in d.get("rr") or []:
+        runs.setdefault((r["pool_tokens"], r["ws_tokens"], r["rep"]), []).append(r)
+    rr = [(f"pool {pool} rep {rep}, {len({r['group'] for r in rs})} groups ({ws / pool:.2f}x): "
+           + " ".join(f"{r['group']}{r['outcome'][0]}" for r in rs)
+           + f"; log = meta_info on {sum(bool(r['agree']) for r in rs)}/{len(rs)} requests", [])
+          for (pool, ws, rep), rs in runs.items()]
     pol = [(f"{p['policy']} rep {p['rep']}: hit rate {p['hit_rate']:.3f}, prefill computed "
             f"{p['prefill_compute_tokens']:.0f} tok, {p['total_throughput']:.0f} tok/s, TTFT p50 {p['p50_ttft_ms']:.0f} / "
             f"p99 {p['p99_ttft_ms']:.0f} ms", []) for p in d["pol"]]
@@ -418,11 +520,13 @@ def tell(d, pd, P, pools, model_dir, backend) -> str:
         (f"configuration: {sg.graphs_text(d['flags'])}; every latency below was taken with these graphs", []),
         ("cold -> warm -> repeat (1 new token each)", items), ("attention kernels of traced prefills", ks),
         ("eviction (pass 1 oldest-first, pass 2 newest-first)", ev),
+        *([("the cache over time: round-robin, pass 2 in pass 1's order, then the newest again (per request: "
+            "m miss, e evicted, h hit; the number is its group)", rr)] if rr else []),
         (f"scheduling: {P['groups']} groups x {P['per_group']} requests, shuffled, all at once", pol)])
 
 
 TABLES = (("cold_warm", "cw"), ("hit_rate_3ways", "agree"), ("eviction", "ev"), ("eviction_groups", "evg"),
-          ("policy", "pol"), ("kernel_switch", "ks"))     # (table, key of Record.d), in the order they are written
+          ("policy", "pol"), ("kernel_switch", "ks"), ("round_robin", "rr"))   # (table, key of Record.d), as written
 
 
 @dataclass
@@ -444,6 +548,8 @@ def analyse(run, x: Record) -> None:
     """Figure, verdicts and story from the measured rows (a GPU run and --reanalyse alike)."""
     import pandas as pd
     figure(run, pd.DataFrame(x.d["ev"]))
+    if x.d.get("rr"):
+        run.figure("round_robin", round_robin_figure(x.d["rr"]))
     verdicts(run, x.d, pd, x.P, x.backend)
     run.story(sg.config_line(x.d["flags"], sg.SERVING_ENV, x.args.quick) + " -- C's LPM pass: + --schedule-policy lpm\n"
               + tell(x.d, pd, x.P, x.pools, x.model_dir, x.backend), echo=True)

@@ -15,6 +15,12 @@ What it measures
     process_batch_result): CPU scheduling overhead vs idle time, in the story. Judged quantities are
     measured per slice of the window (5 equal slices; the busy fraction over 5 slices of the steady
     middle). The full run repeats the burst with --disable-overlap-schedule.
+    Then, on the first server once its timeline is written, the GPU's own counters over the served timeline: the
+    burst (streamed) untraced 3 times, then once more while Nsight Systems samples the GPU's performance monitors
+    (common.capture.nsys.GpuMetrics: a separate nsys process, system scope, nothing more injected into the server):
+    SMs active, tensor active, DRAM read and write, 10 kHz, kept in 1 ms bins. The sampled burst's TTFT and ITL
+    beside the untraced median is what the sampling costs; without a usable nsys (or where it refuses to sample)
+    the story says why.
 
 What the plan expected (hypotheses in H below, with ranges and sources)
     * FlashInfer kernels dominate GPU time (A100). Restated: at moderate batch, decode GPU time
@@ -30,10 +36,12 @@ Run
     python sglang/scripts/04_nsys_profile.py --reanalyse sglang/results/04_nsys_profile   # no GPU: redo the analysis
 Writes sglang/results/04_nsys_profile/: kernels.csv, families.csv, gaps.csv, gaps_by_phase.csv,
 windows.csv, slices.csv, timeline_<cfg>.nsys-rep + timeline_<cfg>_*.csv (nsys) or profiles/ (torch),
+gpu_metrics_runs.csv (the bursts of the metrics pass), gpu_metrics.csv + gpu_metrics.png (the sampled counters),
 server_*.log, story.txt, summary.json.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -206,13 +214,92 @@ def wait_file(path: Path, timeout: float, still_s: float = 3.0) -> bool:
     return False
 
 
-def burst(srv, P):
+def burst(srv, P, stream: bool = False):
     return srv.generate_many([{"input_ids": sg.random_ids(P["prompt"], 5000 + i),
-                               "sampling_params": {**sg.GREEDY, "max_new_tokens": P["new"]}} for i in range(P["burst"])])
+                               "sampling_params": {**sg.GREEDY, "max_new_tokens": P["new"]}} for i in range(P["burst"])],
+                             stream=stream)
 
 
-def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
-    """One server (under nsys, or with the torch profiler), a warm-up, the profiled burst, its analysis."""
+METRICS_REPS = 3     # untraced bursts the sampled one is compared with
+
+
+def burst_row(res, run_name: str, rep: int) -> dict:
+    """One streamed burst of the metrics pass: client TTFT and ITL medians, its window (epoch s)."""
+    s = sg.latency_summary(res)
+    ok = [r["client"] for r in res if "error" not in r]
+    return {"run": run_name, "rep": rep, "ttft_ms": s.get("p50_ttft_ms"), "itl_ms": s.get("p50_itl_ms"),
+            "wall_s": s.get("wall_s"), "t_send": min((c["t_send"] for c in ok), default=None),
+            "t_done": max((c["t_done"] for c in ok), default=None), "failed": s.get("failed")}
+
+
+def metrics_pass(srv, P, run) -> dict:
+    """The GPU's own counters over the served timeline: METRICS_REPS untraced streamed bursts, then one more while
+    Nsight Systems samples the GPU (common.capture.nsys.GpuMetrics: never raises; ``why`` says what kept it from
+    sampling). Returns {"runs": the bursts' rows (the sampled one with the sampling's t0 and why), "rows": the
+    samples in 1 ms bins (absent when none)}."""
+    runs = [burst_row(burst(srv, P, stream=True), "untraced", i) for i in range(METRICS_REPS)]
+    with nsys.GpuMetrics(run.dir / "nsys", echo=run.log, max_s=120) as gm:
+        res = burst(srv, P, stream=True)
+    runs.append({**burst_row(res, "sampled", 0), "t0": gm.t0, "why": gm.why})
+    if gm.rows is None:
+        run.note(f"GPU metrics over the served timeline: not sampled ({gm.why or 'no samples'})")
+        return {"runs": runs}
+    b = gm.rows.assign(t_s=(gm.rows["t_s"] * 1e3).round() / 1e3).groupby("t_s").mean().reset_index()
+    run.log(f"GPU metrics: {len(gm.rows):,} samples over {b['t_s'].max():.1f} s; burst TTFT {runs[-1]['ttft_ms']:.1f} ms, "
+            f"ITL {runs[-1]['itl_ms']:.2f} ms while sampling")
+    return {"runs": runs, "rows": b.to_dict("records")}
+
+
+def metrics_lines(gm) -> list:
+    """The story's lines of the metrics pass: what the sampling cost the burst (TTFT, ITL against the untraced
+    median) and what the counters read while the burst's requests ran."""
+    f = story.fmt
+    runs = gm.get("runs") or []
+    sampled = next((r for r in runs if r["run"] == "sampled"), None)
+    if sampled is None:
+        return []
+    if not gm.get("rows"):
+        return [(f"GPU metrics over the served timeline: not sampled ({sampled.get('why') or 'no samples'})", [])]
+    base = [r for r in runs if r["run"] == "untraced"]
+    base_t, base_i = statistics.median(r["ttft_ms"] for r in base), statistics.median(r["itl_ms"] for r in base)
+    rows, t0 = gm["rows"], sampled.get("t0")
+    inside = [r for r in rows if t0 and sampled.get("t_send") and sampled["t_send"] - t0 <= r["t_s"] <= sampled["t_done"] - t0]
+    mean = lambda col: statistics.fmean(r[col] for r in inside if r.get(col) is not None) if inside and col in inside[0] \
+        else None  # noqa: E731
+    return [(f"burst with nsys GPU-metrics sampling (10 kHz, nothing injected into the server): TTFT "
+             f"{f(sampled['ttft_ms'])} ms vs {f(base_t)} untraced ({f(100 * (sampled['ttft_ms'] / base_t - 1))}%), ITL "
+             f"{f(sampled['itl_ms'])} vs {f(base_i)} ms ({f(100 * (sampled['itl_ms'] / base_i - 1))}%); while the requests "
+             f"ran: SMs active {f(mean('sm_active_pct'))}%, tensor active {f(mean('tensor_active_pct'))}%, DRAM read "
+             f"{f(mean('dram_read_pct'))}% and write {f(mean('dram_write_pct'))}% of peak (gpu_metrics.csv, figure "
+             "gpu_metrics)", [])]
+
+
+def metrics_figure(gm, gpu: str):
+    """The GPU's own counters over the served burst (nsys GPU metrics, 1 ms bins): SM active, tensor active, DRAM
+    read and write, with the requests' window shaded (epoch clock; the sampling began at the sampled run's t0)."""
+    from common.render.plots import _plt
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    rows = gm["rows"]
+    sampled = next(r for r in gm["runs"] if r["run"] == "sampled")
+    t = [r["t_s"] for r in rows]
+    for col, label, color in (("sm_active_pct", "SMs active", "tab:blue"), ("tensor_active_pct", "tensor active", "tab:red"),
+                              ("dram_read_pct", "DRAM read", "tab:green"), ("dram_write_pct", "DRAM write", "tab:olive")):
+        if col in rows[0]:
+            ax.plot(t, [r.get(col) for r in rows], lw=0.8, label=label, color=color)
+    if sampled.get("t_send") and sampled.get("t0"):
+        ax.axvspan(sampled["t_send"] - sampled["t0"], sampled["t_done"] - sampled["t0"], color="grey", alpha=0.12,
+                   label="the burst's requests")
+    ax.set_xlabel("time since the sampling began (s)")
+    ax.set_ylabel("% of peak (nsys GPU metrics)")
+    ax.set_title(f"{gpu}: the GPU's counters over a served burst of {len(rows):,} 1 ms bins", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def run_config(args, P, label, extra, model_dir, base, run, use_nsys, metrics: bool = False) -> dict:
+    """One server (under nsys, or with the torch profiler), a warm-up, the profiled burst, its analysis; with
+    ``metrics``, then the metrics pass on the same server (metrics_pass: ``gpu_metrics`` of the result)."""
     fl = base + sg.flags(attention_backend=args.backend, log_level="info", decode_log_interval=1) + extra
     env, wrapper, rep = dict(sg.TRACE_ENV), [], None
     prof_dir = run.dir / "profiles"
@@ -245,6 +332,12 @@ def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
             if not wait_file(rep_file, timeout=300):
                 raise RuntimeError(f"nsys wrote no {rep_file.name}; see server_{label}.log (or rerun with --torch)")
             run.log(f"{label}: nsys wrote {rep_file.name} ({rep_file.stat().st_size / 1e6:.1f} MB)")
+        gm = None
+        if metrics:        # after the timeline's capture range has ended (its report written): its nsys collects no more
+            try:
+                gm = metrics_pass(srv, P, run)
+            except Exception as e:  # noqa: BLE001 - the timeline stands
+                run.point_error({"config": label, "part": "gpu metrics"}, e)
     if use_nsys:   # the server has exited
         csvs = nsys.stats(rep_file, ["cuda_gpu_kern_sum", "cuda_gpu_trace", "nvtx_sum", "nvtx_pushpop_trace"])
         if "cuda_gpu_trace" not in csvs:
@@ -254,7 +347,8 @@ def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
         ev = trace.read_chrome_trace(tr)
         k, ranges = trace.kernels(ev), ev[(ev["kind"] == "user_annotation") & ev["name"].isin(PHASES)]
     a = analyse(k, ranges, label)
-    a.update(tool="nsys" if use_nsys else "torch.profiler", throughput=s["output_throughput"], graphs=sg.graphs_text(fl))
+    a.update(tool="nsys" if use_nsys else "torch.profiler", throughput=s["output_throughput"], graphs=sg.graphs_text(fl),
+             gpu_metrics=gm)
     run.log(f"{label}: {a['kernels']} kernels in {a['window_ms']:.0f} ms, GPU busy {100 * a['busy']:.1f}% "
             f"(steady middle {100 * a['busy_steady']:.1f}%), {a['gaps_over_20us']} gaps >= 20 us")
     return a
@@ -262,8 +356,8 @@ def run_config(args, P, label, extra, model_dir, base, run, use_nsys) -> dict:
 
 # ------------------------------------------------------------------ tables, verdicts, story
 
-def report(run, res, P, model_name: str, backend: str) -> None:
-    """Tables, verdicts and the story of one or two analysed timelines."""
+def report(run, res, P, model_name: str, backend: str, gm: dict | None = None) -> None:
+    """Tables, verdicts and the story of one or two analysed timelines (``gm``: the metrics pass, when it ran)."""
     import pandas as pd
     first = res[0]
     sg.table(run, "kernels", first["summary"].head(30)[["short", "class", "launches", "total_us", "mean_us", "share_pct"]]
@@ -281,7 +375,9 @@ def report(run, res, P, model_name: str, backend: str) -> None:
                              for a in res for i, (x, b) in enumerate(zip(a["att_over_gemm"], a["busy_slices"]))])
     run.headline(gpu_busy_pct=100 * first["busy"], gpu_busy_steady_pct=100 * first["busy_steady"])
     verdicts(run, res, P)
-    run.story(tell(res, P, model_name, backend), echo=True)
+    if gm and gm.get("rows"):
+        run.figure("gpu_metrics", metrics_figure(gm, run.summary.get("provenance", {}).get("gpu") or "GPU"))
+    run.story(tell(res, P, model_name, backend, gm), echo=True)
 
 
 def verdicts(run, res, P) -> None:
@@ -303,7 +399,7 @@ def verdicts(run, res, P) -> None:
                   f"throughput {first['throughput']:.0f} vs {off['throughput']:.0f} tok/s")
 
 
-def tell(res, P, model_name, backend) -> str:
+def tell(res, P, model_name, backend, gm=None) -> str:
     """A few steady-decode milliseconds as lanes, then the numbers, per configuration."""
     items = []
     for a in res:
@@ -330,8 +426,21 @@ def tell(res, P, model_name, backend) -> str:
                           ("GPU idle by CPU scheduler phase (gaps >= 20 us)", phases or [("no NVTX/annotation ranges", [])]),
                           ("20 ms of steady decode (# GPU busy, a attention, - CPU in that scheduler phase):\n"
                            + story.timeline(lanes, width=100, unit="ms", start=m0 / 1e3, end=w1 / 1e3), [])]))
+    if gm:
+        items.append(("the GPU's own counters over the served timeline (nsys GPU metrics)", metrics_lines(gm)))
     return story.tree(f"SYSTEM TIMELINE — {model_name}, {backend}, burst {P['burst']} x ({P['prompt']} in, {P['new']} out)",
                       items)
+
+
+def read_metrics(folder: Path) -> dict | None:
+    """The metrics pass of a recording (gpu_metrics_runs.csv, gpu_metrics.csv), or None where it has none."""
+    import pandas as pd
+    if not (folder / "gpu_metrics_runs.csv").is_file():
+        return None
+    runs = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+            for r in pd.read_csv(folder / "gpu_metrics_runs.csv").to_dict("records")]
+    rows = pd.read_csv(folder / "gpu_metrics.csv").to_dict("records") if (folder / "gpu_metrics.csv").is_file() else None
+    return {"runs": runs, **({"rows": rows} if rows else {})}
 
 
 def main_reanalyse(args) -> int:
@@ -340,8 +449,9 @@ def main_reanalyse(args) -> int:
     res = reanalyse(src)          # read everything before Run replaces the folder (when DIR is the default one)
     prev = load_summary(src) or {}
     prev_args = prev.get("args", {})
-    keep = {f.name: f.read_bytes() for pat in ("timeline_*.csv", "timeline_*.nsys-rep", "server_*.log")
+    keep = {f.name: f.read_bytes() for pat in ("timeline_*.csv", "timeline_*.nsys-rep", "server_*.log", "gpu_metrics*.csv")
             for f in src.glob(pat)}
+    gm = read_metrics(src)
     with Run(__file__, args, out=args.out) as run:
         run.reanalysis_of(prev, src)
         for name, data in keep.items():
@@ -350,7 +460,7 @@ def main_reanalyse(args) -> int:
             if k_ in prev.get("headline", {}):
                 run.headline(**{k_: prev["headline"][k_]})
         report(run, res, QUICK if prev_args.get("quick") else FULL, prev_args.get("preset") or "the model",
-               prev_args.get("backend") or "flashinfer")
+               prev_args.get("backend") or "flashinfer", gm)
     return 0
 
 
@@ -369,12 +479,17 @@ def main(argv=None) -> int:
         res = []
         for label, extra in configs:
             try:
-                res.append(run_config(args, P, label, extra, model_dir, base, run, use_nsys))
+                res.append(run_config(args, P, label, extra, model_dir, base, run, use_nsys,
+                                      metrics=label == "overlap_on"))
             except Exception as e:  # noqa: BLE001 - one configuration fails, the other goes on
                 run.point_error({"config": label}, e)
         if not res:
             raise RuntimeError("no timeline could be recorded; see point_errors and server_*.log")
-        report(run, res, P, Path(model_dir).name, args.backend)
+        gm = res[0].get("gpu_metrics")
+        if gm:
+            sg.table(run, "gpu_metrics_runs", gm["runs"])
+            sg.table(run, "gpu_metrics", gm.get("rows") or [])
+        report(run, res, P, Path(model_dir).name, args.backend, gm)
     return 0
 
 

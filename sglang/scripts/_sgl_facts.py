@@ -119,7 +119,7 @@ def model_and_flags(args, preset: str | None = None, write: bool = True) -> tupl
 # The serving configuration of the experiments that can share one server (01, 02, 03's FlashInfer variant, 08):
 # one function builds it, so that equal settings give equal flags -- and the pipeline's shared server.
 SERVING_ENV = dict(TRACE_ENV)                # ms time stamps in the log; torch-profiler traces without stacks/shapes
-QUICK_POOL_TOKENS = 32768                    # --quick: --max-total-tokens (02's eviction and 08's pressure fill it)
+QUICK_POOL_TOKENS = 32768                    # --quick: --max-total-tokens (02's eviction and 01's pressure load fill it)
 QUICK_DECODE_GRAPH_BS = 64                   # --quick: --cuda-graph-max-bs-decode (SGLang: 256 on an 80-141 GB GPU)
 
 
@@ -144,11 +144,12 @@ CHANGE_WHY = {
     "--load-format": "dummy weights: the real architecture's shapes, random values, nothing downloaded",
     "--mem-fraction-static": "the workbook's share of GPU memory for weights + KV pool (SGLang derives one from "
                              "the GPU)",
-    "--max-total-tokens": "a KV pool of this many tokens, small enough for 02's eviction and 08's pressure runs "
+    "--max-total-tokens": "a KV pool of this many tokens, small enough for 02's eviction and 01's pressure load "
                           "to fill (SGLang sizes it from free memory: ~300k+ tokens of Llama-3.1-8B on 80 GB)",
     "--cuda-graph-max-bs-decode": "decode CUDA graphs captured up to this batch size (SGLang: 256 on 80-141 GB "
                                   "GPUs, 36 sizes, ~4 s of a warm H100 start; here 12 sizes); the --quick "
-                                  "workloads decode at most ~51 requests at once, all inside a captured graph",
+                                  "workloads decode at most ~63 requests at once (01's pressure load), all inside a "
+                                  "captured graph",
     "--attention-backend": "the backend under study (SGLang picks FA3 on Hopper where sgl_kernel has it)",
     "--enable-metrics": "observation: /metrics counters (hit rate, evictions, retractions)",
     "--log-level": "observation: the scheduler's per-batch lines",

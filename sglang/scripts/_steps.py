@@ -2,8 +2,10 @@
 
 Default (--quick / --all): 00 01 02 03 08 (the joined execution story), and 07_tp_scaling with --all
 when >= 2 GPUs are visible. The flags mean what they mean in every system: --nsys adds the timeline
-step (04_nsys_profile: Nsight Systems, or the torch profiler where nsys is not usable); --ncu adds the
-Nsight Compute passes (05_ncu_attention, and 08's counters phase: every kernel of a layer on the counters).
+step (04_nsys_profile: Nsight Systems, or the torch profiler where nsys is not usable; with nsys, the GPU's own
+counters over the served timeline too); --ncu adds the Nsight Compute passes (05_ncu_attention, and 08's counters
+phase: every kernel of a layer on the counters). The load that fills the KV pool is 01's (its pressure load: the
+--quick pool of 32768 tokens, 2x offered at once), the round-robin over more prefixes than the pool holds 02's.
 
 One server for the --quick pipeline: a warm SGLang server start took 91 s on a fresh H100, 69 s of it
 before the scheduler process had imported torch and sglang (tests/fixtures/sglang_server_start_warm_h100.log,

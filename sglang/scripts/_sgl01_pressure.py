@@ -1,0 +1,311 @@
+"""SGLang 01, part 4b: continuous batching under a load that fills the KV pool (01_baseline_perf.py runs it after
+its request-rate runs; --reanalyse reads it back from its tables).
+
+The load: one prompt longer than a prefill chunk, then a burst of N prompts of I tokens that each generate O
+tokens, all sent at once (sglang.benchmark.serving --request-rate inf, random token IDs, fixed lengths). With
+--quick the pool is the pipeline's 32,768 tokens (sg.QUICK_POOL_TOKENS) and SGLang's chunked_prefill_size 8192:
+I = 384, O = 192, N = ceil(2 x pool / (I + O)) = 114.
+  * offered: 114 x (384 + 192) = 65,664 tokens = 2.0x the pool, all at once: what waits is in tokens, not in
+    time, so no GPU is fast enough to keep the queue empty (a rate spreads the arrivals, and a fast GPU finishes
+    requests before the next arrive: 200 prompts of 512 / 128 at 50 req/s reached a token usage of 0.40 on an H100);
+  * admitted: SGLang's PrefillAdder (managers/schedule_policy.py) takes a request while its prompt + max_new_tokens
+    fit beside the running requests' tokens + 0.7 x their remaining output (SGLANG_INIT_NEW_TOKEN_RATIO; it decays
+    toward 0.1 while nothing is retracted), at most 8192 new tokens per prefill step: 21 prompts a step, up to
+    32,768 / (384 + 0.7 x 192) ~ 63 running -- inside the 64 decode CUDA graphs of --quick -- the other ~51 queue;
+  * those 63 need 63 x (384 + 192) = 36,288 tokens = 1.11x the pool by their last token: the pool is full ~136
+    tokens into their 192 (63 x (384 + 136) = 32,760), so SGLang must retract ("KV cache pool is full. Retract
+    requests"), whatever the GPU's speed; the margin is the 56 decode steps between the two, not a rate;
+  * the long prompt: 10,000 tokens (at least 1.25 chunks), sent first and alone: its first 8192 tokens are one
+    prefill step of one sequence (a "chunked prefill" line), before the burst is admitted.
+  On an H100 a decode step at batch ~63 takes ~8 ms: two waves of 192 steps, ~3-4 s of load. Without --quick the
+  pool is SGLang's own (sized from free memory: ~300k+ tokens of Llama-3.1-8B on 80 GB); N follows it
+  (/server_info max_total_num_tokens), with I = 1024, O = 512, a 20,000-token long prompt.
+
+What it records: the scheduler's lines (running, queued, token usage, prefill/decode mix, retractions, the wall
+time of each step), GPU memory over time (common.capture.clocks.Sampler's used_gb, every 100 ms) split into the
+owners SGLang's start-up log names, the benchmark's headline and /metrics' retractions.
+
+    pressure_run(srv, run, P)        the load on a running server -> the record (steps, mem, run, own)
+    record_pressure(run, pr)         pressure_run.csv, pressure_steps.csv, gpu_memory.csv, server_memory.csv
+                                     (PRESSURE_TABLES: what --reanalyse reads back)
+    write_pressure(run, pr, evs)     gpu_memory_owners.csv, pressure_events.csv, story_pressure.json
+    read_pressure(tables, records)   the record back from those tables (None when the recording has none)
+    pressure_events(pr, cls)         each change of the scheduler's state as an event
+    pressure_figure(pr)              batch dynamics per step, step wall time, GPU memory by owner
+    pressure_items(pr, evs)          the story's pressure section
+    top_usage(pr)                    the fullest steps' token usage (pressure-usage is judged on it)
+"""
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang as sg  # noqa: E402
+from common.base import story  # noqa: E402
+from common.capture import clocks  # noqa: E402
+
+CHUNK = 8192      # SGLang's default chunked_prefill_size on H100/H200 (a run records /server_info's own)
+FILL = 2.0        # tokens offered / the pool's tokens
+LONG_NEW = 8      # tokens the long prompt generates: its prefill is the point
+
+
+def burst_size(pool: int, P: dict) -> int:
+    """How many prompts offer FILL x the pool's tokens (prompt + output each)."""
+    return math.ceil(FILL * pool / (P["pressure_in"] + P["pressure_out"]))
+
+
+def pressure_run(srv, run, P) -> dict:
+    """The long prompt, then the burst, on ``srv`` (its cache flushed first); GPU memory sampled throughout."""
+    srv.flush_cache()
+    info = srv.server_info()
+    pool = int(info.get("max_total_num_tokens") or sg.QUICK_POOL_TOKENS)
+    chunk = int(info.get("chunked_prefill_size") or CHUNK)
+    n, long_len = burst_size(pool, P), max(P["long_prompt"], chunk + chunk // 4)
+    run.log(f"pressure: pool {pool:,} tokens, chunk {chunk}: a {long_len:,}-token prompt, then {n} x "
+            f"({P['pressure_in']} in, {P['pressure_out']} out) at once = {n * (P['pressure_in'] + P['pressure_out']):,} "
+            "tokens offered")
+    m0, mark, t0 = srv.metrics(), srv.log_mark(), time.time()
+    with clocks.Sampler(0, period_s=0.1) as mem:              # GPU memory in use, every 100 ms
+        long = threading.Thread(target=srv.generate, kwargs=dict(
+            input_ids=sg.random_ids(long_len, 77), sampling_params={**sg.GREEDY, "max_new_tokens": LONG_NEW}))
+        long.start()
+        try:                 # its first chunk is a prefill step of its own before the burst arrives
+            srv.wait_log(r"Prefill batch(?: \[\d+\])?, #new-seq: 1, #new-token: \d+", mark, timeout=120, while_alive=long)
+        except sg.ServerError as e:
+            run.note(f"pressure: the long prompt's first chunk was not seen before the burst ({e})")
+        rec = sg.run_bench(srv, run.dir / "bench", "pressure", num_prompts=n, input_len=P["pressure_in"],
+                           output_len=P["pressure_out"], rate="inf", echo=run.log)
+        long.join()
+    rows = sg.parse_batch_log(srv.log_since(mark))
+    for a, b in zip(rows, rows[1:]):
+        a["step_wall_ms"] = (b["ts"] - a["ts"]) * 1e3
+    hm = sg.hit_rate(m0, srv.metrics())
+    pr = {"steps": rows, "mem": [(r["t"], r["used_gb"]) for r in mem.rows],
+          "own": sg.startup_memory(sg.memory_lines(srv.log_since(0))),
+          "run": {"requests": n, "input_len": P["pressure_in"], "output_len": P["pressure_out"], "rate": "inf",
+                  "pool_tokens": pool, "chunk": chunk, "long_prompt": long_len,
+                  "offered_tokens": n * (P["pressure_in"] + P["pressure_out"]), "wall_s": time.time() - t0,
+                  "retracted_requests": hm["retracted_requests"], **sg.bench_headline(rec)}}
+    pr["run"].update(summary(pr))
+    run.log(f"pressure: {len(rows)} scheduler lines, max usage {pr['run']['max_token_usage']:.2f}, max queue "
+            f"{pr['run']['max_queue']}, retractions {pr['run']['retract_lines']} line(s) "
+            f"({hm['retracted_requests']:.0f} request(s), /metrics), chunked prefill lines {pr['run']['chunk_lines']}")
+    return pr
+
+
+def summary(pr) -> dict:
+    """The run's maxima from its scheduler lines: running, queued, token usage, retraction and chunk lines."""
+    rows, chunk = pr["steps"], pr["run"].get("chunk") or CHUNK
+    return {"max_running": max((r.get("running_req") or 0 for r in rows), default=0),
+            "max_queue": max((r.get("queue_req") or 0 for r in rows), default=0),
+            "max_token_usage": max((r.get("token_usage") or 0 for r in rows), default=0),
+            "retract_lines": sum(r["kind"] == "retract" for r in rows),
+            "retracted_in_log": sum(r.get("retracted") or 0 for r in rows if r["kind"] == "retract"),
+            "chunk_lines": sum(1 for r in rows if is_chunk(r, chunk))}
+
+
+def is_chunk(row, chunk: int = CHUNK) -> bool:
+    """A scheduler line that is one chunk of a prompt longer than a prefill chunk: one new request whose new
+    tokens fill the whole chunk."""
+    return row["kind"] == "prefill" and row.get("new_seq") == 1 and (row.get("new_token") or 0) >= chunk
+
+
+def top_usage(pr) -> list[float]:
+    """The token usage of the fullest 5% of the scheduler's steps (at least 3): what pressure-usage is judged on."""
+    use = [r.get("token_usage") or 0 for r in pr["steps"] if r["kind"] in ("prefill", "decode")]
+    return sorted(use)[-max(3, len(use) // 20):]
+
+
+def memory_by_owner(mem, own) -> list[dict]:
+    """NVML's used memory over time (``mem``: (epoch s, GB) pairs), split into the owners SGLang's start-up log names
+    (``own``: _sgl_logs.startup_memory: weights, KV pool, other pools, CUDA-graph pools) and the rest (CUDA context,
+    the allocator's cache, activations: used - the owners)."""
+    if not mem:
+        return []
+    graphs = sum(v for k, v in own.items() if k.startswith("cuda_graph_"))
+    fixed = {"weights_gb": own.get("weights_gb"), "kv_pool_gb": own.get("kv_pool_gb"),
+             "other_pools_gb": own.get("other_pools_gb"), "cuda_graphs_gb": graphs if own else None}
+    known = sum(v for v in fixed.values() if v)
+    return [{"t": t, "t_s": t - mem[0][0], "used_gb": v, **fixed, "rest_gb": v - known if own else None} for t, v in mem]
+
+
+def pressure_events(pr, cls: dict | None = None) -> list[dict]:
+    """Per scheduler step under pressure, each change of state as an event (t: epoch s, kind, text): the queue starts /
+    drains, token usage crosses 0.9, a retraction, a chunk of a long prompt; with the kernel classes a step of that
+    kind ran (``cls``: {"prefill" | "decode": "gemm 82%, ..."}, from the traced steps: the load itself is not traced)."""
+    cls, chunk = cls or {}, pr["run"].get("chunk") or CHUNK
+    out, q, hot, state = [], 0, False, "before the first step"
+    for r in pr["steps"]:
+        if r["kind"] in ("prefill", "decode"):
+            state = f"running {r.get('running_req')}, queued {r.get('queue_req')}, usage {r.get('token_usage')}"
+        kinds = []
+        if r["kind"] == "retract":
+            kinds.append(("retraction", f"{r.get('retracted')} request(s) retracted, {r.get('gained')} tokens freed"))
+        elif is_chunk(r, chunk):
+            kinds.append(("chunked prefill", f"one chunk of {r.get('new_token')} tokens of a long prompt"))
+        if r["kind"] in ("prefill", "decode"):
+            qq = r.get("queue_req") or 0
+            if qq and not q:
+                kinds.append(("queue starts", "requests wait for KV space or a batch slot"))
+            elif q and not qq:
+                kinds.append(("queue drains", "every waiting request was admitted"))
+            q = qq
+            u = r.get("token_usage") or 0
+            if u >= 0.9 and not hot:
+                kinds.append(("pool full", "token usage crossed 0.9"))
+            hot = u >= 0.9 if u >= 0.9 or u < 0.8 else hot
+        for kind, what in kinds:
+            out.append({"t": r["ts"], "kind": kind, "text": f"{kind}: {what} ({r['kind']} line; scheduler: {state}"
+                        + (f"; a {r['kind']} step runs {cls[r['kind']]}" if r["kind"] in cls else "") + ")"})
+    return out
+
+
+PRESSURE_TABLES = ("pressure_run", "pressure_steps", "gpu_memory", "server_memory")
+
+
+def record_pressure(run, pr) -> None:
+    """The record as the tables --reanalyse reads back (PRESSURE_TABLES; read_pressure)."""
+    sg.table(run, "pressure_run", [pr["run"]])
+    sg.table(run, "pressure_steps", pr["steps"])
+    sg.table(run, "gpu_memory", [{"t": t, "t_s": t - pr["mem"][0][0], "used_gb": v} for t, v in pr["mem"]])
+    sg.table(run, "server_memory", [pr["own"]] if pr["own"] else [])
+
+
+def write_pressure(run, pr, evs) -> None:
+    """What the analysis makes of the record: memory by owner, the events, and the load as a Perfetto trace
+    (story_pressure.json: running, queued, token usage and memory by owner as counter tracks, the events as
+    instants)."""
+    from common.tables import timeline
+    owners = memory_by_owner(pr["mem"], pr["own"])
+    sg.table(run, "gpu_memory_owners", owners)
+    sg.table(run, "pressure_events", evs)
+    steps = [r for r in pr["steps"] if r["kind"] in ("prefill", "decode")]
+    if not steps:
+        return
+    us = lambda t: t * 1e6  # noqa: E731
+    tracks = {k: [(us(r["ts"]), r.get(f)) for r in steps] for k, f in (("running", "running_req"), ("queued", "queue_req"),
+                                                                       ("token usage", "token_usage"))}
+    for k, name in (("used_gb", "GPU memory used (GB)"), ("weights_gb", "weights (GB)"), ("kv_pool_gb", "KV pool (GB)"),
+                    ("cuda_graphs_gb", "CUDA-graph pools (GB)"), ("rest_gb", "rest (GB)")):
+        if owners and owners[0].get(k) is not None:
+            tracks[name] = [(us(m["t"]), m[k]) for m in owners]
+    ev, meta = timeline.perfetto_events(None, counters=tracks, marks=[(us(x["t"]), x["kind"], {"what": x["text"]})
+                                                                      for x in evs])
+    timeline.write_perfetto(run.path("story_pressure.json"), ev, meta)
+
+
+def read_pressure(tables: dict, records) -> dict | None:
+    """The record back from a recording's tables (``records``: the table -> rows reader of 01); None when it has no
+    pressure run (a recording made before 01 ran one)."""
+    if tables.get("pressure_run") is None or tables.get("pressure_steps") is None:
+        return None
+    run_row = records(tables["pressure_run"])[0]
+    mem = [(r["t"], r["used_gb"]) for r in records(tables.get("gpu_memory"))]
+    own = (records(tables.get("server_memory")) or [{}])[0]
+    pr = {"run": run_row, "steps": records(tables["pressure_steps"]), "mem": mem, "own": own}
+    pr["run"].update(summary(pr))              # read from the scheduler's lines again
+    return pr
+
+
+def pressure_figure(pr):
+    """Batch dynamics per scheduler step (running, queued, token usage; every retraction and chunked-prefill mark),
+    the wall time per step, and GPU memory by owner (weights, KV pool, other pools, CUDA graphs, the rest). An idle
+    gap > 2 s (the benchmark client's own start-up) is cut out of the time axis and said so; nothing is left out."""
+    from common.render.plots import _plt
+    plt = _plt()
+    rows, chunk = pr["steps"], pr["run"].get("chunk") or CHUNK
+    owners = memory_by_owner(pr["mem"], pr["own"])
+    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    steps = [r for r in rows if r["kind"] in ("prefill", "decode")]
+    t0 = rows[0]["ts"] if rows else 0.0
+    gaps = [(b["ts"] - a["ts"], a["ts"], b["ts"]) for a, b in zip(rows, rows[1:])]
+    g = max(gaps) if gaps else (0.0, 0.0, 0.0)
+    cut = (g[1] + 0.5, g[2] - 0.5) if g[0] > 2.0 else None        # the idle stretch taken out of the axis
+
+    def x(ts):
+        return ts - t0 - (cut[1] - cut[0] if cut and ts >= cut[1] else 0.0)
+    t = [x(r["ts"]) for r in steps]
+    a1.plot(t, [r.get("running_req") for r in steps], label="running", color="tab:blue")
+    a1.plot(t, [r.get("queue_req") for r in steps], label="queued", color="tab:orange")
+    n_ret = n_chunk = 0
+    for r in rows:
+        if r["kind"] == "retract":
+            a1.axvline(x(r["ts"]), color="tab:red", lw=0.8)
+            n_ret += 1
+        elif is_chunk(r, chunk):
+            a1.axvline(x(r["ts"]), color="tab:purple", lw=0.8, ls=":")
+            n_chunk += 1
+    ax = a1.twinx()
+    ax.plot(t, [r.get("token_usage") for r in steps], color="tab:green", lw=0.8)
+    ax.set_ylabel("token usage", color="tab:green")
+    a1.set_ylabel("requests")
+    a1.legend(fontsize=7, loc="upper left", title=f"red: {n_ret} retraction(s), purple: {n_chunk} chunked-prefill "
+              "line(s)", title_fontsize=7)
+    CLIP = 1000.0
+    wall = [r.get("step_wall_ms") or 0 for r in steps]
+    a2.scatter(t, [min(w, CLIP) for w in wall], s=3, c=["tab:red" if r["kind"] == "prefill" else "tab:blue" for r in steps])
+    clipped = [w for w in wall if w > CLIP]
+    a2.set_ylabel("step wall time (ms)\nred: prefill")
+    if clipped:
+        a2.set_title(f"{len(clipped)} step(s) clipped at {CLIP:.0f} ms (largest {max(clipped):,.0f} ms: an idle gap "
+                     "before the next step)", fontsize=7)
+    for ax_ in (a1, a2, a3):
+        if cut:
+            ax_.axvline(x(cut[1]), color="black", lw=0.6, ls="--")
+    if cut:
+        a1.text(x(cut[1]), a1.get_ylim()[1], f" {g[0]:.1f} s idle gap shown as 1 s", fontsize=7, va="top")
+    mem = owners or [{"t": m[0], "used_gb": m[1]} for m in pr["mem"] or []]
+    if mem:
+        tm = [x(m["t"]) for m in mem]
+        if mem[0].get("rest_gb") is not None:
+            keys = [("weights_gb", "weights"), ("kv_pool_gb", "KV pool"), ("other_pools_gb", "other pools"),
+                    ("cuda_graphs_gb", "CUDA-graph pools"), ("rest_gb", "rest (context, cache, activations)")]
+            a3.stackplot(tm, *[[m.get(k) or 0 for m in mem] for k, _ in keys], labels=[n for _, n in keys], alpha=0.8)
+            a3.legend(fontsize=6, loc="lower right")
+        else:
+            a3.plot(tm, [m["used_gb"] for m in mem], color="grey", lw=0.8, label="used (no start-up log recorded: no owners)")
+            a3.legend(fontsize=6, loc="lower right")
+    a3.set_ylabel("GPU memory (GB, NVML)")
+    a3.set_xlabel("time since the first scheduler line of the pressure load (s)" + (", idle gap cut out" if cut else ""))
+    return fig
+
+
+def step_classes(classes) -> dict:
+    """{"prefill" | "decode": "gemm 82%, attention 6%, norm 3%"}: the top kernel classes of 01's traced steps
+    (class_table rows), which pressure_events names for each step of the untraced load."""
+    return {kind: ", ".join(f"{r['class']} {r[col]:.0f}%" for r in sorted(classes, key=lambda r: -r[col])[:3])
+            for kind, col in (("prefill", "prefill_pct"), ("decode", "decode_pct")) if classes}
+
+
+def load_text(r) -> str:
+    """'114 x (384 in, 192 out) at once' (a run's row of pressure_run.csv; a recording of 08's load: at its rate)."""
+    how = "at once" if str(r.get("rate")) == "inf" else f"at {r.get('rate')} req/s"
+    return f"{r['requests']} x ({r['input_len']} in, {r['output_len']} out) {how}"
+
+
+def pressure_items(pr, evs, n_events: int = 12) -> list:
+    """The story's pressure section: the load, what the scheduler did, the first events (the rest: pressure_events.csv)."""
+    f, r = story.fmt, pr["run"]
+    head = (f"pressure: {load_text(r)} after a "
+            f"{r['long_prompt']:,}-token prompt, pool {r['pool_tokens']:,} tokens (offered {r['offered_tokens']:,} tokens = "
+            f"{r['offered_tokens'] / r['pool_tokens']:.1f}x the pool)")
+    metrics = f" (/metrics: {f(r['retracted_requests'])})" if r.get("retracted_requests") is not None else ""
+    kids = [(f"max running {r['max_running']}, max queued {r['max_queue']}, max token usage {f(r['max_token_usage'])}, "
+             f"retractions {r['retracted_in_log']} in {r['retract_lines']} line(s){metrics}, chunked prefill lines "
+             f"{r['chunk_lines']}", [])]
+    if r.get("median_ttft_ms") is not None:
+        kids.append((f"bench_serving: {f(r.get('output_throughput'))} out tok/s, TTFT p50 {f(r['median_ttft_ms'])} / p99 "
+                     f"{f(r.get('p99_ttft_ms'))} ms, ITL p50 {f(r.get('median_itl_ms'))} / p99 {f(r.get('p99_itl_ms'))} ms",
+                     []))
+    for e in evs[:n_events]:
+        lines = textwrap.wrap(e["text"], 100) or [""]
+        kids.append((lines[0], [(ln, []) for ln in lines[1:]]))
+    if len(evs) > n_events:
+        kids.append((f"... {len(evs) - n_events} more events in pressure_events.csv (instants in story_pressure.json)", []))
+    return [(head, kids)]
