@@ -126,18 +126,12 @@ def test_pick():
     assert _fi.pick(df, a=1) == {"a": 1, "b": 2} and _fi.pick(df, a=1, b=3)["b"] == 3 and _fi.pick(df, a=2) is None
 
 
-# ------------------------------------------------------------------ sweeps: repetitions, the child's arguments, verdict helpers
+# ------------------------------------------------------------------ sweeps: repetitions, verdict helpers
 
 def test_with_repeats_puts_each_reference_point_three_times_after_the_sweep():
     pts = _fi.with_repeats([{"b": 1}, {"b": 2}], [{"b": 32}])
     assert [p["kind"] for p in pts] == ["sweep"] * 2 + ["reference"] * _fi.REPEATS
     assert [p["rep"] for p in pts[2:]] == list(range(_fi.REPEATS)) and _fi.REPEATS >= stats.MIN_REPEATS
-
-
-def test_child_argv_drops_what_would_recurse_or_move_the_results():
-    argv = ["--quick", "--ncu", "--nsys", "--out", "/tmp/x", "--batches", "32", "--out=/y", "--variants", "cuda"]
-    assert _fi.child_argv(argv) == ["--quick", "--batches", "32", "--variants", "cuda"]
-    assert _fi.child_argv([]) == []
 
 
 def test_fact_needs_every_repetition_and_its_premise(run):
@@ -410,44 +404,3 @@ def test_a_cupti_session_after_torch_profiler_reads_twice(fixture_path):
         first, *repeats = [float(x) for x in r["ratio_reps"].split(";")]
         assert 0.99 < first < 1.02 and all(0.46 < x < 0.50 for x in repeats)
         assert 2.0 < r["bgt_cupti_graph_first_ms"] / r["bgt_cupti_graph_ms"] < 2.2
-
-
-def test_the_ncu_target_loop_says_each_point_and_drops_its_buffers_before_the_next(monkeypatch, capsys):
-    """_fi.run_once_each under ncu: one 'ncu-target: point i/n' line per point before its marker kernel (in CSV mode
-    ncu writes nothing until the application ends, so this line is what a long profile's heartbeat shows), and a
-    point's buffers (held by its closure as well as by keep) are gone, and handed back to the driver, before the
-    next point allocates its own: the sweep's largest decode KV cache is 34 GB, and memory torch keeps cached is
-    still allocated for ncu, which saves and restores it around every replay pass (in host memory when an 80 GB
-    H100 has no room left beside the parent's)."""
-    import gc
-    import types
-    import weakref
-    calls = []
-    import contextlib
-
-    from common.capture import ranges
-    cuda = types.SimpleNamespace(_sleep=lambda n: calls.append("mark"), synchronize=lambda: None,
-                                 empty_cache=lambda: calls.append("empty_cache"))
-    fake = types.SimpleNamespace(cuda=cuda)
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(ranges, "nvtx_range", lambda name: contextlib.nullcontext())
-
-    class Buf:
-        pass
-    alive = []
-
-    def make(p):
-        gc.collect()
-        calls.append(("make", p["n"], [r() is not None for r in alive]))
-        buf = Buf()
-        alive.append(weakref.ref(buf))
-        return (lambda: calls.append(("run", p["n"], id(buf)))), {"t": buf}
-    assert _fi.run_once_each(fake, [{"n": 0}, {"n": 1}, {"n": 2}], make, lambda p: f"point {p['n']}") == 0
-    said = capsys.readouterr()
-    assert "[ERROR]" not in said.err, said.err
-    assert [ln for ln in said.out.splitlines() if ln.startswith("ncu-target")] == [
-        "ncu-target: point 1/3: point 0", "ncu-target: point 2/3: point 1", "ncu-target: point 3/3: point 2"]
-    assert [c[:3] for c in calls if c[0] == "make"] == [("make", 0, []), ("make", 1, [False]),
-                                                        ("make", 2, [False, False])]
-    # and handed back to the driver: a cached block is still allocated for ncu's save/restore
-    assert [c if isinstance(c, str) else c[0] for c in calls] == ["mark", "make", "run", "empty_cache"] * 3

@@ -62,7 +62,7 @@ from common.capture import ceilings, ncu, timing  # noqa: E402
 from common.capture.models import PRESETS  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, bench_cpu, RATE_COLUMNS, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare, Hypothesis  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -243,7 +243,7 @@ def ncu_target(x) -> int:
         fn, _facts, keep = make_point(x, wr[p["backend"]], _fi.head_layout(p["model"]), p["batch"], p["qo_len"],
                                       p["kv_len"])
         return fn, keep
-    return _fi.run_once_each(x.torch, target_points(x.args, x.backends), make, label)
+    return ncu_pass.run_points(x.torch, target_points(x.args, x.backends), make, label)
 
 
 def work(p, lay) -> dict:
@@ -356,7 +356,8 @@ def cross_check(run, x) -> list:
 def profile_ncu(run, x):
     """Every target point once under ncu, qo 512 REPEATS times per backend: kernels.csv (+ kernels_full.csv)."""
     run.log("ncu: every point once, qo 512 three times per backend (occupancy, tensor pipe, DRAM, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, target_points(x.args, x.backends), x.pk)
+    kern = ncu_pass.profile_points(run, __file__, x.child, KERNELS, target_points(x.args, x.backends), x.pk,
+                                   timeout=1200)[0]
     kern["role"] = ["merge" if "Merge" in k else "attention" for k in kern["kernel"]]
     run.table("kernels_full", kern)
     run.table("kernels", _fi.compact_kernels(kern, ("kind", "rep", "model", "backend", "batch", "qo_len", "kv_len",
@@ -374,9 +375,9 @@ def look_at_merge(run, x) -> list[str]:
         return []
     run.log("ncu --set full: the first merge launch of fa2 b1 qo512 (a closer look)")
     try:
-        res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target", "--ncu-kind", "reference",
-                           *x.child], run.dir / "ncu", name="merge_full", kernel="MergeState", launch_count=1,
-                          section_set="full", metrics=None, cache_control="all", echo=run.log, timeout=600)
+        res = ncu.profile(ncu_pass.target_cmd(__file__, ["--ncu-kind", "reference", *x.child]), run.dir / "ncu",
+                          name="merge_full", kernel="MergeState", launch_count=1, section_set="full", metrics=None,
+                          cache_control="all", echo=run.log, timeout=600)
         raw = res.df.iloc[0].to_dict()
         row = kt.joined(kernels.summarize(res.df, peaks=x.pk), x.pk).iloc[0].to_dict()
     except Exception as e:  # noqa: BLE001 - the closer look is optional
@@ -612,7 +613,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None, look=[],
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=ncu_pass.own_argv(argv), kern=None, tl=None, look=[],
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
     if args.ncu_target:
         return ncu_target(x)

@@ -64,7 +64,7 @@ from common.capture import ceilings, timing  # noqa: E402
 from common.capture.models import PRESETS  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, bench_cpu, eff_premise, RATE_COLUMNS, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -222,7 +222,7 @@ def ncu_target(x) -> int:
     def make(p):
         fn, _facts, keep = make_point(x, wr[p["variant"]], _fi.head_layout(p["model"]), p["batch"], p["kv_len"])
         return fn, keep
-    return _fi.run_once_each(x.torch, target_points(x.args), make, label)
+    return ncu_pass.run_points(x.torch, target_points(x.args), make, label)
 
 
 def work(p, lay) -> dict:
@@ -335,7 +335,7 @@ def cross_check(run, x) -> list:
 def profile_ncu(run, x):
     """Every target point once under ncu, the reference REPEATS times: kernels.csv (+ kernels_full.csv)."""
     run.log("ncu: every point once, the reference point 3 times (DRAM, tensor pipe, occupancy, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, target_points(x.args), x.pk)
+    kern = ncu_pass.profile_points(run, __file__, x.child, KERNELS, target_points(x.args), x.pk, timeout=1200)[0]
     kern["role"] = ["merge" if "Merge" in k else "attention" for k in kern["kernel"]]
     run.table("kernels_full", kern)
     run.table("kernels", _fi.compact_kernels(kern, ("kind", "rep", "model", "variant", "batch", "kv_len", "role")))
@@ -533,7 +533,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv),
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=ncu_pass.own_argv(argv),
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), kern=None, tl=None)
     if args.ncu_target:
         return ncu_target(x)

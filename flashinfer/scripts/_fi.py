@@ -10,8 +10,8 @@ common.judge.verdicts), ncu and nsys (common.capture.ncu, common.capture.nsys). 
   references   plain-torch attention (paged, GQA, causal bottom-right) and RoPE; the RoPE API table
   plan_info    the planner's integer list -> named fields (split_kv, grid size, KV chunk)
   calls        what one FlashInfer call launched (split-KV merge, fill kernel), read from the common join
-  sweeps       the scripts' --ncu-target convention (each point once, a marker kernel before each;
-               judged points REPEATS times) and the verdict helpers on top of common.judge.verdicts
+  sweeps       the points of a sweep (judged points REPEATS times in the ncu pass: common.tables.ncu_pass) and
+               the verdict helpers on top of common.judge.verdicts
   timeline     the decode/prefill kernels of each point on a timeline: nsys, else the torch trace
   JIT          the modules in a FlashInfer cache folder, per-object compile times from .ninja_log
   bench        FlashInfer's own timer (flashinfer.testing.bench_gpu_time), for the cross-check
@@ -366,10 +366,9 @@ def pick(df, **kw):
 
 
 # ------------------------------------------------------------------ sweeps: points, repetitions, verdicts
-# A script profiles its own sweep by re-running itself in a hidden --ncu-target mode that calls each point
-# once, the marker kernel (common.capture.ncu.mark) before each; common.tables.kernels.split_points gives every profiled
-# launch its point. The points a verdict is judged on ("reference" points) run REPEATS times there, so
-# their counters are judged on an interval too (common.judge.verdicts), never on one launch.
+# A script profiles its own sweep with common.tables.ncu_pass (itself again, in a hidden --ncu-target mode that runs
+# each point once). The points a verdict is judged on ("reference" points) run REPEATS times there, so their
+# counters are judged on an interval too (common.judge.verdicts), never on one launch.
 
 def sweep(run, torch, points, measure, say=None, name: str | None = "sweep"):
     """Every point measured once: ``measure(p)`` -> its row (a dict). A point that fails (a rejected shape, OOM, a
@@ -399,62 +398,6 @@ def with_repeats(points, reference) -> list[dict]:
     REPEATS times (kind "reference", rep 0..REPEATS-1)."""
     return ([{**p, "kind": "sweep", "rep": 0} for p in points] +
             [{**r, "kind": "reference", "rep": i} for r in reference for i in range(REPEATS)])
-
-
-def run_once_each(torch, points, make, label) -> int:
-    """The --ncu-target loop: for each point the marker kernel, then ``make(p)`` -> (fn, keep) and ``fn()`` once
-    inside the NVTX range ``label(p)``; then the point's buffers are freed and handed back to the driver. A failed
-    point is one [ERROR] line and still advances the point index."""
-    from common.capture import ncu
-    from common.capture.ranges import nvtx_range
-    for i, p in enumerate(points):
-        ncu.mark(i, len(points), label(p))  # before the try: a failed point still advances the point index
-        try:
-            fn, keep = make(p)
-            with nvtx_range(label(p)):
-                fn()
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 - a rejected shape or OOM: said, the other points still run
-            print(f"[ERROR] {p} -> {e.__class__.__name__}: {str(e)[:200]}", file=sys.stderr)
-        finally:
-            # this point's buffers (its closure holds them too) go, and back to the driver, before the next point:
-            # memory torch keeps cached is still allocated for ncu, which saves and restores what a kernel could
-            # reach around every replay pass, in host memory when the device has no room
-            fn = keep = None  # noqa: F841
-            torch.cuda.empty_cache()
-    return 0
-
-
-def child_argv(argv, drop=("--ncu", "--nsys"), drop_value=("--out",)) -> list[str]:
-    """This run's own arguments for its --ncu-target child (``argv`` None: sys.argv[1:]), less the flags that
-    would recurse (--ncu, --nsys) or move the results (--out DIR, --out=DIR)."""
-    out, skip = [], False
-    for a in (sys.argv[1:] if argv is None else argv):
-        if skip:
-            skip = False
-        elif a in drop_value:
-            skip = True
-        elif a not in drop and not any(a.startswith(f"{d}=") for d in drop_value):
-            out.append(a)
-    return out
-
-
-def ncu_points(run, script, argv, kernels: str, points: list, peaks: dict, timeout: float = 1200):
-    """``script --ncu-target argv`` under ncu (common.capture.ncu.profile); one summarize() row per profiled launch with the
-    joined columns (common.tables.kernels.joined: one CTA per SM, the stall note), labelled with the fields of the point it
-    belongs to (``points``: what the target ran, in order). The points are timed with a cold L2
-    (common.capture.timing.bench), so ncu flushes the caches before every pass too (cache_control="all")."""
-    from common.tables import kernels as kt
-    from common.capture import ncu
-    res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), metrics=kt.SUMMARY_METRICS, echo=run.log, timeout=timeout,
-                      cache_control="all")
-    kern = kt.joined(kt.summarize(kt.split_points(res.df), peaks=peaks), peaks)
-    for c in dict.fromkeys(k for p in points for k in p):
-        kern[c] = [points[i].get(c) if 0 <= i < len(points) else None for i in kern["point"]]
-    if kern.attrs.get("missing_metrics"):
-        run.note(f"the ncu CSV lacks {', '.join(kern.attrs['missing_metrics'])}: those columns are empty")
-    return kern
 
 
 def reference_rows(kern, **kw):

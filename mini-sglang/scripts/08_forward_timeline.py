@@ -94,7 +94,7 @@ from common.base import story  # noqa: E402
 from common.base.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.capture import ceilings, models, ncu, nsys  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
-from common.tables import kernels, timeline, trace  # noqa: E402
+from common.tables import kernels, ncu_pass, timeline, trace  # noqa: E402
 from common.tables.trace import TraceError  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -110,6 +110,7 @@ NCU_DECODE = 2                       # the decode step (1-based) the counters wi
 PREFIX, TAIL = 1024, 64              # the shared-prefix prompts
 KV_POOL, MAX_SEQ = 1 << 17, 16384    # KV slots (num_page_override) and max_seq_len_override
 STEP = re.compile(r"^step\[(?P<mode>prefill|decode) bs=(?P<bs>\d+) pad=(?P<pad>\d+) tokens=(?P<toks>\d+)\]$")
+CHILD_ARGS = ("quick", "model", "prompt_len", "batch", "backend")    # what the --ncu/--nsys-target child rebuilds
 LAYER_CLASSES = ("norm", "gemm", "rope", "kv_store", "attention", "activation")
 EXPECTED_LAYER = ["norm", "gemm", "rope", "kv_store", "attention", "gemm", "norm", "gemm", "activation", "gemm"]
 
@@ -473,8 +474,7 @@ def target(args) -> int:
 
 def counters(run, args, pk):
     run.log("counters: a 2-layer model (shapes unchanged) under Nsight Compute, its prefill step and one decode step")
-    res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target",
-                       *_msgl.argv_of(args, ("quick", "model", "prompt_len", "batch", "backend"))], run.dir / "ncu",
+    res = ncu.profile(ncu_pass.target_cmd(__file__, ncu_pass.argv_of(args, CHILD_ARGS)), run.dir / "ncu",
                       metrics=kernels.SUMMARY_METRICS, extra=["--profile-from-start", "off"], echo=run.log, timeout=1500,
                       cache_control="none")       # the forward's kernels as they run: caches as the one before left them
     return kernels.summarize(res.df, peaks=pk)
@@ -485,9 +485,8 @@ def nsys_tables(run, args) -> None:
         run.note("nsys not usable here: the torch-profiler traces (trace_<variant>.json) are the timeline of record")
         return
     try:
-        rep = nsys.profile([sys.executable, str(Path(__file__).resolve()), "--nsys-target",
-                            *_msgl.argv_of(args, ("quick", "model", "prompt_len", "batch", "backend"))], run.dir / "nsys",
-                           echo=run.log, timeout=900)
+        rep = nsys.profile(ncu_pass.target_cmd(__file__, ncu_pass.argv_of(args, CHILD_ARGS), "--nsys-target"),
+                           run.dir / "nsys", echo=run.log, timeout=900)
         st = nsys.stats(rep, ("cuda_gpu_kern_sum", "nvtx_sum"))
         for key, name in (("cuda_gpu_kern_sum", "nsys_kernels"), ("nvtx_sum", "nsys_nvtx")):
             if key in st:
