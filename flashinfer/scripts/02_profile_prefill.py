@@ -12,7 +12,7 @@ What it measures
     bandwidth (those bytes / time: a DRAM rate only where the working set is >= 4x L2, common.capture.timing.rates). The long
     reference (qo 8192) is timed 3 times per backend (reference.csv). A torch-profiler trace of a few
     shapes (3 calls each) shows the kernels each run() launched (split-KV merge, the fill kernel of run()
-    without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi.cross_check).
+    without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi_bench.cross_check).
     --ncu adds Nsight Compute per kernel, caches flushed before each pass as the timing flushed them (occupancy
     with registers/thread, shared memory/CTA, warps/CTA, CTAs/SM and the limiter, tensor pipe, measured DRAM bytes
     as % of the ceiling of their kind, L2 hit, warp stalls, grid; qo 512 profiled 3 times per backend); --nsys puts
@@ -55,6 +55,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_bench  # noqa: E402
+import _fi_timeline  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common.base import stats, story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
@@ -341,7 +343,7 @@ def trace_calls(run, x):
 
 
 def cross_check(run, x) -> list:
-    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check_points): cross_check.csv."""
+    """FlashInfer's own bench_gpu_time on the same callables (_fi_bench.cross_check_points): cross_check.csv."""
     def points():
         longest = int(x.m0["qo_len"].max())
         for be, b, qo, pre in [(x.backends[0], *PROBE)] + [(be, *PROBE) for be in x.backends[1:2]] + \
@@ -350,7 +352,7 @@ def cross_check(run, x) -> list:
             _, _, k = make_point(x, w, x.lay0, b, qo, qo + pre)
             yield {"backend": be, "batch": b, "qo_len": qo, "kv_len": qo + pre}, f"{be} b{b} qo{qo}", w, k["t"]
             del k
-    return _fi.cross_check_points(run, points, bench)
+    return _fi_bench.cross_check_points(run, points, bench)
 
 
 def profile_ncu(run, x):
@@ -396,10 +398,10 @@ def look_lines(raw: dict, row: dict) -> list[str]:
 
 def profile_nsys(run, x):
     """Each point's prefill kernels on a timeline: nsys over --ncu-target, else this run's torch trace."""
-    tl, src = _fi.timeline(run, __file__, x.child, target_points(x.args, x.backends), KERNELS, label, x.rows)
+    tl, src = _fi_timeline.timeline(run, __file__, x.child, target_points(x.args, x.backends), KERNELS, label, x.rows)
     run.table("timeline", tl)
     if len(tl):
-        run.figure("timeline", _fi.timeline_figure(tl, f"Prefill kernels of each point ({src}) — {x.pk['gpu']}"))
+        run.figure("timeline", _fi_timeline.timeline_figure(tl, f"Prefill kernels of each point ({src}) — {x.pk['gpu']}"))
     return tl, src
 
 
@@ -444,7 +446,7 @@ def judge_timing(run, x):
         iv = stats.over(piv["fa3"] / piv["fa2"], "query lengths")
         run.headline(fa3_over_fa2_time_median=iv.point)
         run.judge(H["fa3_faster"], iv, evidence="sweep.csv")
-    _fi.judge_cross_check(run, x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}")
+    _fi_bench.judge_cross_check(run, x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}")
 
 
 def judge_calls(run, x):
@@ -525,7 +527,7 @@ def tell(x) -> str:
         items.append((f"{be} qo 8192 ({REPEATS} repetitions): " + ", ".join(f"{v:.0f}%" for v in g["pct_bf16_ceiling"])
                       + " of the bf16 ceiling", []))
     if x.xrows:
-        items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))
+        items.append((_fi_bench.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))
     lay, ridge = x.lay0, x.pk["bf16_tflops"] / x.pk["dram_tb_s"]
     text = story.tree(f"PREFILL ATTENTION (causal, paged) — {x.pk['gpu']}, {x.models[0]} heads ({lay['hq']} q / "
                       f"{lay['hkv']} kv, d {lay['d']}), bf16; % of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}, ridge "
@@ -536,7 +538,7 @@ def tell(x) -> str:
     if x.tl is not None:
         tl, src = x.tl
         text += (f"\n\nTIMELINE ({src}): the prefill kernels of each point, in launch order\n"
-                 + "\n".join(_fi.timeline_lines(tl)[:24]))
+                 + "\n".join(_fi_timeline.timeline_lines(tl)[:24]))
     return text
 
 
@@ -599,10 +601,10 @@ def main_reanalyse(args) -> int:
                models=models, auto=auto, df=rec.tables["sweep"], ref=rec.tables["reference"], cs=cs,
                pc=_fi.per_call_from(_fi.recorded_trace(rec.src, "the kernels of each traced call"), r"^prefill ", cs),
                xrows=xc.to_dict("records") if xc is not None else [], kern=_fi.as_recorded(rec.tables["kernels_full"]), look=look,
-               tl=_fi.recorded_timeline(rec))
+               tl=_fi_timeline.recorded_timeline(rec))
     with recording.run(__file__, args, rec) as run:
         if x.tl is not None and len(x.tl[0]):
-            run.figure("timeline", _fi.timeline_figure(x.tl[0], f"Prefill kernels of each point ({x.tl[1]}) — "
+            run.figure("timeline", _fi_timeline.timeline_figure(x.tl[0], f"Prefill kernels of each point ({x.tl[1]}) — "
                                                                 f"{x.pk['gpu']}"))
         analyse(run, x)
     return 0
