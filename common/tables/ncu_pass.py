@@ -1,17 +1,12 @@
-"""The ncu pass of a sweep: a script profiles its own points by running itself again, under Nsight Compute, in a
-hidden ``--ncu-target`` mode (FlashInfer 02-05, mini-SGLang 02-04; 08 and FlashInfer's nsys timeline use the child too).
+"""A sweep under Nsight Compute: the script runs itself again in a hidden --ncu-target mode (FlashInfer 02-05,
+mini-SGLang 02-04; their nsys timelines and mini-SGLang 08 use that child too).
 
-    # the child (script --ncu-target ...): each point once, the marker kernel before each
-    return ncu_pass.run_points(torch, points, make, label)          # make(p) -> (fn, keep); label(p) -> its name
-    # the parent: the child under ncu, one kernel-table row per profiled launch, labelled with its point's fields
+    return ncu_pass.run_points(torch, points, make, label)     # the child: each point once, a marker kernel before it
     kern, raw = ncu_pass.profile_points(run, __file__, ncu_pass.own_argv(argv), "BatchDecode", points, peaks)
 
-The child launches the marker kernel (common.capture.ncu.mark) before each point, so common.tables.kernels.split_points
-gives every profiled launch the index of its point however many kernels a point launched (split-KV + merge ...);
-the parent holds the same list of points, in the order the child ran them. What differs between scripts is a
-parameter: the child's warm-up (mini-SGLang runs every call once before the first marker), the metrics (mini-SGLang
-adds sectors per request), the timeout; the raw metric rows come back beside the table for metrics summarize()
-does not read.
+The marker (common.capture.ncu.mark) lets common.tables.kernels.split_points give every launch its point, however
+many kernels a point launched; the parent holds the same points in the child's order and labels each row with them.
+What differs between scripts is a parameter: the child's warm-up (mini-SGLang), the metrics, the timeout, the caches.
 """
 from __future__ import annotations
 
@@ -21,10 +16,8 @@ from pathlib import Path
 from common.capture import ncu
 from common.tables import kernels as kt
 
-TARGET_FLAG = "--ncu-target"
 
-
-def target_cmd(script, argv, flag: str = TARGET_FLAG) -> list[str]:
+def target_cmd(script, argv, flag: str = "--ncu-target") -> list[str]:
     """The child's command line: this Python, ``script`` in its hidden target mode (``flag``), ``argv``."""
     return [sys.executable, str(Path(script).resolve()), flag, *argv]
 
@@ -44,8 +37,7 @@ def own_argv(argv, drop=("--ncu", "--nsys"), drop_value=("--out",)) -> list[str]
 
 
 def argv_of(args, names) -> list[str]:
-    """The command-line flags of ``names`` as parsed (lists joined by commas): what a child needs to rebuild the
-    parent's points, and nothing else."""
+    """The flags of ``names`` as parsed (lists joined by commas): what a child needs to rebuild the parent's points."""
     out = []
     for n in names:
         v, flag = getattr(args, n, None), "--" + n.replace("_", "-")
@@ -57,13 +49,11 @@ def argv_of(args, names) -> list[str]:
 
 
 def run_points(torch, points, make, label, warm_up: bool = False) -> int:
-    """The child's loop: for each point the marker kernel (with its 'ncu-target: point i/n' line), then ``make(p)``
-    -> (fn, keep) and ``fn()`` once inside the NVTX range ``label(p)``; then the point's buffers are freed and handed
-    back to the driver (memory torch keeps cached is still allocated for ncu, which saves and restores what a kernel
-    could reach around every replay pass, in host memory when the device has no room). A failed point is one
-    [ERROR] line and still advances the point index. ``warm_up``: every point is made and its fn run once before the
-    first marker (JIT loads, first touch: ncu gives those launches point -1, which profile_points leaves out); the
-    calls then stay made to the end."""
+    """The child's loop: per point the marker kernel (and its 'ncu-target: point i/n' line), ``make(p)`` -> (fn, keep),
+    ``fn()`` once in the NVTX range ``label(p)``, then the point's buffers freed and handed back to the driver (memory
+    torch keeps cached is still allocated for ncu, which saves and restores it around every replay pass). A failed
+    point is one [ERROR] line and still advances the point index. ``warm_up``: every point made and its fn run once
+    before the first marker (JIT loads, first touch: point -1, which profile_points leaves out), kept to the end."""
     from common.capture.ranges import nvtx_range
     made = [make(p) for p in points] if warm_up else None
     if warm_up:
@@ -87,12 +77,11 @@ def run_points(torch, points, make, label, warm_up: bool = False) -> int:
 
 def profile_points(run, script, argv, kernels: str, points: list, peaks: dict, metrics=None, timeout: float = 900,
                    cache_control: str = "all"):
-    """``script --ncu-target argv`` under Nsight Compute (common.capture.ncu.profile, clocks left alone; by default
-    the caches flushed before every pass, as common.capture.timing.bench flushed them for the timings these
-    counters sit beside): (rows, raw). ``rows``: one common.tables.kernels.summarize() row per profiled launch with
-    the joined columns (common.tables.kernels.joined: one CTA per SM, the stall note), labelled with the fields of
-    its point (``points``: dicts in the order the child ran them); ``raw``: the metric rows (``metrics``: default
-    the kernel table's). Launches before the first marker belong to no point and are left out."""
+    """``script --ncu-target argv`` under ncu (common.capture.ncu.profile; by default the caches flushed before every
+    pass, as common.capture.timing.bench flushed them for the timings beside): (rows, raw). ``rows``: one
+    kernels.summarize() row per launch with the joined columns (kernels.joined), labelled with the fields of its point
+    (``points``: dicts in the child's order); ``raw``: the metric rows (``metrics``, default the kernel table's).
+    Launches before the first marker belong to no point and are left out."""
     res = ncu.profile(target_cmd(script, argv), run.dir / "ncu", kernel=ncu.with_marker(kernels),
                       metrics=metrics or kt.SUMMARY_METRICS, echo=run.log, timeout=timeout, cache_control=cache_control)
     raw = kt.split_points(res.df)

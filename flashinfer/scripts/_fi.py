@@ -13,10 +13,8 @@ common.judge.verdicts), ncu and nsys (common.capture.ncu, common.capture.nsys). 
   sweeps       the points of a sweep (judged points REPEATS times in the ncu pass: common.tables.ncu_pass) and
                the verdict helpers on top of common.judge.verdicts
   --reanalyse  what a recording gives back besides its tables (the trace, a raw ncu row, the GPU)
-Beside it, one room per noun, each importing at most this module of the scripts' (the scripts import the rooms
-they use by name): _fi_timeline (each point's kernels on the GPU's timeline: nsys, else the torch trace),
-_fi_jit (the modules of a JIT cache folder, compile times from .ninja_log), _fi_bench (FlashInfer's own timer,
-flashinfer.testing.bench_gpu_time, for the cross-check).
+Beside it (each imports at most this module; the scripts import the rooms they use by name): _fi_timeline (each
+point's kernels on a timeline), _fi_jit (a JIT cache folder), _fi_bench (the cross-check with bench_gpu_time).
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""FlashInfer's own timer (flashinfer.testing.bench_gpu_time) against the workbook's: the cross-check of 02 and 03
-(private to flashinfer/scripts/, tested on real rows in tests/test_flashinfer_fi.py).
-
-    xrows = cross_check_points(run, points, bench)   # every point timed by both tools: cross_check.csv
-    judge_cross_check(run, xrows, label)             # the verdict on H["xcheck"] (like for like: CUPTI, one L2 flush)
-    cross_check_line(xrows, label)                   # its story line
-"""
+"""FlashInfer's own timer (flashinfer.testing.bench_gpu_time) against the workbook's: the cross-check of 02 and 03,
+its verdict (H["xcheck"]) and its story line."""
 from __future__ import annotations
 
 import math

@@ -1,10 +1,4 @@
-"""FlashInfer's JIT cache as it lies on disk (00, 01 and 07; private to flashinfer/scripts/, tested on a real
-.ninja_log in tests/test_flashinfer_fi.py).
-
-    jit_modules(jit_dir)        # the compiled modules of a cached_ops/ folder: .so size, objects, nvcc seconds
-    parse_ninja_log(text)       # a .ninja_log -> one row per output: start, end, seconds
-    short_module(uri)           # a readable label for a long attention module name
-"""
+"""FlashInfer's JIT cache as it lies on disk: the modules of a cached_ops/ folder, their .ninja_log (00, 01, 07)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,11 +1,5 @@
-"""Each point of a FlashInfer sweep on the GPU's timeline: its kernels in order, their durations, the idle gaps
-(02 and 03 --nsys; private to flashinfer/scripts/, tested on real traces in tests/test_flashinfer_fi.py).
-
-    tl, src = timeline(run, __file__, child_argv, points, KERNELS, label, rows)   # nsys over the --ncu-target child
-                                                            # (common.tables.ncu_pass), else this run's torch trace
-    timeline_lines(tl); timeline_ascii(tl, labels); timeline_figure(tl, title)   # story lines, ASCII lanes, a figure
-    recorded_timeline(rec)                                  # the table and its source again (--reanalyse)
-"""
+"""Each point of a FlashInfer sweep on the GPU's timeline (02 and 03 --nsys): nsys over the --ncu-target child, else
+this run's torch trace; the story's lines, ASCII lanes and figure; the table again for --reanalyse."""
 from __future__ import annotations
 
 import re

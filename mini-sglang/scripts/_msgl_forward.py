@@ -1,12 +1,5 @@
-"""mini-SGLang's offline LLM with its engine steps wrapped, and what 08 runs on it (private to mini-sglang/scripts/).
-
-    fwd = Forward(torch, model_dir("llama-3.1-8b"), "fi", [1])     # one LLM; every step a named range + CUDA events
-    fwd.use("graph-no-overlap"); out, rows, wall = fwd.generate(ids, 17)   # a variant switched in place; its steps
-    data = measure(run, fwd, args, s)      # phases 1-2: timed generates, the shared prefix, one traced per variant
-    target(args, backend)                  # the --ncu-target / --nsys-target child: a 2-layer eager model, windows
-
-The step names (step[prefill|decode bs= pad= tokens=]) are made here and read back by parse_step.
-"""
+"""08's engine: mini-SGLang's offline LLM with each step a named range timed by CUDA events (Forward), variants
+switched in place; phases 1-2 on it (measure) and the --ncu-target / --nsys-target child (target)."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,5 @@
-"""08's joined view of a traced generate: steps -> layers -> kernels -> FLOPs/bytes -> counters, and the checks on
-it (no GPU: tested on recorded traces in tests/test_minisgl_scripts.py; private to mini-sglang/scripts/).
-
-    kt = kernel_table(ev, work, cfg, pk)      # one traced generate's kernels with their step, layer, role and work
-    layer_order(kt); range_check(ev, kt, 32)  # per layer its kernel classes in order; per step its ranges and syncs
-    a = analyse(run, data, cfg, pk, rows)     # every variant joined (with the ncu rows), the tables written
-    per_generate(steps, "graph", "gpu_ms"); observer(data, steps)   # per timed generate; the profiler's cost
-"""
+"""08's joined view of a traced generate: steps -> layers -> kernels -> FLOPs/bytes -> counters, the layer and range
+checks, the timed steps per generate (no GPU: tested on recorded traces)."""
 from __future__ import annotations
 
 import statistics

@@ -1,13 +1,5 @@
-"""Every millisecond of one offline generate of mini-SGLang (08's waterfall; private to mini-sglang/scripts/,
-tested in tests/test_minisgl_waterfall.py).
-
-mini-SGLang records no time stamps of its own, so 08 wraps the scheduler's calls for a few untraced generates
-(_msgl_forward.Forward.clocked); this module turns those stamps into common.tables.waterfall parts:
-
-    waterfall_summary(recs)        # the TTFT waterfall and one decode step, medians over the clocked generates
-    waterfall_items(w); judge_waterfall(run, w)     # the story's block; the decode step's add-up as an observation
-    waterfall_from_rows(df, key, label)             # waterfall.csv read back (--reanalyse)
-"""
+"""Every millisecond of one offline generate (08): the stamps of the scheduler's wrapped calls (Forward.clocked) as
+common.tables.waterfall parts, TTFT and one decode step; the story's block and the decode add-up verdict."""
 from __future__ import annotations
 
 import math
