@@ -3,7 +3,7 @@
     run      cli, results (Run), recording (--reanalyse), steps + pipeline (06_full_pipeline.sh), warmup (JIT)
     render   report (make reports), markdown, glossary, crossview (CROSS-SYSTEM.md), plots
     judge    verdicts (hypotheses on intervals), noise (run-to-run margins), bounds (what limits a kernel)
-    tables   kernels (the kernel table), trace (events, range -> kernel join), timeline, flops, waterfall
+    tables   kernels (the kernel table), ncu_pass, trace (events, range -> kernel join), timeline, flops, waterfall
     capture  procs, gpu, clocks, ceilings + probes, timing, ncu, nsys, ranges, models, jit, store (a run on disk)
     base     checks (one-line errors, run_main), story (text: fmt, table, tree), stats (intervals)
 

@@ -1521,9 +1521,9 @@ def test_an_import_of_a_missing_package_deep_in_main(tmp_path, pids):
 OPTIONAL = """
 import sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {fi!r})
-import _fi
+import _fi_bench
 from common.capture.ranges import nvtx_range
-print(_fi.cupti_python())
+print(_fi_bench.cupti_python())
 with nvtx_range("decode bs=1"):
     print("inside the range")
 """

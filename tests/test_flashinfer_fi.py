@@ -1,6 +1,6 @@
-"""FlashInfer track helpers (flashinfer/scripts/_fi.py), on real fixtures. The scripts themselves (CLI, main()
-length, verdicts on recorded values) are in tests/test_flashinfer_scripts.py; the FLOP/byte formulas in
-tests/test_flops.py (common.tables.flops).
+"""FlashInfer track helpers (flashinfer/scripts/_fi.py and its rooms _fi_timeline, _fi_jit, _fi_bench), on real
+fixtures. The scripts themselves (CLI, main() length, verdicts on recorded values) are in
+tests/test_flashinfer_scripts.py; the FLOP/byte formulas in tests/test_flops.py (common.tables.flops).
 
 Fixtures added for these tests (tests/fixtures/):
   torch_trace_sglang_extend_step_h200_cut.json
@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "flashinfer" / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 import _fi  # noqa: E402
+import _fi_bench  # noqa: E402
+import _fi_jit  # noqa: E402
+import _fi_timeline  # noqa: E402
 from common.base import stats  # noqa: E402
 from common.capture import ncu  # noqa: E402
 from common.tables import flops, kernels, trace  # noqa: E402
@@ -126,18 +129,12 @@ def test_pick():
     assert _fi.pick(df, a=1) == {"a": 1, "b": 2} and _fi.pick(df, a=1, b=3)["b"] == 3 and _fi.pick(df, a=2) is None
 
 
-# ------------------------------------------------------------------ sweeps: repetitions, the child's arguments, verdict helpers
+# ------------------------------------------------------------------ sweeps: repetitions, verdict helpers
 
 def test_with_repeats_puts_each_reference_point_three_times_after_the_sweep():
     pts = _fi.with_repeats([{"b": 1}, {"b": 2}], [{"b": 32}])
     assert [p["kind"] for p in pts] == ["sweep"] * 2 + ["reference"] * _fi.REPEATS
     assert [p["rep"] for p in pts[2:]] == list(range(_fi.REPEATS)) and _fi.REPEATS >= stats.MIN_REPEATS
-
-
-def test_child_argv_drops_what_would_recurse_or_move_the_results():
-    argv = ["--quick", "--ncu", "--nsys", "--out", "/tmp/x", "--batches", "32", "--out=/y", "--variants", "cuda"]
-    assert _fi.child_argv(argv) == ["--quick", "--batches", "32", "--variants", "cuda"]
-    assert _fi.child_argv([]) == []
 
 
 def test_fact_needs_every_repetition_and_its_premise(run):
@@ -168,28 +165,28 @@ def test_point_kernels_split_a_real_nsys_trace_at_a_marker(fixture_path):
     ev = trace.read_nsys_csv(fixture_path(NSYS_TRACE))
     n = int(ev["name"].str.contains("fused_rope_kernel").sum())
     points = [{"kind": "sweep", "layer": i} for i in range(n)]
-    tl = _fi.point_kernels(ev, points, "BatchPrefillWithPagedKVCacheKernel|" + _fi.MERGE_RX,
+    tl = _fi_timeline.point_kernels(ev, points, "BatchPrefillWithPagedKVCacheKernel|" + _fi.MERGE_RX,
                            lambda p: f"layer {p['layer']}", marker="fused_rope_kernel")
     assert n == 52 and (tl.groupby("point").size() == 2).all() and tl["label"].nunique() == n
     assert list(tl[tl["point"] == 0]["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "MergeStateKernel"]
     third = tl[tl["point"] == 2]
     assert list(third["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "PersistentVariableLengthMergeStatesKernel"]
     assert third["start_us"].iloc[0] == 0 and 0 < third["gap_us"].iloc[1] < 5 and (tl["dur_us"] > 0).all()
-    ref = _fi.point_kernels(ev, [{"kind": "reference"}] * n, "BatchPrefill", str, marker="fused_rope_kernel")
+    ref = _fi_timeline.point_kernels(ev, [{"kind": "reference"}] * n, "BatchPrefill", str, marker="fused_rope_kernel")
     assert ref.empty                                    # reference repetitions are not drawn
 
 
 def test_call_kernels_and_the_story_timeline(fixture_path, tmp_path):
     """The torch-profiler fallback of --nsys: the first call of each label, its attention kernels on a timeline."""
     rows = trace.kernels_in_ranges(trace.read_chrome_trace(fixture_path(TRACE)), r"^step\[")
-    tl = _fi.call_kernels(rows, "BatchPrefillWithPagedKVCacheKernel|MergeStates")
+    tl = _fi_timeline.call_kernels(rows, "BatchPrefillWithPagedKVCacheKernel|MergeStates")
     assert list(tl["kernel"]) == ["BatchPrefillWithPagedKVCacheKernel", "PersistentVariableLengthMergeStatesKernel"] * 2
     assert (tl["start_us"].diff().dropna() > 0).all()
-    line = _fi.timeline_lines(tl)[0]
+    line = _fi_timeline.timeline_lines(tl)[0]
     assert line.startswith("step[EXTEND bs=1 toks=11]: BatchPrefillWithPagedKVCacheKernel") and "GPU span" in line
-    art = _fi.timeline_ascii(tl, ["step[EXTEND bs=1 toks=11]", "not there"])
+    art = _fi_timeline.timeline_ascii(tl, ["step[EXTEND bs=1 toks=11]", "not there"])
     assert "M" in art and art.count("\n") >= 2 and "not there" not in art
-    fig = _fi.timeline_figure(tl, "test")
+    fig = _fi_timeline.timeline_figure(tl, "test")
     assert len(fig.axes[0].patches) == len(tl)
     fig.savefig(tmp_path / "t.png")
 
@@ -197,7 +194,7 @@ def test_call_kernels_and_the_story_timeline(fixture_path, tmp_path):
 # ------------------------------------------------------------------ JIT cache
 
 def test_ninja_log_last_entry_wins(fixture_path):
-    nl = _fi.parse_ninja_log(fixture_path("ninja_log_v5_two_objects_rebuilt.txt").read_text())
+    nl = _fi_jit.parse_ninja_log(fixture_path("ninja_log_v5_two_objects_rebuilt.txt").read_text())
     assert sorted(nl["output"]) == ["a.o", "b.o", "mod.so"]
     a = nl.set_index("output").loc["a.o"]
     assert a["start_ms"] == 1 and a["seconds"] == pytest.approx(0.034)   # the rebuild, not the first build
@@ -205,11 +202,11 @@ def test_ninja_log_last_entry_wins(fixture_path):
 
 
 def test_ninja_log_bad_input_fails_loudly(fixture_path):
-    with pytest.raises(_fi.NinjaLogError, match="ninja log"):
-        _fi.parse_ninja_log(fixture_path(NCU_FULL).read_text()[:2000])
+    with pytest.raises(_fi_jit.NinjaLogError, match="ninja log"):
+        _fi_jit.parse_ninja_log(fixture_path(NCU_FULL).read_text()[:2000])
     text = fixture_path("ninja_log_v5_two_objects_rebuilt.txt").read_text()
-    with pytest.raises(_fi.NinjaLogError, match="line 3"):
-        _fi.parse_ninja_log(text[:text.index("\n", 20) + 12])              # cut in the middle of a line
+    with pytest.raises(_fi_jit.NinjaLogError, match="line 3"):
+        _fi_jit.parse_ninja_log(text[:text.index("\n", 20) + 12])              # cut in the middle of a line
 
 
 def test_jit_modules_lists_a_cache_folder(tmp_path, fixture_path):
@@ -221,18 +218,18 @@ def test_jit_modules_lists_a_cache_folder(tmp_path, fixture_path):
     (mod / ".ninja_log").write_text(fixture_path("ninja_log_v5_two_objects_rebuilt.txt").read_text())
     (tmp_path / "cached_ops" / "tmp").mkdir()                             # lock folder: not a module
     (tmp_path / "cached_ops" / "half_built").mkdir()
-    rows = {r["module"]: r for r in _fi.jit_modules(tmp_path / "cached_ops")}
+    rows = {r["module"]: r for r in _fi_jit.jit_modules(tmp_path / "cached_ops")}
     assert set(rows) == {"norm", "half_built"}
     assert rows["norm"]["compiled"] and rows["norm"]["so_mb"] == 2.0 and rows["norm"]["objects"] == 2
     assert rows["norm"]["nvcc_sum_s"] == pytest.approx(0.9, abs=0.05)      # a.o (rebuilt) + b.o
     assert not rows["half_built"]["compiled"]
-    assert _fi.jit_modules(tmp_path / "missing") == []
+    assert _fi_jit.jit_modules(tmp_path / "missing") == []
 
 
 def test_short_module_names():
-    assert _fi.short_module("batch_prefill_with_kv_cache_dtype_q_bf16_f16qk_False_sm90") == "batch_prefill_sm90 (fa3)"
-    assert _fi.short_module("batch_decode_with_kv_cache_dtype_q_bf16") == "batch_decode"
-    assert _fi.short_module("norm") == "norm"
+    assert _fi_jit.short_module("batch_prefill_with_kv_cache_dtype_q_bf16_f16qk_False_sm90") == "batch_prefill_sm90 (fa3)"
+    assert _fi_jit.short_module("batch_decode_with_kv_cache_dtype_q_bf16") == "batch_decode"
+    assert _fi_jit.short_module("norm") == "norm"
 
 
 # ------------------------------------------------------------------ the bench_gpu_time cross-check
@@ -265,9 +262,9 @@ def _wb(default_ms, write_ms):
 def test_cross_check_compares_cupti_with_cupti_at_the_same_flush_three_times(monkeypatch):
     """With cupti-python the reference is bench_gpu_time's CUPTI mode in a CUDA graph, compared with the workbook's
     number at FlashInfer's write-only flush, REPEATS times (ratio_reps); the defaults and launch costs beside it."""
-    monkeypatch.setattr(_fi, "cupti_python", lambda: None)
+    monkeypatch.setattr(_fi_bench, "cupti_python", lambda: None)
     calls, seen = [], []
-    out = _fi.cross_check(_fake_bgt(calls), lambda a, b: seen.append((a, b)), (1, 2), _wb(0.102, 0.1122))
+    out = _fi_bench.cross_check(_fake_bgt(calls), lambda a, b: seen.append((a, b)), (1, 2), _wb(0.102, 0.1122))
     assert out["reference"] == "cupti_graph" and out["reference_ms"] == 0.110
     assert out["workbook_compared"] == "workbook_write_flush_ms"
     assert abs(out["ratio"] - 1.02) < 1e-9 and abs(out["ratio_default"] - 0.102 / 0.110) < 1e-9
@@ -276,40 +273,40 @@ def test_cross_check_compares_cupti_with_cupti_at_the_same_flush_three_times(mon
     assert cupti == [dict(enable_cupti=True, use_cuda_graph=True)] * (2 * _fi.REPEATS)
     assert len(out["bgt_cupti_graph_first_reps_ms"].split(";")) == _fi.REPEATS - 1
     assert out["bgt_cupti_graph_first_ms"] == 0.110
-    assert _fi.cross_check_ratios([out]) == pytest.approx([1.02] * _fi.REPEATS)      # every repetition is judged
+    assert _fi_bench.cross_check_ratios([out]) == pytest.approx([1.02] * _fi.REPEATS)      # every repetition is judged
     assert calls[0]["num_iters_within_graph"] == 10 and calls[0]["sleep_after_run"]          # 0.102 ms -> 10 per replay
     assert calls[1]["num_iters_within_graph"] == 1 and calls[1]["sleep_after_run"]           # + one call per replay
     # per replay: spaced_1 = k + L, spaced_10 = k + L/10  ->  L = (0.118 - 0.100) * 10 / 9 ms = 20 us
     assert abs(out["spaced_replay_overhead_us"] - 20.0) < 1e-6
     assert all(s == (1, 2) for s in seen)
     calls.clear()
-    long = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(3.0, 3.0))     # 3 ms: 1 per replay
+    long = _fi_bench.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(3.0, 3.0))     # 3 ms: 1 per replay
     assert "bgt_graph_spaced_1_ms" not in long and "spaced_replay_overhead_us" not in long
     assert calls[0]["num_iters_within_graph"] == 1
-    line = _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
+    line = _fi_bench.cross_check_line([dict(out, label="x")], lambda x: x["label"])
     assert "x 1.020" in line and "clean-L2 default: x 0.927" in line
 
 
 def test_cross_check_without_cupti_python_falls_back_to_the_spaced_graph(monkeypatch):
     """Without cupti-python bench_gpu_time would silently time with events: the reference is then its spaced graph
     mode, compared with the workbook's default number, no repetitions, and the row says so."""
-    monkeypatch.setattr(_fi, "cupti_python", lambda: "cupti-python unavailable")
+    monkeypatch.setattr(_fi_bench, "cupti_python", lambda: "cupti-python unavailable")
     calls = []
-    out = _fi.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(0.102, 0.1122))
+    out = _fi_bench.cross_check(_fake_bgt(calls), lambda a, b: None, (1, 2), _wb(0.102, 0.1122))
     assert not any(c.get("enable_cupti") for c in calls) and "bgt_cupti_graph_ms" not in out
     assert out["reference"] == "graph_spaced" and out["workbook_compared"] == "workbook_ms" and "ratio_reps" not in out
     assert abs(out["ratio"] - 1.02) < 1e-9
-    assert "not like for like" in _fi.cross_check_line([dict(out, label="x")], lambda x: x["label"])
+    assert "not like for like" in _fi_bench.cross_check_line([dict(out, label="x")], lambda x: x["label"])
 
 
 def test_cross_check_points_times_each_point_and_keeps_the_rows_before_a_failure(monkeypatch, run):
-    """02 and 03 hand their points to _fi.cross_check_points: one row per point (its fields + cross_check's), each
+    """02 and 03 hand their points to _fi_bench.cross_check_points: one row per point (its fields + cross_check's), each
     ratio in the log, cross_check.csv; a point that cannot be made ends the loop as one point error, the rows
     timed before it are kept. Each point's tensors are released before the next point is made."""
     pytest.importorskip("pandas")
-    monkeypatch.setattr(_fi, "cupti_python", lambda: None)
+    monkeypatch.setattr(_fi_bench, "cupti_python", lambda: None)
     calls = []
-    monkeypatch.setattr(_fi, "load_bench_gpu_time", lambda log: _fake_bgt(calls))
+    monkeypatch.setattr(_fi_bench, "load_bench_gpu_time", lambda log: _fake_bgt(calls))
     made = []
 
     class W:
@@ -323,7 +320,7 @@ def test_cross_check_points_times_each_point_and_keeps_the_rows_before_a_failure
             made.append(("make", n))
             yield {"variant": "v", "batch": n}, f"v b{n}", W(), (f"cache{n}", f"q{n}", None)
             made.append(("free", n))
-    rows = _fi.cross_check_points(run, points, _wb(0.102, 0.1122))
+    rows = _fi_bench.cross_check_points(run, points, _wb(0.102, 0.1122))
     assert [(r["variant"], r["batch"]) for r in rows] == [("v", 1), ("v", 2)]
     assert all(r["reference"] == "cupti_graph" and abs(r["ratio"] - 1.02) < 1e-9 for r in rows)
     assert made.index(("free", 1)) < made.index(("make", 2))          # point 1 freed before point 2 is made
@@ -347,7 +344,7 @@ def label(x):
 def test_cross_check_without_cupti_is_inconclusive_on_the_real_h200_rows(fixture_path, run):
     rows = _rows(fixture_path, "fi_cross_check_decode_h200.csv")
     assert {r["reference"] for r in rows} == {"graph_spaced"} and len(rows) == 3
-    rec = _fi.judge_cross_check(run, rows, label)
+    rec = _fi_bench.judge_cross_check(run, rows, label)
     assert rec["verdict"] == "inconclusive" and "premise failed: cupti-python (>= 13) is missing" in rec["observed"]
     assert run.summary["headline"]["bench_gpu_time_max_deviation_pct"] < 3
     assert "cuda b256 kv32768" in rec["observed"] and "MHz" in rec["observed"]   # the back-to-back mode and its clock
@@ -359,9 +356,9 @@ def test_the_premise_guard_fails_when_broken(fixture_path, run, monkeypatch):
     rows = _rows(fixture_path, "fi_cross_check_decode_h200.csv")
     real = verdicts.verdict_for
     monkeypatch.setattr(verdicts, "verdict_for", lambda h, iv, premise=True, margin=0.0: real(h, iv, premise=True, margin=margin))
-    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "confirmed"
+    assert _fi_bench.judge_cross_check(run, rows, label)["verdict"] == "confirmed"
     monkeypatch.undo()
-    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"
+    assert _fi_bench.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"
 
 
 # fi_cross_check_decode_h200_b2e5.csv: cross_check.csv of the real `06_full_pipeline.sh --quick --ncu --nsys`
@@ -371,11 +368,11 @@ def test_a_straddling_interval_is_inconclusive_not_refuted(fixture_path, run):
     """The run the old single-threshold rule called 'refuted' (one shape at 0.965): its ratios [0.965, 1.027]
     straddle the 0.97 bound, so even judged like for like the interval says inconclusive."""
     rows = _rows(fixture_path, "fi_cross_check_decode_h200_b2e5.csv")
-    ratios = _fi.cross_check_ratios(rows)
+    ratios = _fi_bench.cross_check_ratios(rows)
     assert min(ratios) == pytest.approx(0.9652, abs=1e-4) and max(ratios) > 1.02
-    rec = verdicts.judge(_fi.H["xcheck"], ratios)
+    rec = verdicts.judge(_fi_bench.H["xcheck"], ratios)
     assert rec["verdict"] == "inconclusive" and "straddles [0.97, 1.03]" in rec["observed"]
-    assert _fi.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"   # and its premise failed too
+    assert _fi_bench.judge_cross_check(run, rows, label)["verdict"] == "inconclusive"   # and its premise failed too
 
 
 # fi_cross_check_decode_h200_b7d6.csv: cross_check.csv of the real `06_full_pipeline.sh --quick --ncu --nsys` run
@@ -385,7 +382,7 @@ def test_cross_check_like_for_like_on_the_real_h200_rows(fixture_path, run):
     rows = _rows(fixture_path, "fi_cross_check_decode_h200_b7d6.csv")
     assert {r["reference"] for r in rows} == {"cupti_graph"}
     assert {r["workbook_compared"] for r in rows} == {"workbook_write_flush_ms"}
-    rec = _fi.judge_cross_check(run, rows, label)
+    rec = _fi_bench.judge_cross_check(run, rows, label)
     assert rec["verdict"] == "confirmed" and run.summary["headline"]["bench_gpu_time_max_deviation_pct"] < 3
     assert rec["interval"]["n"] == 3 and 0.99 < rec["interval"]["lo"] and rec["interval"]["hi"] < 1.01
     # each tool's default disagrees on the tensor-core point (the dirty L2 lines FlashInfer's flush leaves)
@@ -397,7 +394,7 @@ def test_cross_check_like_for_like_on_the_real_h200_rows(fixture_path, run):
 
 
 def test_no_cross_check_rows_is_inconclusive(run):
-    assert _fi.judge_cross_check(run, [], label) == "inconclusive"
+    assert _fi_bench.judge_cross_check(run, [], label) == "inconclusive"
     assert math.isnan(stats.over([]).point)
 
 
@@ -410,44 +407,3 @@ def test_a_cupti_session_after_torch_profiler_reads_twice(fixture_path):
         first, *repeats = [float(x) for x in r["ratio_reps"].split(";")]
         assert 0.99 < first < 1.02 and all(0.46 < x < 0.50 for x in repeats)
         assert 2.0 < r["bgt_cupti_graph_first_ms"] / r["bgt_cupti_graph_ms"] < 2.2
-
-
-def test_the_ncu_target_loop_says_each_point_and_drops_its_buffers_before_the_next(monkeypatch, capsys):
-    """_fi.run_once_each under ncu: one 'ncu-target: point i/n' line per point before its marker kernel (in CSV mode
-    ncu writes nothing until the application ends, so this line is what a long profile's heartbeat shows), and a
-    point's buffers (held by its closure as well as by keep) are gone, and handed back to the driver, before the
-    next point allocates its own: the sweep's largest decode KV cache is 34 GB, and memory torch keeps cached is
-    still allocated for ncu, which saves and restores it around every replay pass (in host memory when an 80 GB
-    H100 has no room left beside the parent's)."""
-    import gc
-    import types
-    import weakref
-    calls = []
-    import contextlib
-
-    from common.capture import ranges
-    cuda = types.SimpleNamespace(_sleep=lambda n: calls.append("mark"), synchronize=lambda: None,
-                                 empty_cache=lambda: calls.append("empty_cache"))
-    fake = types.SimpleNamespace(cuda=cuda)
-    monkeypatch.setitem(sys.modules, "torch", fake)
-    monkeypatch.setattr(ranges, "nvtx_range", lambda name: contextlib.nullcontext())
-
-    class Buf:
-        pass
-    alive = []
-
-    def make(p):
-        gc.collect()
-        calls.append(("make", p["n"], [r() is not None for r in alive]))
-        buf = Buf()
-        alive.append(weakref.ref(buf))
-        return (lambda: calls.append(("run", p["n"], id(buf)))), {"t": buf}
-    assert _fi.run_once_each(fake, [{"n": 0}, {"n": 1}, {"n": 2}], make, lambda p: f"point {p['n']}") == 0
-    said = capsys.readouterr()
-    assert "[ERROR]" not in said.err, said.err
-    assert [ln for ln in said.out.splitlines() if ln.startswith("ncu-target")] == [
-        "ncu-target: point 1/3: point 0", "ncu-target: point 2/3: point 1", "ncu-target: point 3/3: point 2"]
-    assert [c[:3] for c in calls if c[0] == "make"] == [("make", 0, []), ("make", 1, [False]),
-                                                        ("make", 2, [False, False])]
-    # and handed back to the driver: a cached block is still allocated for ncu's save/restore
-    assert [c if isinstance(c, str) else c[0] for c in calls] == ["mark", "make", "run", "empty_cache"] * 3

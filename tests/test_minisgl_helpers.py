@@ -17,7 +17,6 @@ import math
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -152,12 +151,6 @@ def test_the_ceiling_premise():
     why = m.within_ceiling([99.6, 102.1], "the measured DRAM read ceiling 4.68 TB/s")
     assert isinstance(why, str) and why.startswith("102% of the measured DRAM read ceiling 4.68 TB/s") and "--refresh" in why
     assert m.within_ceiling is timing.within_ceiling and m.eff_premise is timing.eff_premise     # one home: common
-
-
-def test_argv_of_rebuilds_the_childs_points():
-    a = SimpleNamespace(quick=True, rows=["2048", "256"], model="llama-3.1-8b", prompt_len=512, ncu=False, tokens=None)
-    assert m.argv_of(a, ("quick", "rows", "model", "prompt_len", "ncu", "tokens")) == \
-        ["--quick", "--rows", "2048,256", "--model", "llama-3.1-8b", "--prompt-len", "512"]
 
 
 # ------------------------------------------------------------------ radix workloads

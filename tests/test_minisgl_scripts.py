@@ -37,8 +37,10 @@ SCRIPTS = ROOT / "mini-sglang" / "scripts"
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(SCRIPTS))
 import _msgl  # noqa: E402
+import _msgl_forward  # noqa: E402
+import _msgl_joined  # noqa: E402
 from common.capture import models, timing  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, timeline, trace  # noqa: E402
 from common.judge import verdicts  # noqa: E402
 from common.run.results import Run  # noqa: E402
 
@@ -177,7 +179,7 @@ def test_the_plan_figures_are_judged_as_their_ranges():
 
 
 def test_generic_jobs_come_from_common():
-    for p in PY + [SCRIPTS / "_msgl.py"]:
+    for p in PY + sorted(SCRIPTS.glob("_msgl*.py")):
         text = p.read_text()
         assert "launches_by_range" not in text and "apply_nccl_safe_env" not in text and "def free_port" not in text
         assert "from torch.profiler import" not in text                 # captures go through common.tables.trace
@@ -361,8 +363,8 @@ def sgl():
         return {"mode": {"EXTEND": "prefill", "DECODE": "decode"}[g["mode"]], "bs": int(g["bs"]),
                 "toks": int(g["toks"] or g["bs"])}
     work = [{"tokens": 512, "qo_lens": [512], "kv_lens": [512]}, {"tokens": 1, "qo_lens": [1], "kv_lens": [513]}]
-    kt = m08.kernel_table(ev, work, models.config("llama-3.1-8b"), MSGL_H200, outer=r"^scheduler\.run_batch$",
-                          parse=parse)
+    kt = _msgl_joined.kernel_table(ev, work, models.config("llama-3.1-8b"), MSGL_H200, outer=r"^scheduler\.run_batch$",
+                                   parse=parse)
     return SimpleNamespace(m=m08, ev=ev, kt=kt)
 
 
@@ -373,7 +375,7 @@ def test_08_kernel_table_layers_roles_and_work(sgl):
     assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "attention", "kv_store", "lm_head"} <= set(kt["role"])
     gate = kt[(kt["step"] == 0) & (kt["role"] == "gate_up_proj") & (kt["layer"] == 3)].iloc[0]
     assert gate["flops"] == 2 * 512 * 28672 * 4096 and gate["pct_bf16_ceiling"] > 50
-    tree = sgl.m.timeline.layer_tree(kt, 1)
+    tree = timeline.layer_tree(kt, 1)
     assert 95 < sum(r["share_all_layers_pct"] for r in tree) < 105
 
 
@@ -381,13 +383,13 @@ def test_08_layer_facts_on_a_real_trace(sgl, tmp_path):
     """Decode layers run the plan's order; SGLang's prefill layers attend before they store the KV (and launch an
     elementwise kernel): a mixed fact is inconclusive, never confirmed; no Layer_i range inside a graph replay."""
     import pandas as pd
-    m = sgl.m
-    order = m.layer_order(sgl.kt)
+    m, j = sgl.m, _msgl_joined
+    order = j.layer_order(sgl.kt)
     dec = [r for r in order if r["mode"] == "decode"]
     pre = [r for r in order if r["mode"] == "prefill"]
     assert len(dec) == len(pre) == 32 and all(r["matches"] for r in dec) and not any(r["matches"] for r in pre)
     assert pre[0]["sequence"].startswith("norm > gemm > rope > attention > kv_store") and "elementwise" in pre[0]["others"]
-    ranges = m.range_check(sgl.ev, sgl.kt, 32)
+    ranges = j.range_check(sgl.ev, sgl.kt, 32)
     assert [r["layer_ranges"] for r in ranges] == [0, 0] and [r["graph_launches"] > 0 for r in ranges] == [True, True]
     r = Run(SCRIPTS / "08_forward_timeline.py", {}, out=tmp_path / "run", quiet=True)
     a = {"order": [{"variant": "graph", **o} for o in order], "ranges": [{"variant": "graph", **x} for x in ranges],
@@ -424,7 +426,7 @@ def test_08_analysis_end_to_end_with_counters(tmp_path):
         {"tokens": 512, "qo_lens": [512], "kv_lens": [512]}, {"tokens": 1, "qo_lens": [1], "kv_lens": [513]}]}},
         "steps": [], "prefix": []}
     run = Run(SCRIPTS / "08_forward_timeline.py", {}, out=tmp_path / "run", quiet=True)
-    a = m08.analyse(run, data, models.config("llama-3.1-8b"), MSGL_H200, rows)
+    a = _msgl_joined.analyse(run, data, models.config("llama-3.1-8b"), MSGL_H200, rows)
     win = {w["window"]: w for w in a["ncu"]}
     assert win["decode"]["matched"] == win["decode"]["expected"] and win["prefill"]["matched"] >= win["prefill"]["expected"] - 2
     kt = a["kt"]["graph"]
@@ -449,9 +451,10 @@ def test_08_per_generate_on_the_committed_eager_steps():
     steps = pd.DataFrame([{"variant": "eager", "rep": 0, "step": i, "phase": "prefill" if i == 0 else "decode",
                            "gpu_ms": g, "gap_before_ms": gap} for i, (g, gap) in enumerate(zip(gpu_ms, gaps))])
     m08 = load("08_forward_timeline")
-    assert m08.per_generate(steps, "eager", "gpu_ms") == [pytest.approx(8.98)]
-    assert m08.per_generate(steps, "eager", "gap_before_ms") == [pytest.approx(0.31)]
-    assert m08.per_generate(steps, "eager", "gpu_ms", "prefill") == [21.9]
+    per_generate = _msgl_joined.per_generate
+    assert per_generate(steps, "eager", "gpu_ms") == [pytest.approx(8.98)]
+    assert per_generate(steps, "eager", "gap_before_ms") == [pytest.approx(0.31)]
+    assert per_generate(steps, "eager", "gpu_ms", "prefill") == [21.9]
     fig = m08.variants_figure(steps)
     assert len(fig.axes) == 2
     import matplotlib.pyplot as plt
@@ -460,8 +463,9 @@ def test_08_per_generate_on_the_committed_eager_steps():
 
 def test_08_variants_and_steps_are_named_as_the_engine_runs_them():
     m08 = load("08_forward_timeline")
-    assert m08.parse_step("step[decode bs=32 pad=32 tokens=32]") == {"mode": "decode", "bs": 32, "pad": 32, "toks": 32}
-    assert m08.parse_step("Layer_3") == {}
+    assert _msgl_forward.parse_step("step[decode bs=32 pad=32 tokens=32]") == {"mode": "decode", "bs": 32, "pad": 32,
+                                                                            "toks": 32}
+    assert _msgl_forward.parse_step("Layer_3") == {}
     s = m08.settings(SimpleNamespace(quick=True, variants=None, decode_steps=None, ncu=False, backend=["fi"]))
     assert s.variants == ("eager", "graph", "graph-no-overlap") and s.decode >= 3 and not s.ncu
     full = m08.settings(SimpleNamespace(quick=False, variants=None, decode_steps=None, ncu=False, backend=["fi"]))

@@ -1,4 +1,5 @@
-"""mini-SGLang 08's waterfall of one offline generate (Forward.clocked -> waterfall_of / decode_iteration).
+"""mini-SGLang 08's waterfall of one offline generate (_msgl_forward.Forward.clocked -> _msgl_waterfall.waterfall_of /
+decode_iteration).
 
 No recording of the wrapped calls exists yet (they need a GPU run of 08_forward_timeline.py): the event list below is
 constructed by hand in the shape Forward.clocked records — (name, t0, t1, info) in perf_counter seconds, in the order
@@ -12,15 +13,14 @@ import pytest
 
 from common.tables import waterfall
 
-import kit  # tests/kit.py
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def m():
     sys.path.insert(0, str(ROOT / "mini-sglang" / "scripts"))
-    return kit.load_script(ROOT / "mini-sglang" / "scripts" / "08_forward_timeline.py", "msgl08")
+    import _msgl_waterfall
+    return _msgl_waterfall
 
 
 def clocked(decode_gap_ms: float = 0.0) -> dict:

@@ -47,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_jit  # noqa: E402
 from common.base import story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
 from common.capture import ceilings, gpu, probes  # noqa: E402
@@ -169,7 +170,7 @@ def flashinfer_paths(run, torch, fi, topo, prof) -> dict:
     from flashinfer.jit.cpp_ext import get_cuda_path
     from flashinfer.utils import determine_attention_backend, is_sm90a_supported
     dev, props = torch.device("cuda"), torch.cuda.get_device_properties(0)
-    mods = _fi.jit_modules(jit_env.FLASHINFER_JIT_DIR)
+    mods = _fi_jit.jit_modules(jit_env.FLASHINFER_JIT_DIR)
     run.table("jit_cache", pd.DataFrame(mods, columns=["module", "compiled", "so_mb", "objects", "nvcc_sum_s",
                                                        "nvcc_max_s", "build_span_s", "so_mtime"]))
     info = {"flashinfer": fi.__version__, "jit_cache_dir": str(jit_env.FLASHINFER_CACHE_DIR),
@@ -217,7 +218,7 @@ def tell(x) -> str:
          f"{info['fa3_supported']}; RMSNorm path: {'CUDA JIT norm' if info['cuda_norm_path'] else 'CuTe-DSL'}", [
              (f"JIT cache {info['jit_modules_dir']}: {len(compiled)} compiled module(s), "
               f"{sum(m['so_mb'] or 0 for m in compiled):.1f} MB", [
-                  (f"{_fi.short_module(m['module'])}: {m['so_mb']} MB, {m['objects']} objects", []) for m in compiled[:12]]),
+                  (f"{_fi_jit.short_module(m['module'])}: {m['so_mb']} MB, {m['objects']} objects", []) for m in compiled[:12]]),
              (f"FLASHINFER_* env: {', '.join(f'{k}={v}' for k, v in info['flashinfer_env'].items()) or 'none set'}", [])]),
         ("tools and profilers", [(f"{t['tool']}: {t['version'] or 'not found'} {t['status']}", []) for t in x.tools]),
         (f"packages: {len(x.pkgs) - len(missing)}/{len(x.pkgs)} present" + (f"; missing: {', '.join(missing)}"

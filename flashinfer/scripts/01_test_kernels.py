@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_jit  # noqa: E402
 from common.base import story  # noqa: E402
 from common.base.checks import run_main  # noqa: E402
 from common.tables import trace  # noqa: E402
@@ -206,7 +207,7 @@ def run_checks(run, x) -> list[dict]:
         rows.append({"check": name, "kind": kind, "rel_err": e, "tolerance": TOL[kind], "ok": ok, "module": uri,
                      "module_compiled": so.is_file(), "expected_kernel": expect,
                      **{f"plan_{k}": v for k, v in (extra.get("plan") or {}).items()}})
-        run.log(f"{'✅' if ok else '❌'} {name}: rel.err {e:.1e} (tol {TOL[kind]:.0e}); module {_fi.short_module(uri)}")
+        run.log(f"{'✅' if ok else '❌'} {name}: rel.err {e:.1e} (tol {TOL[kind]:.0e}); module {_fi_jit.short_module(uri)}")
     return rows
 
 
@@ -251,11 +252,11 @@ def tell(x) -> str:
     for kind in ("attention", "norm", "rope"):
         d = df[df["kind"] == kind]
         items.append((f"{kind}: {int(d['ok'].sum())}/{len(d)} correct", [
-            (f"{'✅' if r.ok else '❌'} {r.check}: err {r.rel_err:.1e} -> module {_fi.short_module(r.module)}"
+            (f"{'✅' if r.ok else '❌'} {r.check}: err {r.rel_err:.1e} -> module {_fi_jit.short_module(r.module)}"
              f"{'' if r.module_compiled else ' (not in cache)'} -> {r.kernels or '?'}", []) for r in d.itertuples()]))
     items.append((f"{'✅' if x.rejected else '❌'} rejected shape (GQA group 5, CUDA cores): {x.reject_msg}", []))
     items.append((f"JIT modules registered in this process: {len(x.mods)} "
-                  f"({', '.join(sorted({_fi.short_module(m['module']) for m in x.mods}))})", []))
+                  f"({', '.join(sorted({_fi_jit.short_module(m['module']) for m in x.mods}))})", []))
     return story.tree(f"FLASHINFER KERNELS vs TORCH — {x.gpu_name}, flashinfer {x.fi_version}", items)
 
 

@@ -12,7 +12,7 @@ What it measures
     bandwidth (those bytes / time: a DRAM rate only where the working set is >= 4x L2, common.capture.timing.rates). The long
     reference (qo 8192) is timed 3 times per backend (reference.csv). A torch-profiler trace of a few
     shapes (3 calls each) shows the kernels each run() launched (split-KV merge, the fill kernel of run()
-    without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi.cross_check).
+    without out=). Three shapes are also timed with FlashInfer's own bench_gpu_time (_fi_bench.cross_check).
     --ncu adds Nsight Compute per kernel, caches flushed before each pass as the timing flushed them (occupancy
     with registers/thread, shared memory/CTA, warps/CTA, CTAs/SM and the limiter, tensor pipe, measured DRAM bytes
     as % of the ceiling of their kind, L2 hit, warp stalls, grid; qo 512 profiled 3 times per backend); --nsys puts
@@ -55,6 +55,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_bench  # noqa: E402
+import _fi_timeline  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common.base import stats, story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
@@ -62,7 +64,7 @@ from common.capture import ceilings, ncu, timing  # noqa: E402
 from common.capture.models import PRESETS  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, bench_cpu, RATE_COLUMNS, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare, Hypothesis  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -243,7 +245,7 @@ def ncu_target(x) -> int:
         fn, _facts, keep = make_point(x, wr[p["backend"]], _fi.head_layout(p["model"]), p["batch"], p["qo_len"],
                                       p["kv_len"])
         return fn, keep
-    return _fi.run_once_each(x.torch, target_points(x.args, x.backends), make, label)
+    return ncu_pass.run_points(x.torch, target_points(x.args, x.backends), make, label)
 
 
 def work(p, lay) -> dict:
@@ -341,7 +343,7 @@ def trace_calls(run, x):
 
 
 def cross_check(run, x) -> list:
-    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check_points): cross_check.csv."""
+    """FlashInfer's own bench_gpu_time on the same callables (_fi_bench.cross_check_points): cross_check.csv."""
     def points():
         longest = int(x.m0["qo_len"].max())
         for be, b, qo, pre in [(x.backends[0], *PROBE)] + [(be, *PROBE) for be in x.backends[1:2]] + \
@@ -350,13 +352,14 @@ def cross_check(run, x) -> list:
             _, _, k = make_point(x, w, x.lay0, b, qo, qo + pre)
             yield {"backend": be, "batch": b, "qo_len": qo, "kv_len": qo + pre}, f"{be} b{b} qo{qo}", w, k["t"]
             del k
-    return _fi.cross_check_points(run, points, bench)
+    return _fi_bench.cross_check_points(run, points, bench)
 
 
 def profile_ncu(run, x):
     """Every target point once under ncu, qo 512 REPEATS times per backend: kernels.csv (+ kernels_full.csv)."""
     run.log("ncu: every point once, qo 512 three times per backend (occupancy, tensor pipe, DRAM, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, target_points(x.args, x.backends), x.pk)
+    kern = ncu_pass.profile_points(run, __file__, x.child, KERNELS, target_points(x.args, x.backends), x.pk,
+                                   timeout=1200)[0]
     kern["role"] = ["merge" if "Merge" in k else "attention" for k in kern["kernel"]]
     run.table("kernels_full", kern)
     run.table("kernels", _fi.compact_kernels(kern, ("kind", "rep", "model", "backend", "batch", "qo_len", "kv_len",
@@ -374,9 +377,9 @@ def look_at_merge(run, x) -> list[str]:
         return []
     run.log("ncu --set full: the first merge launch of fa2 b1 qo512 (a closer look)")
     try:
-        res = ncu.profile([sys.executable, str(Path(__file__).resolve()), "--ncu-target", "--ncu-kind", "reference",
-                           *x.child], run.dir / "ncu", name="merge_full", kernel="MergeState", launch_count=1,
-                          section_set="full", metrics=None, cache_control="all", echo=run.log, timeout=600)
+        res = ncu.profile(ncu_pass.target_cmd(__file__, ["--ncu-kind", "reference", *x.child]), run.dir / "ncu",
+                          name="merge_full", kernel="MergeState", launch_count=1, section_set="full", metrics=None,
+                          cache_control="all", echo=run.log, timeout=600)
         raw = res.df.iloc[0].to_dict()
         row = kt.joined(kernels.summarize(res.df, peaks=x.pk), x.pk).iloc[0].to_dict()
     except Exception as e:  # noqa: BLE001 - the closer look is optional
@@ -395,10 +398,10 @@ def look_lines(raw: dict, row: dict) -> list[str]:
 
 def profile_nsys(run, x):
     """Each point's prefill kernels on a timeline: nsys over --ncu-target, else this run's torch trace."""
-    tl, src = _fi.timeline(run, __file__, x.child, target_points(x.args, x.backends), KERNELS, label, x.rows)
+    tl, src = _fi_timeline.timeline(run, __file__, x.child, target_points(x.args, x.backends), KERNELS, label, x.rows)
     run.table("timeline", tl)
     if len(tl):
-        run.figure("timeline", _fi.timeline_figure(tl, f"Prefill kernels of each point ({src}) — {x.pk['gpu']}"))
+        run.figure("timeline", _fi_timeline.timeline_figure(tl, f"Prefill kernels of each point ({src}) — {x.pk['gpu']}"))
     return tl, src
 
 
@@ -443,7 +446,7 @@ def judge_timing(run, x):
         iv = stats.over(piv["fa3"] / piv["fa2"], "query lengths")
         run.headline(fa3_over_fa2_time_median=iv.point)
         run.judge(H["fa3_faster"], iv, evidence="sweep.csv")
-    _fi.judge_cross_check(run, x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}")
+    _fi_bench.judge_cross_check(run, x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}")
 
 
 def judge_calls(run, x):
@@ -524,7 +527,7 @@ def tell(x) -> str:
         items.append((f"{be} qo 8192 ({REPEATS} repetitions): " + ", ".join(f"{v:.0f}%" for v in g["pct_bf16_ceiling"])
                       + " of the bf16 ceiling", []))
     if x.xrows:
-        items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))
+        items.append((_fi_bench.cross_check_line(x.xrows, lambda r: f"{r['backend']} b{r['batch']} qo{r['qo_len']}"), []))
     lay, ridge = x.lay0, x.pk["bf16_tflops"] / x.pk["dram_tb_s"]
     text = story.tree(f"PREFILL ATTENTION (causal, paged) — {x.pk['gpu']}, {x.models[0]} heads ({lay['hq']} q / "
                       f"{lay['hkv']} kv, d {lay['d']}), bf16; % of {ceilings.ceiling_text(x.pk, 'bf16_tflops')}, ridge "
@@ -535,7 +538,7 @@ def tell(x) -> str:
     if x.tl is not None:
         tl, src = x.tl
         text += (f"\n\nTIMELINE ({src}): the prefill kernels of each point, in launch order\n"
-                 + "\n".join(_fi.timeline_lines(tl)[:24]))
+                 + "\n".join(_fi_timeline.timeline_lines(tl)[:24]))
     return text
 
 
@@ -598,10 +601,10 @@ def main_reanalyse(args) -> int:
                models=models, auto=auto, df=rec.tables["sweep"], ref=rec.tables["reference"], cs=cs,
                pc=_fi.per_call_from(_fi.recorded_trace(rec.src, "the kernels of each traced call"), r"^prefill ", cs),
                xrows=xc.to_dict("records") if xc is not None else [], kern=_fi.as_recorded(rec.tables["kernels_full"]), look=look,
-               tl=_fi.recorded_timeline(rec))
+               tl=_fi_timeline.recorded_timeline(rec))
     with recording.run(__file__, args, rec) as run:
         if x.tl is not None and len(x.tl[0]):
-            run.figure("timeline", _fi.timeline_figure(x.tl[0], f"Prefill kernels of each point ({x.tl[1]}) — "
+            run.figure("timeline", _fi_timeline.timeline_figure(x.tl[0], f"Prefill kernels of each point ({x.tl[1]}) — "
                                                                 f"{x.pk['gpu']}"))
         analyse(run, x)
     return 0
@@ -612,7 +615,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=_fi.child_argv(argv), kern=None, tl=None, look=[],
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, child=ncu_pass.own_argv(argv), kern=None, tl=None, look=[],
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
     if args.ncu_target:
         return ncu_target(x)

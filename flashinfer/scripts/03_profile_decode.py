@@ -14,7 +14,7 @@ What it measures
     (reference.csv) and judged on the interval of the three. A torch-profiler trace of a few shapes (3 calls
     each) counts the kernels each run() really launched (attention, plus a merge kernel when the KV was
     split) next to plan_info. Three shapes are also timed with FlashInfer's own bench_gpu_time (like for
-    like: both CUPTI, the same L2 flush; _fi.cross_check). --ncu adds Nsight Compute per kernel, caches flushed
+    like: both CUPTI, the same L2 flush; _fi_bench.cross_check). --ncu adds Nsight Compute per kernel, caches flushed
     before each pass as the timing flushed them (measured DRAM bytes and their TB/s as % of the ceiling of their
     kind, L2 hit, tensor pipe, occupancy with registers/thread, shared memory/CTA, warps/CTA, CTAs/SM and the
     limiter, warp stalls; the reference point profiled 3 times); --nsys puts each point's decode kernels on a
@@ -57,6 +57,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_bench  # noqa: E402
+import _fi_timeline  # noqa: E402
 from _fi import REPEATS  # noqa: E402
 from common.base import stats, story  # noqa: E402
 from common.base.checks import run_main  # noqa: E402
@@ -64,7 +66,7 @@ from common.capture import ceilings, timing  # noqa: E402
 from common.capture.models import PRESETS  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, bench_cpu, eff_premise, RATE_COLUMNS, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -222,7 +224,7 @@ def ncu_target(x) -> int:
     def make(p):
         fn, _facts, keep = make_point(x, wr[p["variant"]], _fi.head_layout(p["model"]), p["batch"], p["kv_len"])
         return fn, keep
-    return _fi.run_once_each(x.torch, target_points(x.args), make, label)
+    return ncu_pass.run_points(x.torch, target_points(x.args), make, label)
 
 
 def work(p, lay) -> dict:
@@ -318,7 +320,7 @@ def trace_calls(run, x):
 
 
 def cross_check(run, x) -> list:
-    """FlashInfer's own bench_gpu_time on the same callables (_fi.cross_check_points): cross_check.csv."""
+    """FlashInfer's own bench_gpu_time on the same callables (_fi_bench.cross_check_points): cross_check.csv."""
     def points():
         big = (int(x.m0["batch"].max()), int(x.m0["kv_len"].max()))
         for v, b, kv in XCHECK:
@@ -329,13 +331,13 @@ def cross_check(run, x) -> list:
             _, _, k = make_point(x, w, x.lay0, b, kv)
             yield {"variant": v, "batch": b, "kv_len": kv}, f"{v} b{b} kv{kv}", w, k["t"]
             del k
-    return _fi.cross_check_points(run, points, bench)
+    return _fi_bench.cross_check_points(run, points, bench)
 
 
 def profile_ncu(run, x):
     """Every target point once under ncu, the reference REPEATS times: kernels.csv (+ kernels_full.csv)."""
     run.log("ncu: every point once, the reference point 3 times (DRAM, tensor pipe, occupancy, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, target_points(x.args), x.pk)
+    kern = ncu_pass.profile_points(run, __file__, x.child, KERNELS, target_points(x.args), x.pk, timeout=1200)[0]
     kern["role"] = ["merge" if "Merge" in k else "attention" for k in kern["kernel"]]
     run.table("kernels_full", kern)
     run.table("kernels", _fi.compact_kernels(kern, ("kind", "rep", "model", "variant", "batch", "kv_len", "role")))
@@ -344,10 +346,10 @@ def profile_ncu(run, x):
 
 def profile_nsys(run, x):
     """Each point's decode kernels on a timeline: nsys over --ncu-target, else this run's torch trace."""
-    tl, src = _fi.timeline(run, __file__, x.child, target_points(x.args), KERNELS, label, x.rows)
+    tl, src = _fi_timeline.timeline(run, __file__, x.child, target_points(x.args), KERNELS, label, x.rows)
     run.table("timeline", tl)
     if len(tl):
-        run.figure("timeline", _fi.timeline_figure(tl, f"Decode kernels of each point ({src}) — {x.pk['gpu']}"))
+        run.figure("timeline", _fi_timeline.timeline_figure(tl, f"Decode kernels of each point ({src}) — {x.pk['gpu']}"))
     return tl, src
 
 
@@ -383,7 +385,7 @@ def judge_timing(run, x):
         iv = stats.over(both["tc"] / both["cuda"])
         run.headline(tc_over_cuda_time_median=iv.point)
         run.judge(H["tc_speed"], iv, evidence="sweep.csv")
-    _fi.judge_cross_check(run, x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}")
+    _fi_bench.judge_cross_check(run, x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}")
 
 
 def judge_plan_and_calls(run, x):
@@ -455,7 +457,7 @@ def tell(x) -> str:
         items.append((f"reference (cuda b32 kv4096, {REPEATS} repetitions): "
                       + "; ".join(timing.eff_text(r, x.pk) for r in x.ref.to_dict("records")), []))
     if x.xrows:
-        items.append((_fi.cross_check_line(x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}"), []))
+        items.append((_fi_bench.cross_check_line(x.xrows, lambda r: f"{r['variant']} b{r['batch']} kv{r['kv_len']}"), []))
     text = story.tree(f"DECODE ATTENTION — {x.pk['gpu']}, {x.models[0]} heads ({x.lay0['hq']} q / {x.lay0['hkv']} kv, "
                       f"d {x.lay0['d']}), bf16, page {PAGE}; effective bandwidth = formula bytes / time, a % of "
                       f"{timing.dram_ceiling_text(x.pk, 'read', short=True)} only at working sets >= "
@@ -464,7 +466,7 @@ def tell(x) -> str:
         tl, src = x.tl
         shown = [lab for lab in ("decode cuda b=32 kv=4096", "decode cuda b=1 kv=32768") if lab in set(tl["label"])]
         text += (f"\n\nTIMELINE ({src}): the decode kernels of each point, in launch order\n"
-                 + "\n".join(_fi.timeline_lines(tl)[:24]) + "\n\n" + _fi.timeline_ascii(tl, shown))
+                 + "\n".join(_fi_timeline.timeline_lines(tl)[:24]) + "\n\n" + _fi_timeline.timeline_ascii(tl, shown))
     return text
 
 
@@ -519,10 +521,10 @@ def main_reanalyse(args) -> int:
                pc=_fi.per_call_from(ev, r"^decode ", cs), ps=ps,
                plan_pc=_fi.per_call(trace.kernels_in_ranges(ev, r"^plan ")) if ps is not None else None,
                xrows=xc.to_dict("records") if xc is not None else [], kern=_fi.as_recorded(rec.tables["kernels_full"]),
-               tl=_fi.recorded_timeline(rec))
+               tl=_fi_timeline.recorded_timeline(rec))
     with recording.run(__file__, args, rec) as run:
         if x.tl is not None and len(x.tl[0]):
-            run.figure("timeline", _fi.timeline_figure(x.tl[0], f"Decode kernels of each point ({x.tl[1]}) — "
+            run.figure("timeline", _fi_timeline.timeline_figure(x.tl[0], f"Decode kernels of each point ({x.tl[1]}) — "
                                                                 f"{x.pk['gpu']}"))
         analyse(run, x)
     return 0
@@ -533,7 +535,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv),
+    x = SimpleNamespace(torch=torch, fi=fi, args=args, points=plan_points(args), child=ncu_pass.own_argv(argv),
                         ws=torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"), kern=None, tl=None)
     if args.ncu_target:
         return ncu_target(x)

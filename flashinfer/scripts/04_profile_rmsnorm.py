@@ -58,7 +58,7 @@ from common.base.checks import run_main  # noqa: E402
 from common.capture import ceilings, timing  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, eff_premise, rates  # noqa: E402
-from common.tables import flops, kernels  # noqa: E402
+from common.tables import flops, kernels, ncu_pass  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -207,8 +207,8 @@ def check_correctness(run, x):
 def ncu_target(x) -> int:
     """Under ncu: every sweep point once, then each reference point REPEATS times, a marker kernel before each."""
     l2 = x.torch.cuda.get_device_properties(0).L2_cache_size
-    return _fi.run_once_each(x.torch, _fi.with_repeats(plan_points(x.args), reference_points(l2)),
-                             lambda p: make_call(x, p), label)
+    return ncu_pass.run_points(x.torch, _fi.with_repeats(plan_points(x.args), reference_points(l2)),
+                               lambda p: make_call(x, p), label)
 
 
 def sweep(run, x):
@@ -271,8 +271,8 @@ def fusion(x):
 
 def profile_ncu(run, x):
     run.log("ncu: every point once, the fusion point 3 times (DRAM bytes, bound(), occupancy, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, KERNELS, _fi.with_repeats(x.points, reference_points(x.l2)),
-                          x.pk, timeout=900)
+    kern = ncu_pass.profile_points(run, __file__, x.child, KERNELS, _fi.with_repeats(x.points, reference_points(x.l2)),
+                                   x.pk)[0]
     run.table("ncu_kernels", kern)
     return kern
 
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None,
+    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=ncu_pass.own_argv(argv), kern=None,
                l2=torch.cuda.get_device_properties(0).L2_cache_size)
     if args.ncu_target:
         return ncu_target(x)

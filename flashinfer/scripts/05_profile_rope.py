@@ -53,7 +53,7 @@ from common.base.checks import run_main  # noqa: E402
 from common.capture import ceilings, timing  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, eff_premise, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
 from common.run import cli, recording  # noqa: E402
@@ -177,8 +177,8 @@ def check_correctness(run, x):
 
 def ncu_target(x) -> int:
     """Under ncu: every sweep point once, each reference point REPEATS times, a marker kernel before each."""
-    return _fi.run_once_each(x.torch, _fi.with_repeats(plan_points(x.args), reference_points()),
-                             lambda p: make_point(x, p), label)
+    return ncu_pass.run_points(x.torch, _fi.with_repeats(plan_points(x.args), reference_points()),
+                               lambda p: make_point(x, p), label)
 
 
 def sweep(run, x):
@@ -216,8 +216,8 @@ def reference(run, x):
 
 def profile_ncu(run, x):
     run.log("ncu: every point once, the reference points 3 times (DRAM bytes vs formula, L2, SM %, stalls)")
-    kern = _fi.ncu_points(run, __file__, x.child, "Rotary", _fi.with_repeats(x.points, reference_points()), x.pk,
-                          timeout=900)
+    kern = ncu_pass.profile_points(run, __file__, x.child, "Rotary", _fi.with_repeats(x.points, reference_points()),
+                                   x.pk)[0]
     kern["formula_mb"] = [nbytes(r) / 1e6 if r["variant"] else float("nan")
                           for r in kern[["variant", "head_dim", "tokens"]].to_dict("records")]
     kern["measured_over_formula"] = (kern["dram_read_mb"] + kern["dram_write_mb"]) / kern["formula_mb"]
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     if args.reanalyse:
         return main_reanalyse(args)
     torch, fi = _fi.require_stack()
-    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=_fi.child_argv(argv), kern=None)
+    x = Record(torch=torch, fi=fi, args=args, points=plan_points(args), child=ncu_pass.own_argv(argv), kern=None)
     if args.ncu_target:
         return ncu_target(x)
     with Run(__file__, args, out=args.out) as run:

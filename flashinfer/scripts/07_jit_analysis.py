@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fi  # noqa: E402
+import _fi_jit  # noqa: E402
 from common.base import story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
@@ -112,7 +113,7 @@ def child(args) -> int:
     jit_dir = jit_env.FLASHINFER_JIT_DIR
 
     def sos():
-        return {m["module"]: m["so_mtime"] for m in _fi.jit_modules(jit_dir)}
+        return {m["module"]: m["so_mtime"] for m in _fi_jit.jit_modules(jit_dir)}
 
     def step(module, what, fn):
         before, specs0 = sos(), {s.name for s in jit_spec_registry.get_all_statuses()}
@@ -173,7 +174,7 @@ def child(args) -> int:
             step(m, "apply_rope_pos_ids() first", _fi.rope_call(fi, "apply_rope_pos_ids", s))
             step(m, "apply_rope_pos_ids() second", _fi.rope_call(fi, "apply_rope_pos_ids", s))
     out = {"jit_dir": str(jit_dir), "workspace": str(jit_env.FLASHINFER_WORKSPACE_DIR), "steps": steps,
-           "modules": _fi.jit_modules(jit_dir), "cpus": os.cpu_count(), "max_jobs": os.environ.get("MAX_JOBS")}
+           "modules": _fi_jit.jit_modules(jit_dir), "cpus": os.cpu_count(), "max_jobs": os.environ.get("MAX_JOBS")}
     Path(args.report).write_text(json.dumps(out))
     return 0
 
@@ -193,7 +194,7 @@ def run_child(modules, report: Path, env: dict, timeout: float, log) -> dict:
     res["wall_s"] = time.perf_counter() - t
     for s in res["steps"]:
         log(f"  {s['module']:<12} {s['step']:<46} {s['seconds']:8.3f} s"
-            + (f"  compiled {_fi.short_module(s['compiled'])}" if s.get("compiled") else "")
+            + (f"  compiled {_fi_jit.short_module(s['compiled'])}" if s.get("compiled") else "")
             + (f"  [ERROR] {s['error']}" if s.get("error") else ""))
     return res
 
@@ -218,7 +219,7 @@ def flashinfer_cli(argv: list[str], env: dict, timeout: float) -> dict:
 
 def passes(run, x):
     """cold (empty temporary cache), warm (the same cache again), your cache (load only), FlashInfer's CLI."""
-    real = {m["module"]: m for m in _fi.jit_modules(x.real_dir)}
+    real = {m["module"]: m for m in _fi_jit.jit_modules(x.real_dir)}
     tmp = Path(tempfile.mkdtemp(prefix="fi-jit-cold-"))
     env_cold = {"FLASHINFER_WORKSPACE_BASE": str(tmp)}
     try:
@@ -262,7 +263,7 @@ def tables(run, x):
         grp, stp = (cs.iloc[0]["module"], cs.iloc[0]["step"]) if len(cs) else ("?", "?")
         w = sdf[(sdf["pass"] == "warm") & (sdf["module"] == grp) & (sdf["step"] == stp)]
         y = sdf[(sdf["pass"] == "your cache") & (sdf["module"] == grp) & (sdf["step"] == stp)]
-        mods.append({"module": uri, "short": _fi.short_module(uri), "compiled_by": f"{grp}: {stp}",
+        mods.append({"module": uri, "short": _fi_jit.short_module(uri), "compiled_by": f"{grp}: {stp}",
                      "cold_s": float(cs["seconds"].sum()) if len(cs) else None,
                      "warm_s": float(w["seconds"].iloc[0]) if len(w) else None,
                      "your_cache_s": float(y["seconds"].iloc[0]) if len(y) else None,
@@ -325,7 +326,7 @@ def tell(x) -> str:
                  for s in x.sdf[x.sdf["pass"] == name].to_dict("records")]       # an empty cell is NaN
         return [(f"{s['step']} [{s['module']}]: {s['seconds'] * 1e3:.0f} ms" if s["seconds"] < 1 else
                  f"{s['step']} [{s['module']}]: {s['seconds']:.1f} s",
-                 [(f"compiled {_fi.short_module(m)}", []) for m in (s.get("compiled") or "").split()] +
+                 [(f"compiled {_fi_jit.short_module(m)}", []) for m in (s.get("compiled") or "").split()] +
                  ([(f"ERROR {s['error']}", [])] if s.get("error") else [])) for s in steps]
     ps = {r["pass"]: {k: _plain(v) for k, v in r.items()} for r in x.passes.to_dict("records")}
     cold, warm, mine = ps["cold"], ps["warm"], ps["your cache"]

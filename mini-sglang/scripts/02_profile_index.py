@@ -61,7 +61,7 @@ from common.base.checks import run_main  # noqa: E402
 from common.capture import ceilings, models, timing  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -302,14 +302,14 @@ def ncu_target(args) -> int:
     vocab, hidden = models.config(MODELS[0])["vocab_size"], models.config(MODELS[0])["hidden_size"]
     w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16)
     calls = {t: variants(torch, K, w, vocab, t, (2,)) for t in plan(args).ncu_tokens}
-    return _msgl.run_points(torch, [(f"{p['variant']} tokens={p['tokens']} #{p['rep']}", calls[p["tokens"]][p["variant"]][0])
-                                    for p in plan(args).ncu])
+    return ncu_pass.run_points(torch, plan(args).ncu, lambda p: (calls[p["tokens"]][p["variant"]][0], None),
+                               lambda p: f"{p['variant']} tokens={p['tokens']} #{p['rep']}", warm_up=True)
 
 
 def profile_ncu(run, x):
     run.log(f"ncu: {len(x.p.ncu)} launches (launch stats, DRAM bytes, sectors/request, stalls)")
-    kern, raw = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick",)), KERNELS, x.p.ncu, x.pk,
-                               metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
+    kern, raw = ncu_pass.profile_points(run, __file__, ncu_pass.argv_of(x.args, ("quick",)), KERNELS, x.p.ncu, x.pk,
+                                        metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
     co = [_msgl.ncu_coalescing(r) for r in raw.to_dict("records")]
     kern["ld_sectors_per_request"] = [c["ld_sectors_per_request"] for c in co]
     kern["st_sectors_per_request"] = [c["st_sectors_per_request"] for c in co]

@@ -57,7 +57,7 @@ from common.base.checks import run_main  # noqa: E402
 from common.capture import ceilings, timing  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -169,14 +169,15 @@ def ncu_target(args) -> int:
     K = _msgl.require_minisgl("minisgl.kernel")
     pts = plan(args).ncu
     pools = {r: torch.zeros(2, POOL, r // 2, device="cuda", dtype=torch.bfloat16) for r in {p["row_bytes"] for p in pts}}
-    calls, made = [], {}
-    for p in pts:
+    made = {}
+
+    def make(p):
         key = (p["row_bytes"], p["tokens"], p["pattern"], p["rep"])
         if key not in made:
             made[key] = make_point(torch, K, pools, *key[:3])[0]
-        calls.append((f"{p['variant']} row={p['row_bytes']} tokens={p['tokens']} {p['pattern']} #{p['rep']}",
-                      made[key][p["variant"]][0]))
-    return _msgl.run_points(torch, calls)
+        return made[key][p["variant"]][0], None
+    return ncu_pass.run_points(torch, pts, make, lambda p: f"{p['variant']} row={p['row_bytes']} tokens={p['tokens']} "
+                                                         f"{p['pattern']} #{p['rep']}", warm_up=True)
 
 
 def copies(kernel: str, row: int, tokens: int) -> str:
@@ -264,8 +265,8 @@ def trace_launches(run, torch, K, x):
 
 def profile_ncu(run, x):
     run.log(f"ncu: {len(x.p.ncu)} launches (DRAM bytes, L2 hit, sectors/request, stalls)")
-    kern, raw = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick", "rows")), KERNELS, x.p.ncu, x.pk,
-                               metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
+    kern, raw = ncu_pass.profile_points(run, __file__, ncu_pass.argv_of(x.args, ("quick", "rows")), KERNELS, x.p.ncu,
+                                        x.pk, metrics=list(kernels.SUMMARY_METRICS) + _msgl.COALESCING_METRICS)
     kern["st_sectors_per_request"] = [_msgl.ncu_coalescing(r)["st_sectors_per_request"] for r in raw.to_dict("records")]
     run.table("ncu_kernels", kern)
     return kern

@@ -66,7 +66,7 @@ from common.base.checks import require_module, run_main, SetupError  # noqa: E40
 from common.capture import ceilings, timing  # noqa: E402
 from common.capture.ranges import nvtx_range  # noqa: E402
 from common.capture.timing import bench, bench_cpu, rates  # noqa: E402
-from common.tables import flops, kernels, trace  # noqa: E402
+from common.tables import flops, kernels, ncu_pass, trace  # noqa: E402
 from common.judge import bounds  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
@@ -270,8 +270,8 @@ def ncu_points(b, p) -> list[dict]:
 def profile_ncu(run, x):
     """The counters of every compare point and variant, REPEATS launches each (this script under ncu)."""
     run.log(f"ncu: every compare point and variant {REPEATS} times (tensor pipe, occupancy, DRAM, stalls)")
-    kern = _msgl.ncu_pass(run, __file__, _msgl.argv_of(x.args, ("quick",)), KERNELS, ncu_points(x.b, x.p),
-                          x.pk)[0].drop(columns=["q", "kv"])
+    kern = ncu_pass.profile_points(run, __file__, ncu_pass.argv_of(x.args, ("quick",)), KERNELS, ncu_points(x.b, x.p),
+                                   x.pk)[0].drop(columns=["q", "kv"])
     run.table("ncu_kernels", kern)
     return kern
 
@@ -283,13 +283,14 @@ def ncu_target(args) -> int:
     _msgl.require_minisgl("minisgl.attention")
     p = plan(args)
     b = make_bench(torch, p, fa_usable()[0] and torch.cuda.get_device_properties(0).major >= 9)
-    calls, made = [], {}
-    for pt in ncu_points(b, p):
+    made = {}
+
+    def make(pt):
         if pt["call"] not in made:
             made[pt["call"]] = b.point(pt["variant"], pt["phase"], pt["q"], pt["kv"])
         x = made[pt["call"]]
-        calls.append((f"{pt['call']} #{pt['rep']}", lambda x=x: (x.replan() if x.replan else None, x.fn())))
-    return _msgl.run_points(torch, calls)
+        return (lambda: (x.replan() if x.replan else None, x.fn())), None
+    return ncu_pass.run_points(torch, ncu_points(b, p), make, lambda pt: f"{pt['call']} #{pt['rep']}", warm_up=True)
 
 
 def check_correctness(run, b):

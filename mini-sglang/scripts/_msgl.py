@@ -11,13 +11,13 @@
     mirror_nvtx(torch)                                 # its Layer_i / MHA / MLP ranges into torch.profiler
     fact(run, H, [True, True, True], "trace.json")     # a deterministic fact as a verdict
     eff_premise(rows, ceiling_text)                    # a verdict on effective bandwidth: DRAM rates, none above
-    ncu_pass(run, __file__, argv, "index_kernel", points, peaks)  # the script's --ncu-target under ncu
     ncu_read_back(pd.read_csv(".../ncu_kernels.csv"))  # a recorded ncu table as the analysis saw it (--reanalyse)
 
 Everything generic comes from common/: the range -> kernel join and the captures (common.tables.trace), FLOPs
-and bytes (common.tables.flops), ports and the NCCL environment (common.capture.procs), verdicts on intervals
-(common.judge.verdicts through results.Run.judge). Only stdlib and common/ at import time, so every script's
---help works on a CPU box; torch and minisgl are imported inside the functions that need them.
+and bytes (common.tables.flops), the scripts' ncu pass and its --ncu-target child (common.tables.ncu_pass), ports and
+the NCCL environment (common.capture.procs), verdicts on intervals (common.judge.verdicts through results.Run.judge).
+Only stdlib and common/ at import time, so every script's --help works on a CPU box; torch and minisgl are imported
+inside the functions that need them.
 """
 from __future__ import annotations
 
@@ -195,8 +195,6 @@ COALESCING_METRICS = ["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__
                       "smsp__warps_launched.sum"]
 
 
-# ------------------------------------------------------------------ traces
-
 # ------------------------------------------------------------------ verdicts: facts, the ceiling premise
 
 def fact(run, h, holds, evidence: str = "", premise=True, detail: str = "") -> str:
@@ -223,7 +221,7 @@ within_ceiling = timing.within_ceiling
 eff_premise = timing.eff_premise
 
 
-# ------------------------------------------------------------------ the scripts' own ncu passes
+# ------------------------------------------------------------------ the scripts' arguments and ncu tables
 
 def at_least(low: int, what: str, reason: str):
     """An argparse type: an integer >= ``low`` (common.run.cli.positive_int first); a bad value is one line,
@@ -240,63 +238,12 @@ def at_least(low: int, what: str, reason: str):
     return parse
 
 
-def argv_of(args, names) -> list[str]:
-    """The command-line flags of ``names`` as parsed (lists joined by commas): what a --ncu-target child needs to
-    rebuild the parent's points."""
-    out = []
-    for n in names:
-        v, flag = getattr(args, n, None), "--" + n.replace("_", "-")
-        if v is True:
-            out.append(flag)
-        elif v not in (None, False):
-            out += [flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
-    return out
-
-
-def run_points(torch, calls) -> int:
-    """The --ncu-target loop of a script: ``calls`` is [(label, fn)] in point order. Every fn runs once first (JIT
-    loads, first touch: before the first marker, so ncu gives those launches point -1), then each point is the
-    marker kernel (common.capture.ncu.mark) and one call inside the NVTX range of its label."""
-    from common.capture import ncu
-    from common.capture.ranges import nvtx_range
-    for _label, fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    for i, (label, fn) in enumerate(calls):
-        ncu.mark(i, len(calls), label)
-        with nvtx_range(label):
-            fn()
-    torch.cuda.synchronize()
-    return 0
-
-
 def ncu_read_back(kern):
     """An ncu_kernels table as a recording reads it back (common.run.recording): a stall note the run left empty is an
     empty cell, which pandas reads as NaN; '' again, as the analysis saw it (None stays None)."""
     if kern is not None and "stall_note" in kern:
         kern["stall_note"] = kern["stall_note"].fillna("")
     return kern
-
-
-def ncu_pass(run, script, argv, kernels: str, points: list, peaks: dict, metrics=None, timeout: float = 900):
-    """``script --ncu-target argv`` under Nsight Compute (common.capture.ncu.profile, clocks left alone; caches flushed before
-    every pass, as common.capture.timing.bench flushed them for the timings these counters sit beside): (rows, raw) with one
-    common.tables.kernels.summarize() row per profiled launch plus the joined columns (common.tables.kernels.joined: one CTA per SM,
-    the stall note), labelled with the fields of its point (``points``: dicts in the order the target ran them),
-    and the raw metric rows (for metrics summarize() does not read)."""
-    from common.tables import kernels as kt
-    from common.capture import ncu
-    res = ncu.profile([sys.executable, str(Path(script).resolve()), "--ncu-target", *argv], run.dir / "ncu",
-                      kernel=ncu.with_marker(kernels), metrics=metrics or kt.SUMMARY_METRICS, echo=run.log, timeout=timeout,
-                      cache_control="all")
-    raw = kt.split_points(res.df)
-    raw = raw[raw["point"] >= 0].reset_index(drop=True)
-    rows = kt.joined(kt.summarize(raw, peaks=peaks), peaks)
-    for key in dict.fromkeys(k for p in points for k in p):
-        rows[key] = [points[i].get(key) if 0 <= i < len(points) else None for i in rows["point"]]
-    if rows.attrs.get("missing_metrics"):
-        run.note(f"the ncu CSV lacks {', '.join(rows.attrs['missing_metrics'])}: those columns are empty")
-    return rows, raw
 
 
 # ------------------------------------------------------------------ radix-cache workloads (pure Python)
