@@ -284,7 +284,7 @@ def summary_problem(s) -> str | None:
     for k, t in (("packages", dict), ("git", dict), ("reanalysed", dict)):
         if prov.get(k) is not None and not isinstance(prov[k], t):
             return f"provenance \"{k}\" is a {type(prov[k]).__name__}, not an object"
-    for k, t in (("headline", dict), ("observations", list), ("point_errors", list), ("story", str)):
+    for k, t in (("headline", dict), ("observations", list), ("point_errors", list), ("story", str), ("findings", list)):
         if s.get(k) is not None and not isinstance(s[k], t):
             return f"\"{k}\" is a {type(s[k]).__name__}, not a {t.__name__}"
     for i, o in enumerate(s.get("observations") or [], 1):

@@ -8,39 +8,33 @@ A report is hand-written Markdown with blocks that this module owns:
     <!-- /auto -->
 
 Block keys: ``<stem>/story`` (folded to 120 characters a line; ``story:TITLE|TITLE~N``: only the top-level
-branches whose label starts with a TITLE, down to level N), ``/observations``, ``/provenance``, ``/headline``, ``/errors``,
+branches whose label starts with a TITLE, down to level N), ``/observations``, ``/findings`` (the sentences the run
+wrote from its figures: common.run.results.Run.finding), ``/provenance``, ``/headline``, ``/errors``,
 ``/table:<name>`` (results/<stem>/<name>.csv; ``table:<name>[col1,col2]`` keeps those columns),
 ``/figure:<name>`` (results/<stem>/<name>.png, copied to reports/figures/<stem>-<name>.png),
 ``index`` (INDEX.md: every numbered script with its last run), ``glossary/<section>`` (GLOSSARY.md at the
 top of the repository: the words the reports use, written from the code that computes them, common.render.glossary),
 ``cross/<shape>`` (CROSS-SYSTEM.md at the top: one shape's kernels in the three systems, common.render.crossview),
-``versus/<folder>`` (the verdicts and
-machines of the runs in results/<folder>/<stem>/ -- the same experiments on another GPU -- beside
-those of results/<stem>/, see :meth:`Renderer.versus`) and ``runs`` (one per page, near its
-top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
-hidden ``<!-- run: ... -->`` lines every block rendered from runs begins with; a page mixing GPUs
-or stacks says so in one bold line, and `make reports` prints one line for it; blocks that compare with
-another GPU on purpose, ``versus/<folder>`` and ``<stem>@<folder>``, are listed but make no mix). A stem written
-``<stem>@<folder>`` reads results/<folder>/<stem>/ instead of results/<stem>/ (e.g. the key tables
-of the run on the other GPU: ``04_profile_rmsnorm@other-gpu/table:fusion``).
+``reference`` (a final page: this run against the reference run, common.render.reference) and ``runs`` (one per
+page, near its top: the runs behind the page's blocks, one row per GPU · stack · commit · date, computed from the
+hidden ``<!-- run: ... -->`` lines every block rendered from runs begins with).
+
+A run's pages are one machine's:
+- the refresh renders for the machine (GPU count and model) of the newest usable run in results/; a run on another
+  machine is one line (``skipped <summary>: its run on ... is not this refresh's machine``) and none of its figures is
+  shown, unless asked for (``make reports ACCEPT_MIXED=1``: then a page mixing machines says so in one bold line);
+- every page of a system with a run on that machine is that machine's, whole: a block this run did not measure says
+  so in one line naming the command that measures it (the pipeline's steps as data: ``hints``), never another run's
+  figures beside this one's; a system with no run there keeps its pages as committed (the reference run);
+- a fresh clone (no results/) leaves every page as committed, byte for byte.
 
 Reports only move forward:
 - blocks are refreshed only from finished, successful runs (``"status": "ok"``) of summary schema
-  ``results.SCHEMA`` with provenance; a summary that is malformed, of an older schema or without
-  provenance, or a table CSV that is not text, gives one line ``skipped <path>: <what is wrong>``
-  and its blocks keep their content; the rest of the refresh goes on;
+  ``store.SCHEMA`` with provenance; a summary that is malformed, of an older schema or without provenance, or a table
+  CSV that is not text, gives one line ``skipped <path>: <what is wrong>``; the rest of the refresh goes on;
 - every block of every page is rendered in memory first; files (pages, figures) are written to temp
   files only when all rendered, and renamed into place only when all are written. An unexpected
   error, a full disk or a read-only file leaves every file as it was, one line, exit code 1;
-- a run older (by date) than a block of its stem it would replace, or from another GPU model than the
-  other blocks of a page it appears on, is skipped with one line (``skipped <summary>: ...``) and its
-  blocks keep their content, unless asked for (``make reports ACCEPT_MIXED=1``, env ACCEPT_MIXED) or
-  read from another folder (``<stem>@<folder>``, ``versus/<folder>``: the other GPU's runs);
-- a page whose blocks come from runs on different machines (GPU or stack) says so in its runs
-  header, and `make reports` prints one line for it; committed blocks without a run line count with
-  the machine their stem's provenance block names (pages without a runs header get the line only);
-- a block whose results are missing keeps its committed content byte for byte, so a fresh clone
-  (no results/) leaves every report as committed, its runs header included;
 - a page whose markers do not pair up (an opening marker without its closing one, a stray closing
   marker) is refused whole: one line naming the file and the line, no file written (a block would
   otherwise swallow the hand-written text after it).
@@ -220,6 +214,11 @@ class Renderer:
             if not h:
                 return None, "run has no headline figures"
             return "\n".join(f"- **{k}**: {fmt(_num(v))}" for k, v in h.items()) + "\n", ""
+        if what == "findings":
+            found = s.get("findings") or []
+            if not found:
+                return None, "run recorded no findings"
+            return "\n".join(f"- {f}" for f in found) + "\n", ""
         if what == "observations":
             obs = s.get("observations") or []
             if not obs:

@@ -87,7 +87,7 @@ class Run:
             "system": self.system, "status": "running", "args": args_d,
             "provenance": gpu.snapshot(None if command is None else [command]),
             "headline": {}, "tables": [], "figures": [], "files": [], "story": "",
-            "observations": [], "point_errors": [], "notes": [],
+            "observations": [], "point_errors": [], "notes": [], "findings": [],
         }
 
     @property
@@ -160,6 +160,13 @@ class Run:
     def headline(self, **figures) -> None:
         """Headline figures of the run (shown in reports as a bullet list)."""
         self.summary["headline"].update(figures)
+
+    def finding(self, text: str) -> None:
+        """A sentence that states or interprets this run's figures (a value, a bound such as "DRAM-bound", a comparison
+        such as "faster than"), written from them by the script, so that it holds on whatever GPU ran; the pages show
+        it beside the run's blocks (``<stem>/findings``). Hand-written page text explains mechanisms and names no
+        measured figure (tests/test_committed_reports.py)."""
+        self.summary.setdefault("findings", []).append(" ".join(str(text).split()))
 
     def note(self, text: str) -> None:
         self.summary["notes"].append(text)
