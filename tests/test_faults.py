@@ -138,6 +138,17 @@ FAULTS = {
     "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
                                          "directly (it was 'not healthy after 900 s'); exit 0"),
     "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
+    "proc-gate-holder-killed": ("processes", "08's gated counters server, its run SIGKILLed while it is held: the "
+                                             "scheduler exits at once, then the server ('hands-on gate: closed: its "
+                                             "holder (pid N) is gone, so the scheduler exits after N s, before it "
+                                             "touches the GPU'); nothing left running, no next run needed"),
+    "proc-gate-timeout": ("processes", "the gate not released within HANDS_ON_GATE_TIMEOUT while its run lives: the "
+                                       "server exits; '[failed] GateError: server[gated] exited while held by its "
+                                       "gate, which closed: not released within 1 s (HANDS_ON_GATE_TIMEOUT), so the "
+                                       "scheduler exits after 1.0 s, before it touches the GPU; log <kept log>'; exit 1"),
+    "proc-gate-not-held": ("processes", "a gated start that was not held (the plugin not loaded): '[failed] GateError: "
+                                        "server[gated] started without being held by its gate (no passed-<pid>.json "
+                                        "in <gate folder>: ...); its measurements are not trusted'; exit 1"),
     # (e) bad values and missing packages
     "value-configs-negative": ("values", "argparse's line for --configs; exit 2; no server, no results"),
     "value-model-path-missing": ("values", "'... --model-path: '/nonexistent' is not a folder ...'; exit 2"),
@@ -1282,6 +1293,61 @@ def test_a_given_port_in_use_starts_nothing(tmp_path, pids):
                                f"`ss -ltnp | grep {port}`); choose another with --port"]
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()
+    w.check()
+
+
+@covers("proc-gate-holder-killed")
+def test_a_held_server_whose_run_is_killed_exits_by_itself(tmp_path, pids):
+    """08 --ncu launches its counters server early, held by _sgl_gate until the GPU is free (here experiment.py --gate
+    with the fake server's gated scheduler). SIGKILL the run while it is held: before, the scheduler stayed held until
+    HANDS_ON_GATE_TIMEOUT (an hour) and then started on the GPU with no owner; now it sees its holder gone and exits,
+    the server after it, without waiting for a next run to reap them."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path, HANDS_ON_GATE_TIMEOUT=60)
+    a, server, _ = start(out, "--gate", "--hold", "60", env=env)
+    pids.append(a.pid)
+    partial = next(out.parent.glob(".partial-01_demo-*"))
+    t0 = time.time()
+    while not list((partial / "gate").glob("*")) or "hands-on gate: holding" not in (partial / "server.log").read_text():
+        assert time.time() - t0 < 30, "the scheduler never reached its gate"
+        time.sleep(0.05)
+    family = [server, *procs.descendants(server)]
+    pids.extend(family)
+    assert len(family) >= 2 and all(procs.alive(p) for p in family)
+    a.kill()
+    a.communicate(timeout=10)
+    assert procs.wait_gone(family, 10), [(p, procs.cmdline(p)) for p in family if procs.alive(p)]
+    log = [ln.split("] ", 1)[-1] for ln in (partial / "server.log").read_text().splitlines()]
+    (closed,) = [ln for ln in log if ln.startswith("hands-on gate: closed")]
+    assert re.fullmatch(rf"hands-on gate: closed: its holder \(pid {a.pid}\) is gone, so the scheduler exits after "
+                        r"[\d.]+ s, before it touches the GPU", closed), closed
+    assert "fake scheduler: configured" not in log and "Rank 0 scheduler is dead (exit code 3)" in log
+    w.check(partials=False)                                  # the killed run changed no earlier result
+
+
+@covers("proc-gate-timeout", "proc-gate-not-held")
+@pytest.mark.parametrize("fault", ["proc-gate-timeout", "proc-gate-not-held"])
+def test_a_gated_start_that_was_not_held_is_one_line(tmp_path, pids, fault):
+    """The gate times out while its run lives (before: the scheduler went on to the GPU during the measurements and the
+    run ended ok), or the plugin was not loaded at all (before: nothing checked the hold): one [failed] line, exit 1."""
+    w, out = demo_world(tmp_path)
+    if fault == "proc-gate-timeout":
+        r = experiment(out, "--gate", "--hold", "3", env=env_for(tmp_path, HANDS_ON_GATE_TIMEOUT=1))
+    else:
+        r = experiment(out, "--gate", "--hold", "0.5", "--inject", "gate-unloaded", env=env_for(tmp_path))
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 1 and r.stdout == "" and TB not in r.stderr, r.stderr
+    if fault == "proc-gate-timeout":
+        said = ("GateError: server[gated] exited while held by its gate, which closed: not released within 1 s "
+                r"(HANDS_ON_GATE_TIMEOUT), so the scheduler exits after 1.0 s, before it touches the GPU; log "
+                f"{kept / 'server.log'}")
+        assert "Rank 0 scheduler is dead" in (kept / "server.log").read_text()
+    else:
+        said = (f"GateError: server[gated] started without being held by its gate (no passed-<pid>.json in "
+                f"{kept / 'gate'}: SGLang did not load the hands_on_gate plugin), so it may have used the GPU before "
+                "the release; its measurements are not trusted")
+    assert lines(r.stderr) == [f"[failed] {said} (traceback: {kept / 'error.txt'})"]
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
     w.check()
 
 
