@@ -159,6 +159,11 @@ FAULTS = {
     "value-gpu-without-torch": ("values", "sglang 01/03 where nvidia-smi sees an H200 but torch is missing: '[setup] "
                                           "Python package 'torch' is not importable ... (while measuring this GPU's "
                                           "ceilings; log <log>)'; exit 2; earlier results intact"),
+    "value-reanalyse-newer-schema": ("values", "--reanalyse of a recording of summary schema 3 or 99: '[setup] "
+                                               "--reanalyse <dir>: a recording of summary schema 99, newer than this "
+                                               "workbook's (2): re-analyse it with the workbook that recorded it (commit "
+                                               "<c>), or update this one (git pull); it is not rewritten as schema 2'; "
+                                               "exit 2; no results folder (before: exit 0, stamped schema 2)"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
@@ -1447,6 +1452,37 @@ def test_a_gpu_machine_without_torch(tmp_path, pids, script):
                                "'torch'). Install it: pip install -r requirements.txt (while measuring this GPU's "
                                f"ceilings; log {log})"]
     assert not (tmp_path / "cache" / "servers").exists() or not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
+@covers("value-reanalyse-newer-schema")
+@pytest.mark.parametrize("schema", [3, 99])
+@pytest.mark.parametrize("script", ["mini-sglang/03_profile_store", "sglang/04_nsys_profile"])
+def test_a_recording_of_a_newer_schema_is_refused(tmp_path, pids, schema, script):
+    """A recording a later workbook wrote (its summary's schema above store.SCHEMA): before, --reanalyse ended ok and
+    stamped the new run schema 2, which `make reports` then took. 03 reads it through recording.open (refused before
+    its Run starts); 04 reads the summary itself (refused by Run.reanalysis_of: the run is kept as setup-error)."""
+    system, stem = script.split("/")
+    w = World(tmp_path, systems=(system,), code=True)
+    if stem == "04_nsys_profile":
+        src, commit = reanalysis_source(tmp_path), "abcdef123456"
+        (src / "summary.json").write_text(json.dumps({"stem": stem, "provenance": {"git": {"commit": commit}}}))
+    else:
+        src = tmp_path / "recorded"
+        shutil.copytree(FIXTURES / "recordings_h200" / system / stem, src)
+        commit = json.loads((src / "summary.json").read_text())["provenance"]["git"]["commit"][:12]
+    s = json.loads((src / "summary.json").read_text())
+    (src / "summary.json").write_text(json.dumps({**s, "schema": schema}))
+    before = snapshot(src)
+    out = w.root / system / "results" / stem
+    r = run([PY, REPO / system / "scripts" / f"{stem}.py", "--reanalyse", src, "--out", out], env_for(tmp_path))
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] --reanalyse {src}: a recording of summary schema {schema}, newer than this "
+                               f"workbook's (2): re-analyse it with the workbook that recorded it (commit {commit}), or "
+                               "update this one (git pull); it is not rewritten as schema 2"]
+    assert not out.exists() and snapshot(src) == before
+    rep = report_cmd(w, env_for(tmp_path), "--quiet")                     # make reports: nothing new to take
+    assert rep.returncode == 0 and "0 file(s) changed" in totals(rep.stdout), rep.stdout + rep.stderr
     w.check()
 
 

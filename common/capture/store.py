@@ -120,6 +120,19 @@ def failed_dir(final: Path) -> Path:
     return final.parent / ".failed" / final.name
 
 
+def newer_schema(summary: dict, src) -> str | None:
+    """Why a recording cannot be re-analysed by this workbook: its summary.json has a schema other than SCHEMA or an
+    older one (a later workbook wrote it; its fields may mean other things). None when it can (an older summary, or
+    one without the key, is read as it was and written back as SCHEMA)."""
+    v = summary.get("schema")
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= SCHEMA):
+        return None
+    commit = ((summary.get("provenance") or {}).get("git") or {}).get("commit")
+    return (f"--reanalyse {src}: a recording of summary schema {v!r}, newer than this workbook's ({SCHEMA}): "
+            f"re-analyse it with the workbook that recorded it{f' (commit {str(commit)[:12]})' if commit else ''}, or "
+            f"update this one (git pull); it is not rewritten as schema {SCHEMA}")
+
+
 def script_of(dir_: Path) -> str | None:
     """The script whose run a folder holds (``"script"`` of its summary.json), or None when it is not a
     results folder (absent, not a folder, no readable summary)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.base.checks import SetupError, require_module
+from common.capture import store
 
 
 @dataclass
@@ -79,6 +80,12 @@ def open(src, script_file, tables=(), optional=(), copy=()) -> Recording:  # noq
     except (OSError, ValueError) as e:
         raise SetupError(f"--reanalyse {src}: no readable summary.json ({e.__class__.__name__}): is it a results "
                          f"folder of {stem}.py?") from None
+    if not isinstance(summary, dict):
+        raise SetupError(f"--reanalyse {src}: its summary.json is not a run's summary: is it a results folder of "
+                         f"{stem}.py?")
+    newer = store.newer_schema(summary, src)
+    if newer:
+        raise SetupError(newer)
     if summary.get("stem") not in (None, stem):
         raise SetupError(f"--reanalyse {src}: a recording of {summary.get('stem')}.py, not of {stem}.py")
     missing = [t for t in tables if not (src / f"{t}.csv").is_file()]

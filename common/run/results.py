@@ -161,6 +161,9 @@ class Run:
         """This run re-analyses files recorded by an earlier one (``prev``: its summary.json): the
         hardware provenance stays that of the recording, with when/where the analysis was redone."""
         from common.capture.gpu import provenance_line
+        newer = store.newer_schema(prev, source)      # never rewritten as this workbook's schema
+        if newer:
+            raise SetupError(newer)
         if prev.get("provenance"):
             now = self.summary["provenance"]
             self.summary["provenance"] = {**prev["provenance"],
