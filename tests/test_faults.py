@@ -164,6 +164,14 @@ FAULTS = {
                                                "workbook's (2): re-analyse it with the workbook that recorded it (commit "
                                                "<c>), or update this one (git pull); it is not rewritten as schema 2'; "
                                                "exit 2; no results folder (before: exit 0, stamped schema 2)"),
+    "value-reanalyse-partial-recording": ("values", "--reanalyse of a recording that lacks a table its run wrote (SGLang "
+                                                    "02 without policy.csv, mini-SGLang 01 without launches.csv): exit "
+                                                    "0; each verdict the recording had and this analysis could not judge "
+                                                    "again reads 'not run' ('not judged: the recording <dir> lacks "
+                                                    "policy.csv, which its run wrote (that run found it <verdict>)'), a "
+                                                    "note names them, the page's verdict table lists them (before: "
+                                                    "silently gone / '[failed] TypeError'); a lacking required table: "
+                                                    "one [setup] line naming it and the verdicts it stands for"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
@@ -1484,6 +1492,58 @@ def test_a_recording_of_a_newer_schema_is_refused(tmp_path, pids, schema, script
     rep = report_cmd(w, env_for(tmp_path), "--quiet")                     # make reports: nothing new to take
     assert rep.returncode == 0 and "0 file(s) changed" in totals(rep.stdout), rep.stdout + rep.stderr
     w.check()
+
+
+PARTIAL = {"sglang/02_radix_cache_analysis": ("policy", ["lpm-beats-fcfs-hit-rate", "lpm-beats-fcfs-ttft"]),
+           "mini-sglang/01_test_kernels": ("launches", ["store-two-launches", "index-one-warp", "index-256-threads",
+                                                        "index-masked-kernel"])}
+
+
+@covers("value-reanalyse-partial-recording")
+@pytest.mark.parametrize("script", list(PARTIAL))
+def test_a_partial_recording_says_which_verdicts_it_could_not_judge(tmp_path, pids, script):
+    """A copy of a real recording without one table its run wrote. Before: SGLang 02 ended ok with its LPM verdicts
+    gone without a word; mini-SGLang 01 ended in '[failed] TypeError: 'NoneType' object is not subscriptable'."""
+    system, stem = script.split("/")
+    table, ids = PARTIAL[script]
+    w = World(tmp_path, systems=(system,), code=True)
+    src = tmp_path / "recorded"
+    shutil.copytree(FIXTURES / "recordings_h200" / system / stem, src)
+    (src / f"{table}.csv").unlink()
+    had = {o["hypothesis"]: o["verdict"] for o in json.loads((src / "summary.json").read_text())["observations"]}
+    out = w.root / system / "results" / stem
+    r = run([PY, REPO / system / "scripts" / f"{stem}.py", "--reanalyse", src, "--out", out], env_for(tmp_path))
+    assert r.returncode == 0 and r.stderr == "" and TB not in r.stdout, r.stdout + r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    got = {o["hypothesis"]: o for o in s["observations"]}
+    assert set(got) == set(had)                                         # none silently gone
+    for h in ids:
+        assert got[h]["verdict"] == "not run" and got[h]["observed"] == (
+            f"not judged: the recording {src} lacks {table}.csv, which its run wrote (that run found it {had[h]})")
+    assert [h for h, o in got.items() if o["verdict"] == "not run"] == ids
+    assert f"not judged again, the recording lacks {table}.csv: {'; '.join(ids)}" in s["notes"]
+    rep = report_cmd(w, env_for(tmp_path, ACCEPT_MIXED=1), "--quiet")      # the page lists them
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    page = (w.root / system / "reports" / "analysis.md").read_text()
+    block = page.split(f"<!-- auto:{stem}/observations -->")[1].split("<!-- /auto -->")[0]
+    assert block.count("**not run**") == len(ids) and f"lacks {table}.csv" in block
+    w.check(reports=False)
+
+
+@covers("value-reanalyse-partial-recording")
+def test_a_recording_without_a_required_table_is_one_line_naming_its_verdicts(tmp_path, pids):
+    src = tmp_path / "recorded"
+    shutil.copytree(FIXTURES / "recordings_h200" / "mini-sglang" / "03_profile_store", src)
+    (src / "reference.csv").unlink()
+    ids = [o["hypothesis"] for o in json.loads((src / "summary.json").read_text())["observations"]]
+    out = tmp_path / "out"
+    r = run([PY, REPO / "mini-sglang" / "scripts" / "03_profile_store.py", "--reanalyse", src, "--out", out],
+            env_for(tmp_path))
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] --reanalyse {src}: no reference.csv to re-analyse (written by 03_profile_store.py); "
+                               f"without it none of the recording's {len(ids)} verdicts can be judged again "
+                               f"({', '.join(ids)})"]
+    assert not out.exists() and not (tmp_path / ".failed").exists()
 
 
 @covers("value-ncu-csv-without-time")
