@@ -100,6 +100,12 @@ FAULTS = {
                                                "record in ...'; exit 2"),
     "results-failed-runs-pruned": ("results", "5 failed + 2 interrupted runs: the last 5 kept under .failed/<stem>/; "
                                               "the good run intact"),
+    "results-failed-runs-bounded": ("results", "a full disk: '[setup] results of experiment not saved ([Errno 28] No "
+                                               "space left on device); <out> left as it was; record in <rec>'; exit 2; "
+                                               "the record holds summary.json and error.txt only, never the run's "
+                                               "large files (before: each failed run's files kept until no record "
+                                               "fit); other failed runs: the newest whole, the older ones shrunk to "
+                                               "that record beyond store.KEEP_FAILED_BYTES"),
     "results-concurrent-failures": ("results", "two failing runs at once: each line names its own error.txt"),
     "results-disk-full-writing": ("results", "'[setup] results of ... not saved ([Errno 28] ...)'; exit 2; "
                                              "no .partial"),
@@ -921,6 +927,73 @@ def test_failed_runs_are_pruned_to_the_last_five(tmp_path, pids):
     summaries = [json.loads((k / "summary.json").read_text()) for k in kept]
     assert [(s["args"]["tag"], s["status"]) for s in summaries] == [
         ("t2", "failed"), ("t3", "failed"), ("t4", "failed"), ("t5", "interrupted"), ("t6", "interrupted")]
+    w.check()
+
+
+@covers("results-failed-runs-bounded")
+def test_failed_runs_on_a_full_disk_keep_only_their_small_record(tmp_path, pids):
+    """Seven runs that each wrote 2 MB, then met a full disk: each line as before, each record small, at most
+    KEEP_FAILED of them. Before, each record kept the run's big.bin: the failed records themselves filled the disk."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    for i in range(7):
+        r = experiment(out, "--tag", f"t{i}", "--big", "2", "--inject", "enospc-table", env=env)
+        rec = sorted((out.parent / ".failed" / "01_demo").iterdir())[-1]
+        assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+        assert lines(r.stderr) == [f"[setup] results of experiment not saved ([Errno 28] No space left on device); "
+                                   f"{out} left as it was; record in {rec}"]
+        assert sorted(p.name for p in rec.iterdir()) == ["error.txt", "summary.json"], list(rec.iterdir())
+        assert json.loads((rec / "summary.json").read_text())["args"]["tag"] == f"t{i}"
+    kept = list((out.parent / ".failed" / "01_demo").iterdir())
+    assert len(kept) == store.KEEP_FAILED and sum(f.stat().st_size for f in (out.parent / ".failed").rglob("*")
+                                                   if f.is_file()) < 200_000
+    w.check()
+
+
+REANALYSE_DISK_FULL = """
+import errno, runpy, sys
+sys.path.insert(0, {repo!r})
+from common.run import results
+def table(self, name, rows):
+    raise OSError(errno.ENOSPC, "No space left on device")
+results.Run.table = table
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@covers("results-failed-runs-bounded")
+def test_a_reanalysis_on_a_full_disk_keeps_a_small_record(tmp_path, pids):
+    """04_nsys_profile.py --reanalyse copies the recording's nsys tables into its run, then its first table meets a full
+    disk: the record keeps summary.json and error.txt, not the copies (before: the whole run folder, copies included)."""
+    w = World(tmp_path)
+    out = w.root / "results" / "04_nsys_profile"
+    w.seed("sglang", "04_nsys_profile", out=out)
+    script = str(REPO / "sglang" / "scripts" / "04_nsys_profile.py")
+    r = run([PY, "-c", REANALYSE_DISK_FULL.format(repo=str(REPO), script=script), "--reanalyse",
+             reanalysis_source(tmp_path), "--out", out], env_for(tmp_path))
+    (rec,) = (out.parent / ".failed" / "04_nsys_profile").iterdir()
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] results of 04_nsys_profile not saved ([Errno 28] No space left on device); "
+                               f"{out} left as it was; record in {rec}"]
+    assert sorted(p.name for p in rec.iterdir()) == ["error.txt", "summary.json"]
+    w.check()
+
+
+@covers("results-failed-runs-bounded")
+def test_failed_runs_stay_within_their_byte_bound(tmp_path, pids):
+    """Four failed runs of 2 MB each with a 3 MiB bound (store.KEEP_FAILED_BYTES, set small by --inject): the newest
+    keeps its files, each older one only as long as they fit together; the rest keep summary.json and error.txt."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    for i in range(4):
+        r = experiment(out, "--tag", f"t{i}", "--big", "2", "--fail", f"attempt {i}", "--inject", "failed-budget-3mb",
+                       env=env)
+        assert r.returncode == 1 and len(lines(r.stderr)) == 1 and f"attempt {i}" in r.stderr
+    kept = sorted((out.parent / ".failed" / "01_demo").iterdir())
+    whole, small = ["big.bin", "error.txt", "log.txt", "summary.json", "table.csv"], ["error.txt", "summary.json"]
+    assert [sorted(p.name for p in k.iterdir()) for k in kept] == [small, small, whole, whole]
+    assert [json.loads((k / "summary.json").read_text())["args"]["tag"] for k in kept] == ["t0", "t1", "t2", "t3"]
     w.check()
 
 

@@ -6,7 +6,8 @@ common.render.report and common.run.recording read what they left)::
     <stem>/                                the last successful run, whole ("status": "ok", "schema": SCHEMA)
     .partial-<stem>-<stamp>-<pid>/         a run in progress; pruned once its pid is dead
     .previous/<stem>/                      the run it replaced (one copy)
-    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs (the last KEEP_FAILED kept)
+    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs (the last KEEP_FAILED kept,
+                                           within KEEP_FAILED_BYTES: see prune_failed)
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ SCHEMA = 2              # summary.json layout version; common.render.report read
 SUMMARY = "summary.json"
 
 KEEP_FAILED = 5         # failed / interrupted runs kept per stem
+KEEP_FAILED_BYTES = 512 * 2**20     # what they may hold together, beyond the newest: older ones shrink to RECORD
+RECORD = ("summary.json", "error.txt")   # a failed run's small record: what it was, how it ended
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
@@ -76,6 +79,58 @@ def write_json_atomic(path: Path, data) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or during) is a full disk, a quota or a read-only file
+    system: then a failed run keeps only its small record (nothing of its own files fits)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _size(p: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def shrink(record: Path) -> None:
+    """Keep only the small record (RECORD) of a failed run's folder."""
+    for p in list(record.iterdir()) if record.is_dir() else ():
+        if p.name in RECORD:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            _rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def prune_failed(root: Path) -> None:
+    """Bound ``.failed/<stem>/``: the last KEEP_FAILED runs; the newest whole, the older ones whole while they hold
+    KEEP_FAILED_BYTES together, beyond that shrunk to their small record. Failed runs never fill a disk."""
+    try:
+        kept = sorted((p for p in Path(root).iterdir() if _FAILED.match(p.name)), reverse=True)
+    except OSError:
+        return
+    for p in kept[KEEP_FAILED:]:
+        _rmtree(p)
+    total = 0
+    for p in kept[1:KEEP_FAILED]:
+        size = _size(p)
+        if total + size > KEEP_FAILED_BYTES:
+            shrink(p)
+            size = _size(p)
+        total += size
 
 
 def _stamp() -> str:

@@ -15,7 +15,9 @@ Folder layout (``<system>/results/``; with ``out=DIR`` the same beside DIR, in D
     .partial-<stem>-<stamp>-<pid>/         a run in progress (Run.dir); pruned once its pid is dead
     .previous/<stem>/                      the run it replaced (one copy)
     .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs: summary.json with the
-                                           error and traceback, error.txt; the last 5 per stem are kept
+                                           error and traceback, error.txt; the last 5 per stem are kept, the
+                                           newest whole, older ones whole within store.KEEP_FAILED_BYTES
+                                           (else only that small record); a full disk keeps only the record
 
 A finished run writes summary.json (atomically) inside its partial folder, then two renames swap it in:
 ``<stem>`` -> ``.previous/<stem>`` and the partial folder -> ``<stem>``. A process that dies between the
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from common.base.checks import in_run_main, missing_package, SetupError
 from common.capture import gpu, store
-from common.capture.store import _FAILED, DISK_ERRNOS, KEEP_FAILED, ResultsError, SCHEMA, SUMMARY
+from common.capture.store import DISK_ERRNOS, ResultsError, SCHEMA, SUMMARY
 from common.judge.verdicts import judge as _judge, VERDICTS
 
 
@@ -244,7 +246,7 @@ class Run:
             store._swap_in(self.dir, self.final_dir, self.script)
         except OSError as e:
             store._rmtree(self.dir)
-            kept = self._keep_failed("failed", error=f"results not saved: {store._oserr(e)}")
+            kept = self._keep_failed("failed", error=f"results not saved: {store._oserr(e)}", small=True)
             raise ResultsError(f"results of {self.stem} not saved ({store._oserr(e)} while finishing); "
                                f"{self.final_dir} left as it was"
                                + (f"; record in {kept}" if kept else "")) from None
@@ -258,7 +260,7 @@ class Run:
             return self.kept_dir
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         ran_in = self.dir
-        kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb)
+        kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb, small=store.disk_full(exc))
         # run_main names these in its one line (a path inside the partial folder is shown where it was kept)
         for attr, value in (("kept_in", kept), ("error_file", kept and kept / "error.txt"), ("ran_in", ran_in)):
             try:
@@ -269,9 +271,10 @@ class Run:
             print(f"[{status}] {self.stem}: kept in {kept}", file=sys.stderr)
         return kept
 
-    def _keep_failed(self, status: str, error: str | None = None, tb: str = "") -> Path | None:
-        """Move the partial folder to .failed/<stem>/<stamp>-<pid>-<status>/ (or, when that cannot be
-        written, a small record there); prune to the last KEEP_FAILED. None when nothing could be kept."""
+    def _keep_failed(self, status: str, error: str | None = None, tb: str = "", small: bool = False) -> Path | None:
+        """Move the partial folder to .failed/<stem>/<stamp>-<pid>-<status>/ (or, when that cannot be written or
+        ``small``: a full disk, only its small record there: summary.json and error.txt); prune (store.prune_failed:
+        the last KEEP_FAILED, within KEEP_FAILED_BYTES). None when nothing could be kept."""
         self._done = True
         self.summary.update(status=status, duration_s=round(time.time() - self._t0, 1))
         if error:
@@ -284,12 +287,16 @@ class Run:
             self._log.close()
         except (OSError, ValueError):
             pass
+        whole = not small
         try:
-            store.write_json_atomic(self.dir / SUMMARY, self.summary)
-            (self.dir / "error.txt").write_text(text)
-            self.failed_root.mkdir(parents=True, exist_ok=True)
-            os.rename(self.dir, dst)
-        except OSError:  # disk full or read-only: free the space first, then try a small record
+            if whole:
+                store.write_json_atomic(self.dir / SUMMARY, self.summary)
+                (self.dir / "error.txt").write_text(text)
+                self.failed_root.mkdir(parents=True, exist_ok=True)
+                os.rename(self.dir, dst)
+        except OSError:
+            whole = False
+        if not whole:  # a full disk or a read-only folder: free the space first, then try a small record
             store._rmtree(self.dir)
             made = False
             try:
@@ -301,17 +308,9 @@ class Run:
                 if made:          # only a folder this run created
                     store._rmtree(dst)
                 dst = None
-        self._prune_failed()
+        store.prune_failed(self.failed_root)
         self.kept_dir = dst
         return dst
-
-    def _prune_failed(self) -> None:
-        try:
-            kept = sorted(p for p in self.failed_root.iterdir() if _FAILED.match(p.name))
-        except OSError:
-            return
-        for p in kept[:-KEEP_FAILED]:
-            store._rmtree(p)
 
     def __enter__(self) -> "Run":
         return self

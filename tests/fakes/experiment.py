@@ -6,6 +6,7 @@ a (fake) SGLang server from sglang/scripts/_sglang.py -- with the fault chosen o
         [--server [--server-arg=--die-after=0.3 ...] [--port N]] [--ready] [--hold S] [--inject FAULT]
 
 --files      files this run writes (besides log.txt and summary.json); their content names the run (--tag)
+--big MB     also write big.bin of MB megabytes first (a run's large files: traces, a recording's copies)
 --fail MSG   raise RuntimeError(MSG) once the files are written (an experiment that fails)
 --import M   ``import M`` inside main (a package that may be missing)
 --server     start tests/sglang_fake_server.py through _sglang.Server (its own process group, a port the
@@ -18,7 +19,8 @@ a (fake) SGLang server from sglang/scripts/_sglang.py -- with the fault chosen o
              eio-replace (EIO on the final rename), die-between-renames (os._exit(137) between the
              two renames of finish, as a SIGKILL there would), eperm-previous (EPERM moving the old run
              to .previous/, as for an immutable folder), fixed-stamp (every time stamp the same),
-             gate-unloaded (--gate without the plugin on the server's PYTHONPATH: SGLang would not load it)
+             gate-unloaded (--gate without the plugin on the server's PYTHONPATH: SGLang would not load it),
+             failed-budget-3mb (store.KEEP_FAILED_BYTES = 3 MiB: the failed records' byte bound, small)
 Every wait is bounded; the fake server exits on its own after 120 s.
 """
 import argparse
@@ -67,6 +69,8 @@ def inject(fault: str) -> None:
         store.os.rename = rename
     elif fault == "fixed-stamp":              # every time stamp the same: runs at once collide on names
         store._stamp = lambda: "20260101-000000-000000"
+    elif fault == "failed-budget-3mb":
+        store.KEEP_FAILED_BYTES = 3 * 2**20
     elif fault and fault != "gate-unloaded":
         raise SystemExit(f"unknown --inject {fault!r}")
 
@@ -100,6 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="run")
     p.add_argument("--files", default="table.csv")
+    p.add_argument("--big", type=float, default=0)
     p.add_argument("--fail", default=None)
     p.add_argument("--import", dest="module", default=None)
     p.add_argument("--server", action="store_true")
@@ -115,6 +120,8 @@ def main(argv=None) -> int:
     with results.Run(__file__, vars(a), out=a.out, quiet=True) as run:
         if a.module:
             __import__(a.module)
+        if a.big:
+            run.path("big.bin").write_bytes(os.urandom(int(a.big * 2**20)))
         for name in filter(None, a.files.split(",")):
             if name.endswith(".csv"):
                 run.table(name[:-4], [{"run": a.tag, "value": 1}])
