@@ -120,7 +120,19 @@ FAULTS = {
                                            "the run it replaced in that disk's .previous/, no .trash-* left; exit 0"),
     "results-tests-own-cache": ("results", "the test suite's own cache (conftest): a failure's traceback file from any "
                                           "test process goes to a temporary HANDS_ON_CACHE, never ~/.cache/hands-on"),
-    "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
+    "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 13] ... (fix its "
+                                     "permissions or pass --out DIR)'; exit 2"),
+    "results-out-unusable": ("results", "--out under a file, or a name too long: its own line, never 'not writable "
+                                        "... fix its permissions': '[setup] results folder <out> cannot be made: <f> "
+                                        "is a file, not a folder (give --out another path)' / '... its name is 300 "
+                                        "characters; beside it a run writes .partial-<name>-<time>-<pid>, so this file "
+                                        "system (255 a name) takes names of at most N (give --out another path)'; "
+                                        "exit 2; nothing created"),
+    "results-link-to-unmounted-disk": ("results", "results/<stem> a link whose target is missing (its disk not "
+                                                  "mounted; a dangling link, or its parent gone too): '[setup] <link> "
+                                                  "is a link to <target>, which does not exist (is its disk mounted?); "
+                                                  "nothing was written: mount the disk, create <target>, or remove the "
+                                                  "link'; exit 2; nothing created on the bare mount point"),
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
                                                 "the old server and its child stopped"),
@@ -510,8 +522,9 @@ def test_a_pipeline_whose_results_folder_cannot_be_written(tmp_path, pids):
     (w.root / FAKESYS / "results").write_text("a file where the results folder should be\n")
     out = pipeline(w, env=env_for(tmp_path))
     assert out.returncode == 2 and TB not in out.stdout + out.stderr
-    assert lines(out.stderr) == [f"[setup] results folder {w.root / FAKESYS / 'results'} is not writable: "
-                                 "[Errno 17] File exists (fix its permissions); no step was run"]
+    res = w.root / FAKESYS / "results"
+    assert lines(out.stderr) == [f"[setup] results folder {res / '06_full_pipeline'} cannot be made: {res} is a file, "
+                                 "not a folder (move it away); no step was run"]
     assert not (w.root / FAKESYS / "scripts" / "marker.txt").exists()
     w.check()
 
@@ -1035,35 +1048,92 @@ def test_the_suite_writes_nothing_into_the_users_cache(tmp_path, pids):
 
 
 @covers("results-read-only")
-@pytest.mark.parametrize("how", ["file", "chmod"])
-def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
-    """The real 04_nsys_profile.py --reanalyse (no GPU needed) with --out where nothing can be written."""
+def test_a_results_folder_that_cannot_be_written(tmp_path, pids):
+    """The real 04_nsys_profile.py --reanalyse (no GPU needed) with --out in a folder nothing can be written to."""
     w = World(tmp_path)
-    src = tmp_path / "recorded"
-    src.mkdir()
-    shutil.copy(FIXTURES / "sglang_nsys_cuda_gpu_trace_cut_h200.csv", src / "timeline_overlap_on_cuda_gpu_trace.csv")
-    shutil.copy(FIXTURES / "sglang_nsys_nvtx_pushpop_cut_h200.csv", src / "timeline_overlap_on_nvtx_pushpop_trace.csv")
     base = tmp_path / "ro"
-    if how == "file":
-        base.write_text("a file\n")
-        why = "[Errno 17] File exists"
-    else:
-        base.mkdir()
-        w.seed("sglang", "04_nsys_profile", out=base / "04")
-        base.chmod(0o500)
-        if os.access(base, os.W_OK):
-            base.chmod(0o700)
-            pytest.skip("running as root: chmod does not make a folder read-only")
-        why = "[Errno 13] Permission denied"
+    base.mkdir()
+    w.seed("sglang", "04_nsys_profile", out=base / "04")
+    base.chmod(0o500)
+    if os.access(base, os.W_OK):
+        base.chmod(0o700)
+        pytest.skip("running as root: chmod does not make a folder read-only")
     try:
-        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", base / "04"],
-                env_for(tmp_path))
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", reanalysis_source(tmp_path),
+                 "--out", base / "04"], env_for(tmp_path))
     finally:
-        if base.is_dir():
-            base.chmod(0o700)
+        base.chmod(0o700)
     assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
-    assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: {why} "
+    assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: [Errno 13] Permission denied "
                                "(fix its permissions or pass --out DIR)"]
+    w.check()
+
+
+ROOM = 255 - len(f".partial--{store._stamp()}-{os.getpid()}")     # what a name may hold beside a run's partial folder
+OUT_UNUSABLE = {
+    "under-a-file": (lambda t: t / "afile" / "04", lambda t, o: f"{t / 'afile'} is a file, not a folder"),
+    "deeper-under-a-file": (lambda t: t / "afile" / "sub" / "04", lambda t, o: f"{t / 'afile'} is a file, not a folder"),
+    "name-300": (lambda t: t / ("n" * 300), None),
+    "name-just-too-long": (lambda t: t / ("n" * (ROOM + 8)), None),          # < 255, too long beside .partial-*
+    "folder-300": (lambda t: t / ("d" * 300) / "04", lambda t, o: "a folder name in its path is 300 characters; this "
+                                                                  "file system takes at most 255"),
+}
+
+
+@covers("results-out-unusable")
+@pytest.mark.parametrize("how", list(OUT_UNUSABLE))
+def test_an_out_that_cannot_be_a_folder_says_why(tmp_path, pids, how):
+    """--out under a regular file, or with a name longer than the file system takes (with the .partial-<name>-<time>-
+    <pid> beside it): before, both read '... is not writable: [Errno 20|17|36] ... (fix its permissions ...)'."""
+    w = World(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    path, why = OUT_UNUSABLE[how]
+    out, src, env = path(tmp_path), reanalysis_source(tmp_path), env_for(tmp_path)
+    before = snapshot(tmp_path)
+    r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", out], env)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    (line,) = lines(r.stderr)
+    if why is None:        # the room beside .partial-<name>-<time>-<pid> depends on the digits of the run's pid
+        m = re.fullmatch(re.escape(f"[setup] results folder {out} cannot be made: its name is {len(out.name)} "
+                                   "characters; beside it a run writes .partial-<name>-<time>-<pid>, so this file "
+                                   "system (255 a name) takes names of at most ") + r"(\d+) \(give --out another path\)",
+                         line)
+        assert m and 215 <= int(m.group(1)) < len(out.name), line
+    else:
+        assert line == f"[setup] results folder {out} cannot be made: {why(tmp_path, out)} (give --out another path)"
+    assert snapshot(tmp_path) == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    w.check()
+
+
+@covers("results-link-to-unmounted-disk")
+@pytest.mark.parametrize("how", ["dangling", "parent-missing", "killed-between-renames"])
+def test_a_results_link_to_an_unmounted_disk_creates_nothing(tmp_path, pids, how):
+    """sglang/results/04_nsys_profile -> /mnt/disk2/... while that disk is not mounted (its mount point bare). Before,
+    the run created the target's folders on the bare mount point and wrote the run there, without a word. A target
+    missing because a run was killed between its two renames (its .previous there) is put back, as without a link."""
+    w = World(tmp_path, scripts=True, code=True)
+    mount = tmp_path / "mnt" / "disk2"
+    mount.mkdir(parents=True)
+    target = mount / "results" / "04_nsys_profile" if how == "parent-missing" else mount / "04_nsys_profile"
+    link = w.root / "sglang" / "results" / "04_nsys_profile"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target, target_is_directory=True)
+    script = w.root / "sglang" / "scripts" / "04_nsys_profile.py"
+    if how == "killed-between-renames":      # the target is missing, but the disk is there: recover() puts it back
+        seeded = w.seed("sglang", "04_nsys_profile", out=mount / ".previous" / "04_nsys_profile", script=script,
+                        keep=False)
+        w.kept[target] = snapshot(seeded)
+    r = run([PY, script, "--reanalyse", reanalysis_source(tmp_path)], env_for(tmp_path))
+    if how == "killed-between-renames":
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert json.loads((target / "summary.json").read_text())["args"]["reanalyse"] and link.is_symlink()
+        w.kept[mount / ".previous" / "04_nsys_profile"] = w.kept.pop(target)      # the run it replaced, byte for byte
+        return w.check()
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] {link} is a link to {target}, which does not exist (is its disk mounted?); "
+                               f"nothing was written: mount the disk, create {target}, or remove the link"]
+    assert list(mount.iterdir()) == [] and sorted(p.name for p in link.parent.iterdir()) == ["04_nsys_profile"]
+    assert link.is_symlink()
     w.check()
 
 

@@ -81,6 +81,42 @@ def write_json_atomic(path: Path, data) -> None:
         raise
 
 
+def dangling(entry: Path) -> str | None:
+    """Why a results entry that is a symbolic link cannot take a run: its target does not exist (a disk that is not
+    mounted leaves its bare mount point, where a run must create nothing). None when it is no link or its target is
+    there."""
+    if not os.path.islink(entry) or os.path.exists(entry):
+        return None
+    target = Path(entry).resolve()
+    if script_of(previous_dir(target)) is not None:
+        return None          # a run killed between its two renames: recover() puts the last one back there
+    return (f"{entry} is a link to {target}, which does not exist (is its disk mounted?); nothing was written: mount "
+            f"the disk, create {target}, or remove the link")
+
+
+def unusable(final: Path, e: OSError) -> str | None:
+    """The true reason, in words, why a results folder ``final`` could not be made, for the two errors whose errno
+    text misleads ('not writable'): a file where a folder of its path should be, a name too long for the file system
+    (with the .partial-<name>-<time>-<pid> folder a run writes beside it). None for the others."""
+    final = Path(final)
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        for p in reversed([final, *final.parents]):
+            if os.path.lexists(p) and not os.path.isdir(p):
+                return f"{p} is a file, not a folder"
+    if e.errno == errno.ENAMETOOLONG:
+        try:
+            limit = os.pathconf(next(p for p in final.parents if p.is_dir()), "PC_NAME_MAX")
+        except (OSError, ValueError, StopIteration):
+            limit = 255
+        room = limit - len(f".partial--{_stamp()}-{os.getpid()}")
+        longest = max(final.parent.parts, key=len, default="")
+        if len(longest) > limit:
+            return f"a folder name in its path is {len(longest)} characters; this file system takes at most {limit}"
+        return (f"its name is {len(final.name)} characters; beside it a run writes .partial-<name>-<time>-<pid>, so "
+                f"this file system ({limit} a name) takes names of at most {room}")
+    return None
+
+
 def disk_full(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or an exception it was raised from or during) is a full disk, a quota or a read-only file
     system: then a failed run keeps only its small record (nothing of its own files fits)."""

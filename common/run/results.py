@@ -56,8 +56,12 @@ class Run:
         self.stem = script.stem
         self.system = script.parent.parent.name
         self.script = f"{self.system}/scripts/{script.name}"
-        # a results entry that is a link (to another disk) is followed: the run lands where it points
+        # a results entry that is a link (to another disk) is followed: the run lands where it points; a link whose
+        # target is not there (its disk not mounted) is refused before anything is created
         entry = Path(out or store.results_dir(script)).absolute()
+        why = store.dangling(entry)
+        if why:
+            raise SetupError(why)
         self.final_dir = entry.resolve()
         self.previous_dir = store.previous_dir(self.final_dir)
         self.failed_root = store.failed_dir(self.final_dir)
@@ -78,6 +82,10 @@ class Run:
                 store._prune_stale(d)
             self.dir = self._new_partial(base)
         except OSError as e:
+            why = store.unusable(self.final_dir, e)
+            if why:
+                raise SetupError(f"results folder {self.final_dir} cannot be made: {why} ("
+                                 + ("give --out another path)" if out else "move it away or pass --out DIR)")) from None
             raise SetupError(f"results folder {base} is not writable: {store._oserr(e)} "
                              f"(fix its permissions or pass --out DIR)") from None
         args_d = vars(args) if hasattr(args, "__dict__") else dict(args or {})
