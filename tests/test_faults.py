@@ -195,6 +195,9 @@ FAULTS = {
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
                                      "writable ([Errno 20|13] ...); set HANDS_ON_CACHE to a writable folder'; exit 2; "
                                      "nothing started"),
+    "home-read-only-matplotlib": ("values", "a HOME where matplotlib cannot write (read-only, or not a folder): the "
+                                            "run's one line only, no matplotlib warning before it (MPLCONFIGDIR set "
+                                            "to <cache>/matplotlib or <tmp>/hands-on-matplotlib-<uid> by run_main)"),
     "value-ncu-text-in-a-number-column": ("values", "'[failed] NcuParseError: <dir>/ncu.csv: column "
                                                     "gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a "
                                                     "number'; exit 1 (was ValueError: could not convert string ...)"),
@@ -1737,6 +1740,42 @@ def test_a_cache_folder_that_cannot_be_written(tmp_path, pids, how):
                                "HANDS_ON_CACHE to a writable folder"]
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()       # nothing started
+    w.check()
+
+
+@covers("home-read-only-matplotlib")
+@pytest.mark.parametrize("how", ["home-is-a-file", "chmod", "cache-writable"])
+def test_a_home_matplotlib_cannot_write_prints_only_the_one_line(tmp_path, pids, how):
+    """07_tp_scaling.py imports matplotlib before it reads the recording. Before, matplotlib's 'mkdir -p failed for path
+    .../.config/matplotlib' and 'Matplotlib created a temporary cache directory ...' came before the [setup] line."""
+    w = World(tmp_path)
+    env = env_for(tmp_path, TMPDIR=tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    home = tmp_path / "home"
+    if how == "chmod":
+        home.mkdir()
+        home.chmod(0o500)
+        if os.access(home, os.W_OK):
+            home.chmod(0o700)
+            pytest.skip("running as root: chmod does not make a folder read-only")
+    else:
+        tmp_path.joinpath("afile").write_text("a file\n")
+        home = tmp_path / "afile" / "home"                 # a HOME below a file: nothing under it can be made
+    env["HOME"] = str(home)
+    if how != "cache-writable":
+        del env["HANDS_ON_CACHE"]                          # the default cache is under that HOME too
+    src = tmp_path / "empty"
+    src.mkdir()
+    try:
+        r = run([PY, REPO / "sglang" / "scripts" / "07_tp_scaling.py", "--reanalyse", src, "--out", tmp_path / "o"], env)
+    finally:
+        if home.is_dir():
+            home.chmod(0o700)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] {src}: no tp_runs.csv to re-analyse (written by 07_tp_scaling.py)"]
+    used = tmp_path / "cache" / "matplotlib" if how == "cache-writable" else \
+        tmp_path / "tmp" / f"hands-on-matplotlib-{os.getuid()}"
+    assert used.is_dir()                                            # MPLCONFIGDIR: matplotlib writes there
     w.check()
 
 
