@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -91,6 +92,12 @@ FAULTS = {
     "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common report` still imports: '[interrupted] "
                                                 "stopped by Ctrl-C; earlier results were left as they were.'; exit 130; "
                                                 "no traceback; byte-identical"),
+    "report-make-ctrl-c": ("reports", "Ctrl-C in `make reports` (to make's process group, as a terminal sends it) "
+                                      "during Python's start-up, common's imports or the report itself: the one "
+                                      "'[interrupted] stopped by Ctrl-C; earlier results were left as they were.' "
+                                      "line, nothing from Python's start-up (was a KeyboardInterrupt traceback) or "
+                                      "from make (was '*** [Makefile:NN: reports] Error 130' / 'wait: No child "
+                                      "processes'); make killed by SIGINT (exit 130 in a shell); byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
                                     "exit 1; no temp file left"),
     # (c) results folders
@@ -800,6 +807,50 @@ def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
                    "__import__('signal')\n    print('SIGINT raises:', sig.getsignal(2) is sig.default_int_handler)\n"))
     out = report_cmd(w, env_for(tmp_path), "--quiet")
     assert out.returncode == 0 and lines(out.stdout)[0] == "SIGINT raises: True", out.stdout + out.stderr
+
+
+SLOW_START = "import pathlib, time\npathlib.Path({mark!r}).touch()\ntime.sleep(1.5)\n"   # sitecustomize: Python's start-up
+
+
+@covers("report-make-ctrl-c")
+@pytest.mark.parametrize("when", ["python-start-up", "common-imports", "report-main"])
+def test_ctrl_c_in_make_reports_is_one_line(tmp_path, pids, when):
+    """`make reports` and Ctrl-C: SIGINT to make's process group (what a terminal does) while Python starts (a
+    sitecustomize that sleeps: before common/__init__.py can take SIGINT over), while common/ imports (the World's
+    story.py sleeps), or while the report runs (its main sleeps). Before: a KeyboardInterrupt traceback from Python's
+    start-up, and 'make: *** [Makefile:NN: reports] Error 130' (or 'Interrupt') after the line."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    w.seed("flashinfer", "03_profile_decode")                   # a refresh would change the pages
+    mark = tmp_path / "reached"
+    env = env_for(tmp_path)
+    if when == "python-start-up":
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_START.format(mark=str(mark)))
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    elif when == "common-imports":
+        story = w.root / "common" / "base" / "story.py"
+        story.write_text(story.read_text() + f"\nimport pathlib as _p, time as _t\n_p.Path({str(mark)!r}).touch()\n"
+                         "_t.sleep(30)\n")
+    else:
+        rep = w.root / "common" / "render" / "report.py"
+        rep.write_text(rep.read_text().replace("    a = p.parse_args(argv)\n", "    a = p.parse_args(argv)\n    "
+                       f"__import__('pathlib').Path({str(mark)!r}).touch(); __import__('time').sleep(30)\n", 1))
+    claims = set(Path(tempfile.gettempdir()).glob("hands-on-sigint-*"))
+    p = subprocess.Popen(["make", "--no-print-directory", "-C", str(w.root), "reports", f"PYTHON={PY}"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids.append(p.pid)
+    t0 = time.time()
+    while not mark.exists() and time.time() - t0 < 30 and p.poll() is None:
+        time.sleep(0.01)
+    assert mark.exists(), p.communicate(timeout=30)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGINT, (p.returncode, out, err)       # make died of SIGINT: 130 in a shell
+    assert out == "" and lines(err) == ["[interrupted] stopped by Ctrl-C; earlier results were left as they were."], err
+    assert set(Path(tempfile.gettempdir()).glob("hands-on-sigint-*")) <= claims          # its claim file removed
+    w.check()
 
 
 REPORT_DISK_FULL = """
