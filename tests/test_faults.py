@@ -222,6 +222,9 @@ FAULTS = {
     "package-import-anywhere": ("values", "an `import pandas` deep in main: one [setup] line with 'pip install "
                                           "pandas'; the run kept as setup-error; exit 2"),
     "package-cupti-python": ("values", "no [setup] stop: the cross-check's premise names 'pip install cupti-python'"),
+    "package-make-test-downloads": ("values", "the README's set-up text says what the first `make test` downloads "
+                                              "(tests/requirements.txt: ncu-report, import-linter, ...) and how much "
+                                              "(MB), before a user runs it"),
     "package-nvtx": ("values", "no [setup] stop: NVTX ranges become no-ops (torch annotations where torch runs)"),
 }
 COVERED: set[str] = set()
@@ -1935,6 +1938,20 @@ def test_cupti_python_and_nvtx_missing_degrade_with_a_named_install(tmp_path, pi
     assert lines(r.stdout) == ["cupti-python unavailable (ModuleNotFoundError: No module named 'cupti'); "
                                "pip install cupti-python", "inside the range"]
     w.check()
+
+
+@covers("package-make-test-downloads")
+def test_the_readme_says_what_make_test_downloads():
+    """`make test` installs tests/requirements.txt from the package index (NVIDIA's ncu-report, import-linter, ...):
+    the set-up text a new user reads first says so, with the size. Before, it said only 'installs the light test set'."""
+    readme = (REPO / "README.md").read_text()
+    setup = readme[readme.index("On any machine, GPU or not"):readme.index("Single experiments run on their own")]
+    wanted = [re.split(r"[<>=\s]", ln, 1)[0] for ln in (TESTS / "requirements.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    assert "ncu-report" in wanted and "import-linter" in wanted
+    assert "](tests/requirements.txt)" in setup and re.search(r"\b\d+ MB\b", setup), setup
+    for name in ("ncu-report", "import-linter"):          # the two that are no everyday Python packages
+        assert name in setup, name
 
 
 # ------------------------------------------------------------------ CI's own guard (.ci/run)
