@@ -212,9 +212,9 @@ def failed_dir(final: Path) -> Path:
 
 
 def newer_schema(summary: dict, src) -> str | None:
-    """Why a recording cannot be re-analysed by this workbook: its summary.json has a schema other than SCHEMA or an
-    older one (a later workbook wrote it; its fields may mean other things). None when it can (an older summary, or
-    one without the key, is read as it was and written back as SCHEMA)."""
+    """Why a recording cannot be re-analysed by this workbook: its summary.json has a schema newer than SCHEMA (a later
+    workbook wrote it; its fields may mean other things), or one that is no number. None when it can: an older
+    summary, or one without the key, is read as it was and its re-analysis is written as SCHEMA."""
     v = summary.get("schema")
     if v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= SCHEMA):
         return None
