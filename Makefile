@@ -62,8 +62,13 @@ quick: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's 06_full_pipeline.sh
 all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all), then reports (if all ok; hours)
 	$(call pipelines,--all)
 
+# common/run/reports.sh: a Ctrl-C is one [interrupted] line and exit 130, nothing from make or Python's start-up.
+# With /bin/sh and no shell syntax in the line, make starts it directly (no shell in between that a Ctrl-C could
+# kill before it is ready: make would then say "*** [reports] Interrupt")
+reports: SHELL := /bin/sh
+reports: export ACCEPT_MIXED := $(ACCEPT_MIXED)
 reports: ## refresh the auto blocks of */reports/*.md from */results/ (ACCEPT_MIXED=1: also older / other-GPU runs)
-	@ACCEPT_MIXED=$(ACCEPT_MIXED) $(PYTHON) -m common report
+	@bash common/run/reports.sh $(PYTHON)
 
 clean: ## remove raw results (not the committed reports) and the test venv
 	for s in $(SYSTEMS); do find $$s/results -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +; done

@@ -19,14 +19,25 @@ import sys
 
 def interrupted_at_start(signum, frame) -> None:
     """SIGINT before run_main runs (it puts Python's handler back): the line it prints for Ctrl-C, exit 130."""
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)          # one line, whatever comes after
     sys.stderr.write("[interrupted] stopped by Ctrl-C; earlier results were left as they were.\n")
     os._exit(130)
 
 
 # `python -m common report` (make reports): a Ctrl-C while Python still compiles and imports it (its first
-# 0.1 s) is that one line, not a KeyboardInterrupt traceback; first thing, with what is loaded already
+# 0.1 s) is that one line, not a KeyboardInterrupt traceback; first thing, with what is loaded already. Under
+# `make reports` (common/run/reports.sh) SIGINT belongs to whoever first creates HANDS_ON_SIGINT_CLAIM: the file
+# there already is a Ctrl-C the shell took before this point; creating it tells the shell SIGINT is ours from now on
 if getattr(sys, "orig_argv", [])[1:4] == ["-m", "common", "report"]:
     _signal.signal(_signal.SIGINT, interrupted_at_start)
+    _claim = os.environ.pop("HANDS_ON_SIGINT_CLAIM", "")
+    if _claim:
+        try:
+            os.close(os.open(_claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            interrupted_at_start(_signal.SIGINT, None)
+        except OSError:
+            pass
 
 from pathlib import Path  # noqa: E402
 

@@ -10,6 +10,10 @@ successfully!", or answers 400), and can misbehave on purpose:
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
   --sglang-log      print SGLang's start-up milestone lines (time-stamped like SGLANG_LOG_MS=1) while it starts
+  --gated-scheduler spawn a "scheduler" process that loads SGLang's general plugins (entry points of
+                    sglang.srt.plugins, where sglang/scripts/_sgl_gate.py holds it) before it is ready; /health
+                    answers 200 only after it; when it exits with an error the server exits with code 3, as
+                    SGLang's launcher does when its scheduler dies before it is ready
 A /generate whose sampling_params hold "fake_running_s": S stays running for S seconds (also when its client
 has gone), as a request a killed experiment left behind; /v1/loads counts it.
 Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
@@ -54,6 +58,29 @@ START_LINES = ("server_args=ServerArgs(model_path='m', load_format='dummy')", "I
                "Capture target decode CUDA graph end. elapsed=0.01 s", "The server is fired up and ready to roll!")
 
 
+def scheduler():
+    """The scheduler stand-in (a spawned process, as SGLang's): SGLang's load_plugins(), then ready."""
+    from importlib.metadata import entry_points
+    for ep in entry_points(group="sglang.srt.plugins"):
+        ep.load()()
+    print("fake scheduler: configured", flush=True)
+
+
+def gated_start(ready):
+    """Spawn the scheduler; set ``ready`` once it is configured, or exit 3 when it dies first."""
+    import multiprocessing
+    proc = multiprocessing.get_context("spawn").Process(target=scheduler, daemon=True)
+    proc.start()
+
+    def watch():
+        proc.join()
+        if proc.exitcode:
+            log(f"Rank 0 scheduler is dead (exit code {proc.exitcode})")
+            os._exit(3)
+        ready.set()
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def log(msg):
     """One line as SGLang writes it with SGLANG_LOG_MS=1."""
     t = time.time()
@@ -80,6 +107,11 @@ def main(argv):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: (print("fake server: SIGTERM", flush=True), os._exit(0)))
+    scheduled = threading.Event()
+    if "--gated-scheduler" in argv:
+        gated_start(scheduled)
+    else:
+        scheduled.set()
     if "--spawn-child" in argv:
         subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"])
     threading.Timer(MAX_LIFE_S, lambda: os._exit(4)).start()       # bounded: never outlives a test run for long
@@ -111,7 +143,7 @@ def main(argv):
 
         def do_GET(self):
             if self.path.startswith("/health"):
-                ok = "--no-health" not in argv and time.time() - t0 >= ready_after
+                ok = "--no-health" not in argv and time.time() - t0 >= ready_after and scheduled.is_set()
                 return self._send(200 if ok else 503, "")
             if self.path.startswith("/metrics"):
                 return self._send(200, METRICS, "text/plain")

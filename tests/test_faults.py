@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -90,6 +91,12 @@ FAULTS = {
     "report-ctrl-c-during-imports": ("reports", "Ctrl-C while `python -m common report` still imports: '[interrupted] "
                                                 "stopped by Ctrl-C; earlier results were left as they were.'; exit 130; "
                                                 "no traceback; byte-identical"),
+    "report-make-ctrl-c": ("reports", "Ctrl-C in `make reports` (to make's process group, as a terminal sends it) "
+                                      "during Python's start-up, common's imports or the report itself: the one "
+                                      "'[interrupted] stopped by Ctrl-C; earlier results were left as they were.' "
+                                      "line, nothing from Python's start-up (was a KeyboardInterrupt traceback) or "
+                                      "from make (was '*** [Makefile:NN: reports] Error 130' / 'wait: No child "
+                                      "processes'); make killed by SIGINT (exit 130 in a shell); byte-identical"),
     "report-disk-full": ("reports", "'[failed] reports not refreshed, no file written: cannot write ...: [Errno 28]'; "
                                     "exit 1; no temp file left"),
     # (c) results folders
@@ -99,6 +106,12 @@ FAULTS = {
                                                "record in ...'; exit 2"),
     "results-failed-runs-pruned": ("results", "5 failed + 2 interrupted runs: the last 5 kept under .failed/<stem>/; "
                                               "the good run intact"),
+    "results-failed-runs-bounded": ("results", "a full disk: '[setup] results of experiment not saved ([Errno 28] No "
+                                               "space left on device); <out> left as it was; record in <rec>'; exit 2; "
+                                               "the record holds summary.json and error.txt only, never the run's "
+                                               "large files (before: each failed run's files kept until no record "
+                                               "fit); other failed runs: the newest whole, the older ones shrunk to "
+                                               "that record beyond store.KEEP_FAILED_BYTES"),
     "results-concurrent-failures": ("results", "two failing runs at once: each line names its own error.txt"),
     "results-disk-full-writing": ("results", "'[setup] results of ... not saved ([Errno 28] ...)'; exit 2; "
                                              "no .partial"),
@@ -113,7 +126,19 @@ FAULTS = {
                                            "the run it replaced in that disk's .previous/, no .trash-* left; exit 0"),
     "results-tests-own-cache": ("results", "the test suite's own cache (conftest): a failure's traceback file from any "
                                           "test process goes to a temporary HANDS_ON_CACHE, never ~/.cache/hands-on"),
-    "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 17|13] ...'; exit 2"),
+    "results-read-only": ("results", "'[setup] results folder ... is not writable: [Errno 13] ... (fix its "
+                                     "permissions or pass --out DIR)'; exit 2"),
+    "results-out-unusable": ("results", "--out under a file, or a name too long: its own line, never 'not writable "
+                                        "... fix its permissions': '[setup] results folder <out> cannot be made: <f> "
+                                        "is a file, not a folder (give --out another path)' / '... its name is 300 "
+                                        "characters; beside it a run writes .partial-<name>-<time>-<pid>, so this file "
+                                        "system (255 a name) takes names of at most N (give --out another path)'; "
+                                        "exit 2; nothing created"),
+    "results-link-to-unmounted-disk": ("results", "results/<stem> a link whose target is missing (its disk not "
+                                                  "mounted; a dangling link, or its parent gone too): '[setup] <link> "
+                                                  "is a link to <target>, which does not exist (is its disk mounted?); "
+                                                  "nothing was written: mount the disk, create <target>, or remove the "
+                                                  "link'; exit 2; nothing created on the bare mount point"),
     # (d) processes
     "proc-sigkill-leaves-server": ("processes", "the next run: 'found a process group left behind by a killed run'; "
                                                 "the old server and its child stopped"),
@@ -137,6 +162,17 @@ FAULTS = {
     "proc-http-proxy-set": ("processes", "an http_proxy in the environment: the local server is still reached "
                                          "directly (it was 'not healthy after 900 s'); exit 0"),
     "proc-port-in-use": ("processes", "'[setup] port N on 127.0.0.1 is already in use ...'; exit 2; nothing started"),
+    "proc-gate-holder-killed": ("processes", "08's gated counters server, its run SIGKILLed while it is held: the "
+                                             "scheduler exits at once, then the server ('hands-on gate: closed: its "
+                                             "holder (pid N) is gone, so the scheduler exits after N s, before it "
+                                             "touches the GPU'); nothing left running, no next run needed"),
+    "proc-gate-timeout": ("processes", "the gate not released within HANDS_ON_GATE_TIMEOUT while its run lives: the "
+                                       "server exits; '[failed] GateError: server[gated] exited while held by its "
+                                       "gate, which closed: not released within 1 s (HANDS_ON_GATE_TIMEOUT), so the "
+                                       "scheduler exits after 1.0 s, before it touches the GPU; log <kept log>'; exit 1"),
+    "proc-gate-not-held": ("processes", "a gated start that was not held (the plugin not loaded): '[failed] GateError: "
+                                        "server[gated] started without being held by its gate (no passed-<pid>.json "
+                                        "in <gate folder>: ...); its measurements are not trusted'; exit 1"),
     # (e) bad values and missing packages
     "value-configs-negative": ("values", "argparse's line for --configs; exit 2; no server, no results"),
     "value-model-path-missing": ("values", "'... --model-path: '/nonexistent' is not a folder ...'; exit 2"),
@@ -147,11 +183,27 @@ FAULTS = {
     "value-gpu-without-torch": ("values", "sglang 01/03 where nvidia-smi sees an H200 but torch is missing: '[setup] "
                                           "Python package 'torch' is not importable ... (while measuring this GPU's "
                                           "ceilings; log <log>)'; exit 2; earlier results intact"),
+    "value-reanalyse-newer-schema": ("values", "--reanalyse of a recording of summary schema 3 or 99: '[setup] "
+                                               "--reanalyse <dir>: a recording of summary schema 99, newer than this "
+                                               "workbook's (2): re-analyse it with the workbook that recorded it (commit "
+                                               "<c>), or update this one (git pull); it is not rewritten as schema 2'; "
+                                               "exit 2; no results folder (before: exit 0, stamped schema 2)"),
+    "value-reanalyse-partial-recording": ("values", "--reanalyse of a recording that lacks a table its run wrote (SGLang "
+                                                    "02 without policy.csv, mini-SGLang 01 without launches.csv): exit "
+                                                    "0; each verdict the recording had and this analysis could not judge "
+                                                    "again reads 'not run' ('not judged: the recording <dir> lacks "
+                                                    "policy.csv, which its run wrote (that run found it <verdict>)'), a "
+                                                    "note names them, the page's verdict table lists them (before: "
+                                                    "silently gone / '[failed] TypeError'); a lacking required table: "
+                                                    "one [setup] line naming it and the verdicts it stands for"),
     "value-ncu-csv-without-time": ("values", "'[failed] NcuParseError: the ncu CSV has no gpu__time_duration.sum "
                                              "column ...'; exit 1"),
     "cache-not-writable": ("values", "a cache folder or HOME that cannot be written: '[setup] cache folder <dir> is not "
                                      "writable ([Errno 20|13] ...); set HANDS_ON_CACHE to a writable folder'; exit 2; "
                                      "nothing started"),
+    "home-read-only-matplotlib": ("values", "a HOME where matplotlib cannot write (read-only, or not a folder): the "
+                                            "run's one line only, no matplotlib warning before it (MPLCONFIGDIR set "
+                                            "to <cache>/matplotlib or <tmp>/hands-on-matplotlib-<uid> by run_main)"),
     "value-ncu-text-in-a-number-column": ("values", "'[failed] NcuParseError: <dir>/ncu.csv: column "
                                                     "gpu__time_duration.sum, row 4 (RMSNormKernel): 'fast' is not a "
                                                     "number'; exit 1 (was ValueError: could not convert string ...)"),
@@ -169,6 +221,9 @@ FAULTS = {
     "package-import-anywhere": ("values", "an `import pandas` deep in main: one [setup] line with 'pip install "
                                           "pandas'; the run kept as setup-error; exit 2"),
     "package-cupti-python": ("values", "no [setup] stop: the cross-check's premise names 'pip install cupti-python'"),
+    "package-make-test-downloads": ("values", "the README's set-up text says what the first `make test` downloads "
+                                              "(tests/requirements.txt: ncu-report, import-linter, ...) and how much "
+                                              "(MB), before a user runs it"),
     "package-nvtx": ("values", "no [setup] stop: NVTX ranges become no-ops (torch annotations where torch runs)"),
 }
 COVERED: set[str] = set()
@@ -479,8 +534,9 @@ def test_a_pipeline_whose_results_folder_cannot_be_written(tmp_path, pids):
     (w.root / FAKESYS / "results").write_text("a file where the results folder should be\n")
     out = pipeline(w, env=env_for(tmp_path))
     assert out.returncode == 2 and TB not in out.stdout + out.stderr
-    assert lines(out.stderr) == [f"[setup] results folder {w.root / FAKESYS / 'results'} is not writable: "
-                                 "[Errno 17] File exists (fix its permissions); no step was run"]
+    res = w.root / FAKESYS / "results"
+    assert lines(out.stderr) == [f"[setup] results folder {res / '06_full_pipeline'} cannot be made: {res} is a file, "
+                                 "not a folder (move it away); no step was run"]
     assert not (w.root / FAKESYS / "scripts" / "marker.txt").exists()
     w.check()
 
@@ -756,6 +812,50 @@ def test_ctrl_c_while_the_report_module_imports(tmp_path, pids):
     assert out.returncode == 0 and lines(out.stdout)[0] == "SIGINT raises: True", out.stdout + out.stderr
 
 
+SLOW_START = "import pathlib, time\npathlib.Path({mark!r}).touch()\ntime.sleep(1.5)\n"   # sitecustomize: Python's start-up
+
+
+@covers("report-make-ctrl-c")
+@pytest.mark.parametrize("when", ["python-start-up", "common-imports", "report-main"])
+def test_ctrl_c_in_make_reports_is_one_line(tmp_path, pids, when):
+    """`make reports` and Ctrl-C: SIGINT to make's process group (what a terminal does) while Python starts (a
+    sitecustomize that sleeps: before common/__init__.py can take SIGINT over), while common/ imports (the World's
+    story.py sleeps), or while the report runs (its main sleeps). Before: a KeyboardInterrupt traceback from Python's
+    start-up, and 'make: *** [Makefile:NN: reports] Error 130' (or 'Interrupt') after the line."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    w = World(tmp_path, systems=("flashinfer",), code=True)
+    w.seed("flashinfer", "03_profile_decode")                   # a refresh would change the pages
+    mark = tmp_path / "reached"
+    env = env_for(tmp_path)
+    if when == "python-start-up":
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_START.format(mark=str(mark)))
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    elif when == "common-imports":
+        story = w.root / "common" / "base" / "story.py"
+        story.write_text(story.read_text() + f"\nimport pathlib as _p, time as _t\n_p.Path({str(mark)!r}).touch()\n"
+                         "_t.sleep(30)\n")
+    else:
+        rep = w.root / "common" / "render" / "report.py"
+        rep.write_text(rep.read_text().replace("    a = p.parse_args(argv)\n", "    a = p.parse_args(argv)\n    "
+                       f"__import__('pathlib').Path({str(mark)!r}).touch(); __import__('time').sleep(30)\n", 1))
+    claims = set(Path(tempfile.gettempdir()).glob("hands-on-sigint-*"))
+    p = subprocess.Popen(["make", "--no-print-directory", "-C", str(w.root), "reports", f"PYTHON={PY}"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids.append(p.pid)
+    t0 = time.time()
+    while not mark.exists() and time.time() - t0 < 30 and p.poll() is None:
+        time.sleep(0.01)
+    assert mark.exists(), p.communicate(timeout=30)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGINT, (p.returncode, out, err)       # make died of SIGINT: 130 in a shell
+    assert out == "" and lines(err) == ["[interrupted] stopped by Ctrl-C; earlier results were left as they were."], err
+    assert set(Path(tempfile.gettempdir()).glob("hands-on-sigint-*")) <= claims          # its claim file removed
+    w.check()
+
+
 REPORT_DISK_FULL = """
 import errno, sys
 from pathlib import Path
@@ -900,6 +1000,73 @@ def test_failed_runs_are_pruned_to_the_last_five(tmp_path, pids):
     w.check()
 
 
+@covers("results-failed-runs-bounded")
+def test_failed_runs_on_a_full_disk_keep_only_their_small_record(tmp_path, pids):
+    """Seven runs that each wrote 2 MB, then met a full disk: each line as before, each record small, at most
+    KEEP_FAILED of them. Before, each record kept the run's big.bin: the failed records themselves filled the disk."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    for i in range(7):
+        r = experiment(out, "--tag", f"t{i}", "--big", "2", "--inject", "enospc-table", env=env)
+        rec = sorted((out.parent / ".failed" / "01_demo").iterdir())[-1]
+        assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+        assert lines(r.stderr) == [f"[setup] results of experiment not saved ([Errno 28] No space left on device); "
+                                   f"{out} left as it was; record in {rec}"]
+        assert sorted(p.name for p in rec.iterdir()) == ["error.txt", "summary.json"], list(rec.iterdir())
+        assert json.loads((rec / "summary.json").read_text())["args"]["tag"] == f"t{i}"
+    kept = list((out.parent / ".failed" / "01_demo").iterdir())
+    assert len(kept) == store.KEEP_FAILED and sum(f.stat().st_size for f in (out.parent / ".failed").rglob("*")
+                                                   if f.is_file()) < 200_000
+    w.check()
+
+
+REANALYSE_DISK_FULL = """
+import errno, runpy, sys
+sys.path.insert(0, {repo!r})
+from common.run import results
+def table(self, name, rows):
+    raise OSError(errno.ENOSPC, "No space left on device")
+results.Run.table = table
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@covers("results-failed-runs-bounded")
+def test_a_reanalysis_on_a_full_disk_keeps_a_small_record(tmp_path, pids):
+    """04_nsys_profile.py --reanalyse copies the recording's nsys tables into its run, then its first table meets a full
+    disk: the record keeps summary.json and error.txt, not the copies (before: the whole run folder, copies included)."""
+    w = World(tmp_path)
+    out = w.root / "results" / "04_nsys_profile"
+    w.seed("sglang", "04_nsys_profile", out=out)
+    script = str(REPO / "sglang" / "scripts" / "04_nsys_profile.py")
+    r = run([PY, "-c", REANALYSE_DISK_FULL.format(repo=str(REPO), script=script), "--reanalyse",
+             reanalysis_source(tmp_path), "--out", out], env_for(tmp_path))
+    (rec,) = (out.parent / ".failed" / "04_nsys_profile").iterdir()
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] results of 04_nsys_profile not saved ([Errno 28] No space left on device); "
+                               f"{out} left as it was; record in {rec}"]
+    assert sorted(p.name for p in rec.iterdir()) == ["error.txt", "summary.json"]
+    w.check()
+
+
+@covers("results-failed-runs-bounded")
+def test_failed_runs_stay_within_their_byte_bound(tmp_path, pids):
+    """Four failed runs of 2 MB each with a 3 MiB bound (store.KEEP_FAILED_BYTES, set small by --inject): the newest
+    keeps its files, each older one only as long as they fit together; the rest keep summary.json and error.txt."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path)
+    for i in range(4):
+        r = experiment(out, "--tag", f"t{i}", "--big", "2", "--fail", f"attempt {i}", "--inject", "failed-budget-3mb",
+                       env=env)
+        assert r.returncode == 1 and len(lines(r.stderr)) == 1 and f"attempt {i}" in r.stderr
+    kept = sorted((out.parent / ".failed" / "01_demo").iterdir())
+    whole, small = ["big.bin", "error.txt", "log.txt", "summary.json", "table.csv"], ["error.txt", "summary.json"]
+    assert [sorted(p.name for p in k.iterdir()) for k in kept] == [small, small, whole, whole]
+    assert [json.loads((k / "summary.json").read_text())["args"]["tag"] for k in kept] == ["t0", "t1", "t2", "t3"]
+    w.check()
+
+
 @covers("results-concurrent-failures")
 def test_two_failing_runs_at_once_keep_their_own_error_files(tmp_path, pids):
     w, out = demo_world(tmp_path)
@@ -938,35 +1105,92 @@ def test_the_suite_writes_nothing_into_the_users_cache(tmp_path, pids):
 
 
 @covers("results-read-only")
-@pytest.mark.parametrize("how", ["file", "chmod"])
-def test_a_results_folder_that_cannot_be_written(tmp_path, pids, how):
-    """The real 04_nsys_profile.py --reanalyse (no GPU needed) with --out where nothing can be written."""
+def test_a_results_folder_that_cannot_be_written(tmp_path, pids):
+    """The real 04_nsys_profile.py --reanalyse (no GPU needed) with --out in a folder nothing can be written to."""
     w = World(tmp_path)
-    src = tmp_path / "recorded"
-    src.mkdir()
-    shutil.copy(FIXTURES / "sglang_nsys_cuda_gpu_trace_cut_h200.csv", src / "timeline_overlap_on_cuda_gpu_trace.csv")
-    shutil.copy(FIXTURES / "sglang_nsys_nvtx_pushpop_cut_h200.csv", src / "timeline_overlap_on_nvtx_pushpop_trace.csv")
     base = tmp_path / "ro"
-    if how == "file":
-        base.write_text("a file\n")
-        why = "[Errno 17] File exists"
-    else:
-        base.mkdir()
-        w.seed("sglang", "04_nsys_profile", out=base / "04")
-        base.chmod(0o500)
-        if os.access(base, os.W_OK):
-            base.chmod(0o700)
-            pytest.skip("running as root: chmod does not make a folder read-only")
-        why = "[Errno 13] Permission denied"
+    base.mkdir()
+    w.seed("sglang", "04_nsys_profile", out=base / "04")
+    base.chmod(0o500)
+    if os.access(base, os.W_OK):
+        base.chmod(0o700)
+        pytest.skip("running as root: chmod does not make a folder read-only")
     try:
-        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", base / "04"],
-                env_for(tmp_path))
+        r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", reanalysis_source(tmp_path),
+                 "--out", base / "04"], env_for(tmp_path))
     finally:
-        if base.is_dir():
-            base.chmod(0o700)
+        base.chmod(0o700)
     assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stderr
-    assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: {why} "
+    assert lines(r.stderr) == [f"[setup] results folder {base} is not writable: [Errno 13] Permission denied "
                                "(fix its permissions or pass --out DIR)"]
+    w.check()
+
+
+ROOM = 255 - len(f".partial--{store._stamp()}-{os.getpid()}")     # what a name may hold beside a run's partial folder
+OUT_UNUSABLE = {
+    "under-a-file": (lambda t: t / "afile" / "04", lambda t, o: f"{t / 'afile'} is a file, not a folder"),
+    "deeper-under-a-file": (lambda t: t / "afile" / "sub" / "04", lambda t, o: f"{t / 'afile'} is a file, not a folder"),
+    "name-300": (lambda t: t / ("n" * 300), None),
+    "name-just-too-long": (lambda t: t / ("n" * (ROOM + 8)), None),          # < 255, too long beside .partial-*
+    "folder-300": (lambda t: t / ("d" * 300) / "04", lambda t, o: "a folder name in its path is 300 characters; this "
+                                                                  "file system takes at most 255"),
+}
+
+
+@covers("results-out-unusable")
+@pytest.mark.parametrize("how", list(OUT_UNUSABLE))
+def test_an_out_that_cannot_be_a_folder_says_why(tmp_path, pids, how):
+    """--out under a regular file, or with a name longer than the file system takes (with the .partial-<name>-<time>-
+    <pid> beside it): before, both read '... is not writable: [Errno 20|17|36] ... (fix its permissions ...)'."""
+    w = World(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    path, why = OUT_UNUSABLE[how]
+    out, src, env = path(tmp_path), reanalysis_source(tmp_path), env_for(tmp_path)
+    before = snapshot(tmp_path)
+    r = run([PY, REPO / "sglang" / "scripts" / "04_nsys_profile.py", "--reanalyse", src, "--out", out], env)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    (line,) = lines(r.stderr)
+    if why is None:        # the room beside .partial-<name>-<time>-<pid> depends on the digits of the run's pid
+        m = re.fullmatch(re.escape(f"[setup] results folder {out} cannot be made: its name is {len(out.name)} "
+                                   "characters; beside it a run writes .partial-<name>-<time>-<pid>, so this file "
+                                   "system (255 a name) takes names of at most ") + r"(\d+) \(give --out another path\)",
+                         line)
+        assert m and 215 <= int(m.group(1)) < len(out.name), line
+    else:
+        assert line == f"[setup] results folder {out} cannot be made: {why(tmp_path, out)} (give --out another path)"
+    assert snapshot(tmp_path) == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    w.check()
+
+
+@covers("results-link-to-unmounted-disk")
+@pytest.mark.parametrize("how", ["dangling", "parent-missing", "killed-between-renames"])
+def test_a_results_link_to_an_unmounted_disk_creates_nothing(tmp_path, pids, how):
+    """sglang/results/04_nsys_profile -> /mnt/disk2/... while that disk is not mounted (its mount point bare). Before,
+    the run created the target's folders on the bare mount point and wrote the run there, without a word. A target
+    missing because a run was killed between its two renames (its .previous there) is put back, as without a link."""
+    w = World(tmp_path, scripts=True, code=True)
+    mount = tmp_path / "mnt" / "disk2"
+    mount.mkdir(parents=True)
+    target = mount / "results" / "04_nsys_profile" if how == "parent-missing" else mount / "04_nsys_profile"
+    link = w.root / "sglang" / "results" / "04_nsys_profile"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target, target_is_directory=True)
+    script = w.root / "sglang" / "scripts" / "04_nsys_profile.py"
+    if how == "killed-between-renames":      # the target is missing, but the disk is there: recover() puts it back
+        seeded = w.seed("sglang", "04_nsys_profile", out=mount / ".previous" / "04_nsys_profile", script=script,
+                        keep=False)
+        w.kept[target] = snapshot(seeded)
+    r = run([PY, script, "--reanalyse", reanalysis_source(tmp_path)], env_for(tmp_path))
+    if how == "killed-between-renames":
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert json.loads((target / "summary.json").read_text())["args"]["reanalyse"] and link.is_symlink()
+        w.kept[mount / ".previous" / "04_nsys_profile"] = w.kept.pop(target)      # the run it replaced, byte for byte
+        return w.check()
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] {link} is a link to {target}, which does not exist (is its disk mounted?); "
+                               f"nothing was written: mount the disk, create {target}, or remove the link"]
+    assert list(mount.iterdir()) == [] and sorted(p.name for p in link.parent.iterdir()) == ["04_nsys_profile"]
+    assert link.is_symlink()
     w.check()
 
 
@@ -1285,6 +1509,61 @@ def test_a_given_port_in_use_starts_nothing(tmp_path, pids):
     w.check()
 
 
+@covers("proc-gate-holder-killed")
+def test_a_held_server_whose_run_is_killed_exits_by_itself(tmp_path, pids):
+    """08 --ncu launches its counters server early, held by _sgl_gate until the GPU is free (here experiment.py --gate
+    with the fake server's gated scheduler). SIGKILL the run while it is held: before, the scheduler stayed held until
+    HANDS_ON_GATE_TIMEOUT (an hour) and then started on the GPU with no owner; now it sees its holder gone and exits,
+    the server after it, without waiting for a next run to reap them."""
+    w, out = demo_world(tmp_path)
+    env = env_for(tmp_path, HANDS_ON_GATE_TIMEOUT=60)
+    a, server, _ = start(out, "--gate", "--hold", "60", env=env)
+    pids.append(a.pid)
+    partial = next(out.parent.glob(".partial-01_demo-*"))
+    t0 = time.time()
+    while not list((partial / "gate").glob("*")) or "hands-on gate: holding" not in (partial / "server.log").read_text():
+        assert time.time() - t0 < 30, "the scheduler never reached its gate"
+        time.sleep(0.05)
+    family = [server, *procs.descendants(server)]
+    pids.extend(family)
+    assert len(family) >= 2 and all(procs.alive(p) for p in family)
+    a.kill()
+    a.communicate(timeout=10)
+    assert procs.wait_gone(family, 10), [(p, procs.cmdline(p)) for p in family if procs.alive(p)]
+    log = [ln.split("] ", 1)[-1] for ln in (partial / "server.log").read_text().splitlines()]
+    (closed,) = [ln for ln in log if ln.startswith("hands-on gate: closed")]
+    assert re.fullmatch(rf"hands-on gate: closed: its holder \(pid {a.pid}\) is gone, so the scheduler exits after "
+                        r"[\d.]+ s, before it touches the GPU", closed), closed
+    assert "fake scheduler: configured" not in log and "Rank 0 scheduler is dead (exit code 3)" in log
+    w.check(partials=False)                                  # the killed run changed no earlier result
+
+
+@covers("proc-gate-timeout", "proc-gate-not-held")
+@pytest.mark.parametrize("fault", ["proc-gate-timeout", "proc-gate-not-held"])
+def test_a_gated_start_that_was_not_held_is_one_line(tmp_path, pids, fault):
+    """The gate times out while its run lives (before: the scheduler went on to the GPU during the measurements and the
+    run ended ok), or the plugin was not loaded at all (before: nothing checked the hold): one [failed] line, exit 1."""
+    w, out = demo_world(tmp_path)
+    if fault == "proc-gate-timeout":
+        r = experiment(out, "--gate", "--hold", "3", env=env_for(tmp_path, HANDS_ON_GATE_TIMEOUT=1))
+    else:
+        r = experiment(out, "--gate", "--hold", "0.5", "--inject", "gate-unloaded", env=env_for(tmp_path))
+    (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
+    assert r.returncode == 1 and r.stdout == "" and TB not in r.stderr, r.stderr
+    if fault == "proc-gate-timeout":
+        said = ("GateError: server[gated] exited while held by its gate, which closed: not released within 1 s "
+                r"(HANDS_ON_GATE_TIMEOUT), so the scheduler exits after 1.0 s, before it touches the GPU; log "
+                f"{kept / 'server.log'}")
+        assert "Rank 0 scheduler is dead" in (kept / "server.log").read_text()
+    else:
+        said = (f"GateError: server[gated] started without being held by its gate (no passed-<pid>.json in "
+                f"{kept / 'gate'}: SGLang did not load the hands_on_gate plugin), so it may have used the GPU before "
+                "the release; its measurements are not trusted")
+    assert lines(r.stderr) == [f"[failed] {said} (traceback: {kept / 'error.txt'})"]
+    assert not list((tmp_path / "cache" / "servers").rglob("*.pid"))
+    w.check()
+
+
 @covers("proc-ncu-timeout")
 def test_an_ncu_timeout_stops_ncu_and_the_application(tmp_path, pids):
     """The real flashinfer/scripts/ncu_profile.sh (common.capture.ncu profile) with a fake ncu that hangs and whose
@@ -1384,6 +1663,89 @@ def test_a_gpu_machine_without_torch(tmp_path, pids, script):
     w.check()
 
 
+@covers("value-reanalyse-newer-schema")
+@pytest.mark.parametrize("schema", [3, 99])
+@pytest.mark.parametrize("script", ["mini-sglang/03_profile_store", "sglang/04_nsys_profile"])
+def test_a_recording_of_a_newer_schema_is_refused(tmp_path, pids, schema, script):
+    """A recording a later workbook wrote (its summary's schema above store.SCHEMA): before, --reanalyse ended ok and
+    stamped the new run schema 2, which `make reports` then took. 03 reads it through recording.open (refused before
+    its Run starts); 04 reads the summary itself (refused by Run.reanalysis_of: the run is kept as setup-error)."""
+    system, stem = script.split("/")
+    w = World(tmp_path, systems=(system,), code=True)
+    if stem == "04_nsys_profile":
+        src, commit = reanalysis_source(tmp_path), "abcdef123456"
+        (src / "summary.json").write_text(json.dumps({"stem": stem, "provenance": {"git": {"commit": commit}}}))
+    else:
+        src = tmp_path / "recorded"
+        shutil.copytree(FIXTURES / "recordings_h200" / system / stem, src)
+        commit = json.loads((src / "summary.json").read_text())["provenance"]["git"]["commit"][:12]
+    s = json.loads((src / "summary.json").read_text())
+    (src / "summary.json").write_text(json.dumps({**s, "schema": schema}))
+    before = snapshot(src)
+    out = w.root / system / "results" / stem
+    r = run([PY, REPO / system / "scripts" / f"{stem}.py", "--reanalyse", src, "--out", out], env_for(tmp_path))
+    assert r.returncode == 2 and TB not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert lines(r.stderr) == [f"[setup] --reanalyse {src}: a recording of summary schema {schema}, newer than this "
+                               f"workbook's (2): re-analyse it with the workbook that recorded it (commit {commit}), or "
+                               "update this one (git pull); it is not rewritten as schema 2"]
+    assert not out.exists() and snapshot(src) == before
+    rep = report_cmd(w, env_for(tmp_path), "--quiet")                     # make reports: nothing new to take
+    assert rep.returncode == 0 and "0 file(s) changed" in totals(rep.stdout), rep.stdout + rep.stderr
+    w.check()
+
+
+PARTIAL = {"sglang/02_radix_cache_analysis": ("policy", ["lpm-beats-fcfs-hit-rate", "lpm-beats-fcfs-ttft"]),
+           "mini-sglang/01_test_kernels": ("launches", ["store-two-launches", "index-one-warp", "index-256-threads",
+                                                        "index-masked-kernel"])}
+
+
+@covers("value-reanalyse-partial-recording")
+@pytest.mark.parametrize("script", list(PARTIAL))
+def test_a_partial_recording_says_which_verdicts_it_could_not_judge(tmp_path, pids, script):
+    """A copy of a real recording without one table its run wrote. Before: SGLang 02 ended ok with its LPM verdicts
+    gone without a word; mini-SGLang 01 ended in '[failed] TypeError: 'NoneType' object is not subscriptable'."""
+    system, stem = script.split("/")
+    table, ids = PARTIAL[script]
+    w = World(tmp_path, systems=(system,), code=True)
+    src = tmp_path / "recorded"
+    shutil.copytree(FIXTURES / "recordings_h200" / system / stem, src)
+    (src / f"{table}.csv").unlink()
+    had = {o["hypothesis"]: o["verdict"] for o in json.loads((src / "summary.json").read_text())["observations"]}
+    out = w.root / system / "results" / stem
+    r = run([PY, REPO / system / "scripts" / f"{stem}.py", "--reanalyse", src, "--out", out], env_for(tmp_path))
+    assert r.returncode == 0 and r.stderr == "" and TB not in r.stdout, r.stdout + r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    got = {o["hypothesis"]: o for o in s["observations"]}
+    assert set(got) == set(had)                                         # none silently gone
+    for h in ids:
+        assert got[h]["verdict"] == "not run" and got[h]["observed"] == (
+            f"not judged: the recording {src} lacks {table}.csv, which its run wrote (that run found it {had[h]})")
+    assert [h for h, o in got.items() if o["verdict"] == "not run"] == ids
+    assert f"not judged again, the recording lacks {table}.csv: {'; '.join(ids)}" in s["notes"]
+    rep = report_cmd(w, env_for(tmp_path, ACCEPT_MIXED=1), "--quiet")      # the page lists them
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    page = (w.root / system / "reports" / "analysis.md").read_text()
+    block = page.split(f"<!-- auto:{stem}/observations -->")[1].split("<!-- /auto -->")[0]
+    assert block.count("**not run**") == len(ids) and f"lacks {table}.csv" in block
+    w.check(reports=False)
+
+
+@covers("value-reanalyse-partial-recording")
+def test_a_recording_without_a_required_table_is_one_line_naming_its_verdicts(tmp_path, pids):
+    src = tmp_path / "recorded"
+    shutil.copytree(FIXTURES / "recordings_h200" / "mini-sglang" / "03_profile_store", src)
+    (src / "reference.csv").unlink()
+    ids = [o["hypothesis"] for o in json.loads((src / "summary.json").read_text())["observations"]]
+    out = tmp_path / "out"
+    r = run([PY, REPO / "mini-sglang" / "scripts" / "03_profile_store.py", "--reanalyse", src, "--out", out],
+            env_for(tmp_path))
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] --reanalyse {src}: no reference.csv to re-analyse (written by 03_profile_store.py); "
+                               f"without it none of the recording's {len(ids)} verdicts can be judged again "
+                               f"({', '.join(ids)})"]
+    assert not out.exists() and not (tmp_path / ".failed").exists()
+
+
 @covers("value-ncu-csv-without-time")
 def test_an_ncu_csv_without_the_time_metric_is_named(tmp_path, pids):
     w = World(tmp_path, systems=("flashinfer",))
@@ -1432,6 +1794,42 @@ def test_a_cache_folder_that_cannot_be_written(tmp_path, pids, how):
                                "HANDS_ON_CACHE to a writable folder"]
     (kept,) = (out.parent / ".failed" / "01_demo").iterdir()
     assert kept.name.endswith("-setup-error") and not (kept / "server.log").exists()       # nothing started
+    w.check()
+
+
+@covers("home-read-only-matplotlib")
+@pytest.mark.parametrize("how", ["home-is-a-file", "chmod", "cache-writable"])
+def test_a_home_matplotlib_cannot_write_prints_only_the_one_line(tmp_path, pids, how):
+    """07_tp_scaling.py imports matplotlib before it reads the recording. Before, matplotlib's 'mkdir -p failed for path
+    .../.config/matplotlib' and 'Matplotlib created a temporary cache directory ...' came before the [setup] line."""
+    w = World(tmp_path)
+    env = env_for(tmp_path, TMPDIR=tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    home = tmp_path / "home"
+    if how == "chmod":
+        home.mkdir()
+        home.chmod(0o500)
+        if os.access(home, os.W_OK):
+            home.chmod(0o700)
+            pytest.skip("running as root: chmod does not make a folder read-only")
+    else:
+        tmp_path.joinpath("afile").write_text("a file\n")
+        home = tmp_path / "afile" / "home"                 # a HOME below a file: nothing under it can be made
+    env["HOME"] = str(home)
+    if how != "cache-writable":
+        del env["HANDS_ON_CACHE"]                          # the default cache is under that HOME too
+    src = tmp_path / "empty"
+    src.mkdir()
+    try:
+        r = run([PY, REPO / "sglang" / "scripts" / "07_tp_scaling.py", "--reanalyse", src, "--out", tmp_path / "o"], env)
+    finally:
+        if home.is_dir():
+            home.chmod(0o700)
+    assert r.returncode == 2 and r.stdout == "" and TB not in r.stderr, r.stderr
+    assert lines(r.stderr) == [f"[setup] {src}: no tp_runs.csv to re-analyse (written by 07_tp_scaling.py)"]
+    used = tmp_path / "cache" / "matplotlib" if how == "cache-writable" else \
+        tmp_path / "tmp" / f"hands-on-matplotlib-{os.getuid()}"
+    assert used.is_dir()                                            # MPLCONFIGDIR: matplotlib writes there
     w.check()
 
 
@@ -1540,6 +1938,20 @@ def test_cupti_python_and_nvtx_missing_degrade_with_a_named_install(tmp_path, pi
     assert lines(r.stdout) == ["cupti-python unavailable (ModuleNotFoundError: No module named 'cupti'); "
                                "pip install cupti-python", "inside the range"]
     w.check()
+
+
+@covers("package-make-test-downloads")
+def test_the_readme_says_what_make_test_downloads():
+    """`make test` installs tests/requirements.txt from the package index (NVIDIA's ncu-report, import-linter, ...):
+    the set-up text a new user reads first says so, with the size. Before, it said only 'installs the light test set'."""
+    readme = (REPO / "README.md").read_text()
+    setup = readme[readme.index("On any machine, GPU or not"):readme.index("Single experiments run on their own")]
+    wanted = [re.split(r"[<>=\s]", ln, 1)[0] for ln in (TESTS / "requirements.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    assert "ncu-report" in wanted and "import-linter" in wanted
+    assert "](tests/requirements.txt)" in setup and re.search(r"\b\d+ MB\b", setup), setup
+    for name in ("ncu-report", "import-linter"):          # the two that are no everyday Python packages
+        assert name in setup, name
 
 
 # ------------------------------------------------------------------ CI's own guard (.ci/run)

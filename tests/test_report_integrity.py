@@ -173,10 +173,11 @@ def test_results_path_that_is_a_file_is_one_setup_line(tmp_path):
     base = tmp_path / "demo" / "results"
     base.parent.mkdir(parents=True)
     base.write_text("not a folder")
+    script = _script(tmp_path)
     with pytest.raises(checks.SetupError) as ei:
-        results.Run(_script(tmp_path), {}, quiet=True)
-    assert str(ei.value) == (f"results folder {base} is not writable: [Errno 17] File exists "
-                             "(fix its permissions or pass --out DIR)")
+        results.Run(script, {}, quiet=True)
+    assert str(ei.value) == (f"results folder {base / Path(script).stem} cannot be made: {base} is a file, not a "
+                             "folder (move it away or pass --out DIR)")      # not 'not writable ... permissions'
 
 
 def _enospc(*a, **k):

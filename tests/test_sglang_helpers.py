@@ -732,6 +732,62 @@ def test_the_gate_holds_the_scheduler_not_the_launcher_until_released(tmp_path):
     assert "child went on" in quick.stdout and "hands-on gate" not in quick.stderr
 
 
+def _gated_app(tmp_path, gate, **env):
+    (tmp_path / "app.py").write_text(GATED_CHILD)
+    return subprocess.Popen([sys.executable, str(tmp_path / "app.py")], env={**os.environ, **gate.env(), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_gate_fails_closed_when_its_holder_dies(tmp_path):
+    """The holder (a stand-in for 08's run) is SIGKILLed while the scheduler is held: the scheduler exits at once,
+    never going on (before: held until HANDS_ON_GATE_TIMEOUT, an hour, then it went on to the GPU)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gate = sg.Gate(tmp_path / "gate", holder=holder.pid)
+        assert gate.env()["HANDS_ON_GATE_HOLDER"].startswith(f"{holder.pid}:")
+        proc = _gated_app(tmp_path, gate, HANDS_ON_GATE_TIMEOUT="60")
+        time.sleep(1.5)
+        assert proc.poll() is None                                  # held while its holder lives
+        holder.kill()
+        holder.wait()
+        out, err = proc.communicate(timeout=10)                     # the app ends: its child exited at once
+    finally:
+        holder.kill()
+    assert "child went on" not in out, out
+    (line,) = [ln for ln in err.splitlines() if "hands-on gate: closed" in ln]
+    assert re.search(rf"hands-on gate: closed: its holder \(pid {holder.pid}\) is gone, so the scheduler exits after "
+                     r"[\d.]+ s, before it touches the GPU$", line), line
+    assert gate.closed().startswith(f"its holder (pid {holder.pid}) is gone")
+    with pytest.raises(sg.GateError, match="started without being held by its gate"):
+        gate.verify()
+
+
+def test_the_gate_fails_closed_on_its_timeout(tmp_path):
+    """No release within HANDS_ON_GATE_TIMEOUT while the holder lives: the scheduler exits (before: it went on to the
+    GPU without a word while the run still measured, and the start breakdown said it was held until the GPU was free)."""
+    gate = sg.Gate(tmp_path / "gate")
+    proc = _gated_app(tmp_path, gate, HANDS_ON_GATE_TIMEOUT="1")
+    out, err = proc.communicate(timeout=30)
+    assert "child went on" not in out and "released after" not in err, out + err
+    assert re.search(r"hands-on gate: closed: not released within 1 s \(HANDS_ON_GATE_TIMEOUT\), so the scheduler "
+                     r"exits after 1\.\d s, before it touches the GPU", err), err
+    assert [p["phase"] for p in sg.startup_breakdown(err, time.time() - 5)].count("gate") == 0   # never "held until free"
+
+
+def test_the_gate_verifies_the_hold(tmp_path):
+    """verify(): the seconds held, from the file the gate wrote when it let the scheduler through after the release;
+    a start without it (the plugin not loaded) is a GateError."""
+    gate = sg.Gate(tmp_path / "gate")
+    proc = _gated_app(tmp_path, gate)
+    time.sleep(1.0)
+    gate.release()
+    proc.communicate(timeout=30)
+    assert gate.verify() >= 0.9
+    again = sg.Gate(tmp_path / "gate")                              # a new gate forgets the last one's files
+    with pytest.raises(sg.GateError, match=r"started without being held by its gate \(no passed-<pid>.json in "):
+        again.verify()
+
+
 # ------------------------------------------------------------------ bench_serving in one worker process
 
 FAKE_BENCH = '''

@@ -140,6 +140,48 @@ def cache_folder(*parts: str) -> Path:
     return d
 
 
+def _can_make(d: Path) -> bool:
+    """Whether folder ``d`` exists writable, or could be created (its nearest existing ancestor is a writable folder)."""
+    p = d
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+
+
+def matplotlib_home() -> str | None:
+    """Point MPLCONFIGDIR at a writable folder where matplotlib's own (under HOME: ~/.config/matplotlib and
+    ~/.cache/matplotlib on Linux) cannot be written, before anything imports matplotlib (run_main does it first):
+    else matplotlib prints two warnings of its own before the run's one line (a read-only HOME, a HOME that is not a
+    folder). The folder: <cache>/matplotlib where the cache can be written, else hands-on-matplotlib-<uid> in the
+    temporary folder (kept: its font cache makes the next import fast). Returns it, or None when nothing was needed."""
+    if os.environ.get("MPLCONFIGDIR"):
+        return None
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):
+        home = Path("/nonexistent")
+    if sys.platform.startswith(("linux", "freebsd")):
+        own = [Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "matplotlib",
+               Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "matplotlib"]
+    else:
+        own = [home / ".matplotlib"]
+    if all(_can_make(d) for d in own):
+        return None
+    import stat
+    import tempfile
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    for d in (cache_dir() / "matplotlib", Path(tempfile.gettempdir()) / f"hands-on-matplotlib-{uid}"):
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and os.access(d, os.W_OK):   # never another user's folder
+            os.environ["MPLCONFIGDIR"] = str(d)
+            return str(d)
+    return None
+
+
 def save_traceback(exc: BaseException) -> Path | None:
     """Write the traceback of ``exc`` to ``<cache>/errors/<stamp>-<pid>.txt`` (the last KEEP_ERRORS
     kept); its path, or None when it cannot be written."""
@@ -216,6 +258,7 @@ def _outcome(e: BaseException) -> tuple[str, int]:
 def run_main(main, argv=None) -> None:
     """Run ``main(argv)`` and turn known failures into one line and an exit code (module docstring)."""
     global _ACTIVE
+    matplotlib_home()
     old = _install_signal_handlers()
     _ACTIVE = True
     try:

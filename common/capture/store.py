@@ -6,7 +6,8 @@ common.render.report and common.run.recording read what they left)::
     <stem>/                                the last successful run, whole ("status": "ok", "schema": SCHEMA)
     .partial-<stem>-<stamp>-<pid>/         a run in progress; pruned once its pid is dead
     .previous/<stem>/                      the run it replaced (one copy)
-    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs (the last KEEP_FAILED kept)
+    .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs (the last KEEP_FAILED kept,
+                                           within KEEP_FAILED_BYTES: see prune_failed)
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ SCHEMA = 2              # summary.json layout version; common.render.report read
 SUMMARY = "summary.json"
 
 KEEP_FAILED = 5         # failed / interrupted runs kept per stem
+KEEP_FAILED_BYTES = 512 * 2**20     # what they may hold together, beyond the newest: older ones shrink to RECORD
+RECORD = ("summary.json", "error.txt")   # a failed run's small record: what it was, how it ended
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
@@ -78,6 +81,94 @@ def write_json_atomic(path: Path, data) -> None:
         raise
 
 
+def dangling(entry: Path) -> str | None:
+    """Why a results entry that is a symbolic link cannot take a run: its target does not exist (a disk that is not
+    mounted leaves its bare mount point, where a run must create nothing). None when it is no link or its target is
+    there."""
+    if not os.path.islink(entry) or os.path.exists(entry):
+        return None
+    target = Path(entry).resolve()
+    if script_of(previous_dir(target)) is not None:
+        return None          # a run killed between its two renames: recover() puts the last one back there
+    return (f"{entry} is a link to {target}, which does not exist (is its disk mounted?); nothing was written: mount "
+            f"the disk, create {target}, or remove the link")
+
+
+def unusable(final: Path, e: OSError) -> str | None:
+    """The true reason, in words, why a results folder ``final`` could not be made, for the two errors whose errno
+    text misleads ('not writable'): a file where a folder of its path should be, a name too long for the file system
+    (with the .partial-<name>-<time>-<pid> folder a run writes beside it). None for the others."""
+    final = Path(final)
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        for p in reversed([final, *final.parents]):
+            if os.path.lexists(p) and not os.path.isdir(p):
+                return f"{p} is a file, not a folder"
+    if e.errno == errno.ENAMETOOLONG:
+        try:
+            limit = os.pathconf(next(p for p in final.parents if p.is_dir()), "PC_NAME_MAX")
+        except (OSError, ValueError, StopIteration):
+            limit = 255
+        room = limit - len(f".partial--{_stamp()}-{os.getpid()}")
+        longest = max(final.parent.parts, key=len, default="")
+        if len(longest) > limit:
+            return f"a folder name in its path is {len(longest)} characters; this file system takes at most {limit}"
+        return (f"its name is {len(final.name)} characters; beside it a run writes .partial-<name>-<time>-<pid>, so "
+                f"this file system ({limit} a name) takes names of at most {room}")
+    return None
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or during) is a full disk, a quota or a read-only file
+    system: then a failed run keeps only its small record (nothing of its own files fits)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _size(p: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def shrink(record: Path) -> None:
+    """Keep only the small record (RECORD) of a failed run's folder."""
+    for p in list(record.iterdir()) if record.is_dir() else ():
+        if p.name in RECORD:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            _rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def prune_failed(root: Path) -> None:
+    """Bound ``.failed/<stem>/``: the last KEEP_FAILED runs; the newest whole, the older ones whole while they hold
+    KEEP_FAILED_BYTES together, beyond that shrunk to their small record. Failed runs never fill a disk."""
+    try:
+        kept = sorted((p for p in Path(root).iterdir() if _FAILED.match(p.name)), reverse=True)
+    except OSError:
+        return
+    for p in kept[KEEP_FAILED:]:
+        _rmtree(p)
+    total = 0
+    for p in kept[1:KEEP_FAILED]:
+        size = _size(p)
+        if total + size > KEEP_FAILED_BYTES:
+            shrink(p)
+            size = _size(p)
+        total += size
+
+
 def _stamp() -> str:
     return _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
@@ -118,6 +209,19 @@ def previous_dir(final: Path) -> Path:
 def failed_dir(final: Path) -> Path:
     """Where failed and interrupted runs of ``final`` are kept: ``<parent>/.failed/<name>/``."""
     return final.parent / ".failed" / final.name
+
+
+def newer_schema(summary: dict, src) -> str | None:
+    """Why a recording cannot be re-analysed by this workbook: its summary.json has a schema newer than SCHEMA (a later
+    workbook wrote it; its fields may mean other things), or one that is no number. None when it can: an older
+    summary, or one without the key, is read as it was and its re-analysis is written as SCHEMA."""
+    v = summary.get("schema")
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and v <= SCHEMA):
+        return None
+    commit = ((summary.get("provenance") or {}).get("git") or {}).get("commit")
+    return (f"--reanalyse {src}: a recording of summary schema {v!r}, newer than this workbook's ({SCHEMA}): "
+            f"re-analyse it with the workbook that recorded it{f' (commit {str(commit)[:12]})' if commit else ''}, or "
+            f"update this one (git pull); it is not rewritten as schema {SCHEMA}")
 
 
 def script_of(dir_: Path) -> str | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.base.checks import SetupError, require_module
+from common.capture import store
 
 
 @dataclass
@@ -68,7 +69,10 @@ def add_flag(p: argparse.ArgumentParser) -> None:
 
 def open(src, script_file, tables=(), optional=(), copy=()) -> Recording:  # noqa: A001 - the module's verb
     """Read the recording in ``src``: summary.json, the CSV ``tables`` (required) and ``optional`` ones, the raw
-    files ``copy``. Raises SetupError (one line) when the folder, its summary or a required table is missing."""
+    files ``copy``. Raises SetupError (one line) when the folder, its summary or a required table is missing, or when
+    a later workbook wrote it (a newer summary schema); the line names the file and the verdicts it stands for. The
+    analysis goes on without an absent ``optional`` table; :func:`run` then lists each verdict of the recording that
+    it could not judge again as "not run", naming the file (never silently gone)."""
     pd = require_module("pandas")
     src = Path(src).resolve()
     stem = Path(script_file).stem
@@ -79,12 +83,20 @@ def open(src, script_file, tables=(), optional=(), copy=()) -> Recording:  # noq
     except (OSError, ValueError) as e:
         raise SetupError(f"--reanalyse {src}: no readable summary.json ({e.__class__.__name__}): is it a results "
                          f"folder of {stem}.py?") from None
+    if not isinstance(summary, dict):
+        raise SetupError(f"--reanalyse {src}: its summary.json is not a run's summary: is it a results folder of "
+                         f"{stem}.py?")
+    newer = store.newer_schema(summary, src)
+    if newer:
+        raise SetupError(newer)
     if summary.get("stem") not in (None, stem):
         raise SetupError(f"--reanalyse {src}: a recording of {summary.get('stem')}.py, not of {stem}.py")
     missing = [t for t in tables if not (src / f"{t}.csv").is_file()]
     if missing:
+        had = [o["hypothesis"] for o in summary.get("observations") or [] if isinstance(o, dict) and o.get("hypothesis")]
         raise SetupError(f"--reanalyse {src}: no {', '.join(m + '.csv' for m in missing)} to re-analyse "
-                         f"(written by {stem}.py)")
+                         f"(written by {stem}.py)" + (f"; without it none of the recording's {len(had)} verdicts can "
+                                                      f"be judged again ({', '.join(had)})" if had else ""))
     out = {t: pd.read_csv(src / f"{t}.csv") for t in tables}
     out.update({t: (pd.read_csv(src / f"{t}.csv") if (src / f"{t}.csv").is_file() else None) for t in optional})
     files = {f: (src / f).read_bytes() for f in copy if (src / f).is_file()}
@@ -101,8 +113,33 @@ def run(script_file, args, rec: Recording):
     with Run(script_file, rec.args_like(args), out=getattr(args, "out", None)) as r:   # --quick etc. as recorded
         r.reanalysis_of(rec.summary, rec.src)
         for n in rec.summary.get("notes", []):
-            if not n.startswith("re-analysed"):
+            if not n.startswith(("re-analysed", "not judged again")):      # both are said again for this run
                 r.note(n)
         for name, data in rec.files.items():
             r.path(name).write_bytes(data)
         yield r
+        not_judged(r, rec)
+
+
+def not_judged(r, rec: Recording) -> None:
+    """After the analysis: when the recording lacks optional tables that its run wrote (its summary lists them: a
+    partial copy), each verdict the recording had that this analysis could not judge again becomes a "not run"
+    observation naming the files (and the recorded verdict), and a note says which; a page lists them instead of losing
+    them. A table the recorded run never wrote (it predates it) loses nothing: a verdict the script no longer judges
+    is dropped on purpose."""
+    def key(o):        # a hypothesis by its id; an expected-vs-observed line (Run.observe) by its expectation
+        return o.get("hypothesis") or o.get("expected") if isinstance(o, dict) else None
+    wrote = set(rec.summary.get("tables") or []) | {f[:-4] for f in rec.summary.get("files") or []
+                                                    if isinstance(f, str) and f.endswith(".csv")}
+    absent = [f"{t}.csv" for t, df in rec.tables.items() if df is None and t in wrote]
+    judged = {key(o) for o in r.summary["observations"]}
+    lost = [o for o in rec.summary.get("observations") or [] if key(o) and key(o) not in judged] if absent else []
+    for o in lost:
+        r.summary["observations"].append({**o} if o.get("verdict") == "not run" else {   # (a re-analysis's, again)
+            **({"hypothesis": o["hypothesis"]} if o.get("hypothesis") else {}), "expected": o.get("expected", ""),
+            "verdict": "not run", "evidence": ", ".join(absent), "source": o.get("source", ""),
+            "observed": f"not judged: the recording {rec.src} lacks {', '.join(absent)}, which its run wrote (that run "
+                        f"found it {o.get('verdict', '?')})"})
+    if lost:
+        r.note(f"not judged again, the recording lacks {', '.join(absent)}: "
+               + "; ".join(o.get("hypothesis") or o["expected"][:80] for o in lost))

@@ -15,7 +15,9 @@ Folder layout (``<system>/results/``; with ``out=DIR`` the same beside DIR, in D
     .partial-<stem>-<stamp>-<pid>/         a run in progress (Run.dir); pruned once its pid is dead
     .previous/<stem>/                      the run it replaced (one copy)
     .failed/<stem>/<stamp>-<pid>-<status>/ failed | interrupted | setup-error runs: summary.json with the
-                                           error and traceback, error.txt; the last 5 per stem are kept
+                                           error and traceback, error.txt; the last 5 per stem are kept, the
+                                           newest whole, older ones whole within store.KEEP_FAILED_BYTES
+                                           (else only that small record); a full disk keeps only the record
 
 A finished run writes summary.json (atomically) inside its partial folder, then two renames swap it in:
 ``<stem>`` -> ``.previous/<stem>`` and the partial folder -> ``<stem>``. A process that dies between the
@@ -41,10 +43,9 @@ from pathlib import Path
 
 from common.base.checks import in_run_main, missing_package, SetupError
 from common.capture import gpu, store
-from common.capture.store import _FAILED, DISK_ERRNOS, KEEP_FAILED, ResultsError, SCHEMA, SUMMARY
+from common.capture.store import DISK_ERRNOS, ResultsError, SCHEMA, SUMMARY
 from common.judge import noise
-from common.judge.verdicts import VERDICTS
-from common.judge.verdicts import judge as _judge
+from common.judge.verdicts import judge as _judge, VERDICTS
 
 
 class Run:
@@ -56,8 +57,12 @@ class Run:
         self.stem = script.stem
         self.system = script.parent.parent.name
         self.script = f"{self.system}/scripts/{script.name}"
-        # a results entry that is a link (to another disk) is followed: the run lands where it points
+        # a results entry that is a link (to another disk) is followed: the run lands where it points; a link whose
+        # target is not there (its disk not mounted) is refused before anything is created
         entry = Path(out or store.results_dir(script)).absolute()
+        why = store.dangling(entry)
+        if why:
+            raise SetupError(why)
         self.final_dir = entry.resolve()
         self.previous_dir = store.previous_dir(self.final_dir)
         self.failed_root = store.failed_dir(self.final_dir)
@@ -79,6 +84,10 @@ class Run:
                 store._prune_stale(d)
             self.dir = self._new_partial(base)
         except OSError as e:
+            why = store.unusable(self.final_dir, e)
+            if why:
+                raise SetupError(f"results folder {self.final_dir} cannot be made: {why} ("
+                                 + ("give --out another path)" if out else "move it away or pass --out DIR)")) from None
             raise SetupError(f"results folder {base} is not writable: {store._oserr(e)} "
                              f"(fix its permissions or pass --out DIR)") from None
         args_d = vars(args) if hasattr(args, "__dict__") else dict(args or {})
@@ -176,6 +185,9 @@ class Run:
         """This run re-analyses files recorded by an earlier one (``prev``: its summary.json): the
         hardware provenance stays that of the recording, with when/where the analysis was redone."""
         from common.capture.gpu import provenance_line
+        newer = store.newer_schema(prev, source)      # never rewritten as this workbook's schema
+        if newer:
+            raise SetupError(newer)
         if prev.get("provenance"):
             now = self.summary["provenance"]
             self.summary["provenance"] = {**prev["provenance"],
@@ -255,7 +267,7 @@ class Run:
             store._swap_in(self.dir, self.final_dir, self.script)
         except OSError as e:
             store._rmtree(self.dir)
-            kept = self._keep_failed("failed", error=f"results not saved: {store._oserr(e)}")
+            kept = self._keep_failed("failed", error=f"results not saved: {store._oserr(e)}", small=True)
             raise ResultsError(f"results of {self.stem} not saved ({store._oserr(e)} while finishing); "
                                f"{self.final_dir} left as it was"
                                + (f"; record in {kept}" if kept else "")) from None
@@ -269,7 +281,7 @@ class Run:
             return self.kept_dir
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         ran_in = self.dir
-        kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb)
+        kept = self._keep_failed(status, error=f"{exc.__class__.__name__}: {exc}", tb=tb, small=store.disk_full(exc))
         # run_main names these in its one line (a path inside the partial folder is shown where it was kept)
         for attr, value in (("kept_in", kept), ("error_file", kept and kept / "error.txt"), ("ran_in", ran_in)):
             try:
@@ -280,9 +292,10 @@ class Run:
             print(f"[{status}] {self.stem}: kept in {kept}", file=sys.stderr)
         return kept
 
-    def _keep_failed(self, status: str, error: str | None = None, tb: str = "") -> Path | None:
-        """Move the partial folder to .failed/<stem>/<stamp>-<pid>-<status>/ (or, when that cannot be
-        written, a small record there); prune to the last KEEP_FAILED. None when nothing could be kept."""
+    def _keep_failed(self, status: str, error: str | None = None, tb: str = "", small: bool = False) -> Path | None:
+        """Move the partial folder to .failed/<stem>/<stamp>-<pid>-<status>/ (or, when that cannot be written or
+        ``small``: a full disk, only its small record there: summary.json and error.txt); prune (store.prune_failed:
+        the last KEEP_FAILED, within KEEP_FAILED_BYTES). None when nothing could be kept."""
         self._done = True
         self.summary.update(status=status, duration_s=round(time.time() - self._t0, 1))
         if error:
@@ -295,12 +308,16 @@ class Run:
             self._log.close()
         except (OSError, ValueError):
             pass
+        whole = not small
         try:
-            store.write_json_atomic(self.dir / SUMMARY, self.summary)
-            (self.dir / "error.txt").write_text(text)
-            self.failed_root.mkdir(parents=True, exist_ok=True)
-            os.rename(self.dir, dst)
-        except OSError:  # disk full or read-only: free the space first, then try a small record
+            if whole:
+                store.write_json_atomic(self.dir / SUMMARY, self.summary)
+                (self.dir / "error.txt").write_text(text)
+                self.failed_root.mkdir(parents=True, exist_ok=True)
+                os.rename(self.dir, dst)
+        except OSError:
+            whole = False
+        if not whole:  # a full disk or a read-only folder: free the space first, then try a small record
             store._rmtree(self.dir)
             made = False
             try:
@@ -312,17 +329,9 @@ class Run:
                 if made:          # only a folder this run created
                     store._rmtree(dst)
                 dst = None
-        self._prune_failed()
+        store.prune_failed(self.failed_root)
         self.kept_dir = dst
         return dst
-
-    def _prune_failed(self) -> None:
-        try:
-            kept = sorted(p for p in self.failed_root.iterdir() if _FAILED.match(p.name))
-        except OSError:
-            return
-        for p in kept[:-KEEP_FAILED]:
-            store._rmtree(p)
 
     def __enter__(self) -> "Run":
         return self

@@ -284,12 +284,12 @@ def per_call(j, label: str, what: str = "kernel"):
 
 def judge(run, x):
     j, chk = x.launches, x.chk
-    if "store" in x.args.kernels:
+    if "store" in x.args.kernels and j is not None:      # None: a recording without launches.csv (recording.open)
         st = per_call(j, CALL_STORE)
         run.judge(H["store_launches"], [len(c) for c in st], evidence="launches.csv",
                   detail=f"{', '.join(dict.fromkeys(r['kernel'] for c in st for r in c))}; plain torch index_put of K "
                          f"and V: {[len(c) for c in per_call(j, 'call: torch index_put K and V L=64')]} launches")
-    if "index" in x.args.kernels:
+    if "index" in x.args.kernels and j is not None:
         ix = per_call(j, CALL_INDEX)
         first = ix[0][0] if ix and ix[0] else {}
         run.judge(H["warp"], [c[0]["warps_per_token"] for c in ix if c], evidence="launches.csv",

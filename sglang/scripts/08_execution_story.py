@@ -278,16 +278,14 @@ def main(argv=None) -> int:
             data = measure(args, run, P, model_dir, base, backend, backend_why)
             data.update(backend_why=backend_why, pk={k: pk.get(k) for k in PK_KEYS}, windows=[])
             if args.ncu:
-                if not srv_ncu.alive():
-                    raise sg.ServerError(f"{srv_ncu.name} exited while held (log: {srv_ncu.log_path}): "
-                                         f"{srv_ncu.last_lines()}")
-                gate.release()
+                gate.release(srv_ncu)        # a GateError naming why when the held server is gone (its gate closed)
                 run.log("phases 0-2 done: the server under ncu may use the GPU now; the traced stories are joined "
                         "meanwhile")
                 # the CPU-heavy join of the traces (~20 s) runs in a thread while ncu replays kernels on the GPU
                 with ThreadPoolExecutor(1) as pool:
                     job = pool.submit(trace_tables, data, cfg)
                     srv_ncu.wait_ready()
+                    gate.verify(srv_ncu)     # a start that was not held is a GateError: its counters not trusted
                     _rows, data["windows"] = counters(srv_ncu, run, P, log_file)
                     data["ncu_layers"] = COUNTER_LAYERS
                     t0 = time.time()

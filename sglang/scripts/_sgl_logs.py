@@ -27,7 +27,7 @@ START_PHASES = (
     # a server started early under a gate (_sgl_gate): its scheduler's imports, then the wait for the GPU
     ("scheduler_imports", r"hands-on gate: holding", "scheduler process spawned and its imports done (the main "
                           "process builds the tokenizer manager meanwhile)"),
-    ("gate", r"hands-on gate: (?:released|not released)", "held by the workbook's gate until the GPU was free for it "
+    ("gate", r"hands-on gate: released after", "held by the workbook's gate until the GPU was free for it "
                                                           "(the run's measurements ran meanwhile)"),
     ("scheduler_start", r"Init torch distributed begin", "scheduler process spawned, importing "
                         "sglang.srt.managers.scheduler (torch again, the model registry); the main process builds "

@@ -76,4 +76,4 @@ from _sgl_stamps import (  # noqa: E402,F401
 )
 from _sgl_server import _gpu_pids_left, Server  # noqa: E402,F401
 from _sgl_shared import PIPELINE_STEM, _record_start, _sglang_env, flag_diff, server, SharedServer, why_not_shared  # noqa: E402,F401
-from _sgl_gate import Gate  # noqa: E402,F401
+from _sgl_gate import Gate, GateError  # noqa: E402,F401
