@@ -250,13 +250,6 @@ OTHER_GPU = "NVIDIA A100-SXM4-80GB"      # a GPU model that no committed page sh
 PAGE_GPU = "NVIDIA H100 80GB HBM3"       # the GPU model of the committed pages' runs (a seeded run beside them)
 
 
-def by_design(w, line: str) -> bool:
-    """A 'mixes runs' line of a page that shows another GPU's runs on purpose: an "On the other GPU" block, or a
-    committed page that already mixes them (its header says so: blocks of steps the other GPU ran with ncu)."""
-    page = line.split(":", 1)[0]
-    p = w.root / page
-    return p.is_file() and ("<!-- auto:versus/" in p.read_text() or "This page mixes runs from" in p.read_text())
-
 
 def lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
@@ -612,14 +605,6 @@ def make_reports(w: World, env, *args) -> subprocess.CompletedProcess:
 def totals(stdout: str) -> str:
     return lines(stdout)[-1]
 
-
-def bodies_outside(text: str, stems: tuple) -> str:
-    """A page with the bodies of the blocks of ``stems`` (and the index) blanked: what else must not change."""
-    def blank(m):
-        key = m.group("key")
-        keep = key == "index" or key.split("/", 1)[0] in stems
-        return m.group(1) + ("" if keep else m.group("body")) + m.group(4)
-    return report.BLOCK.sub(blank, text)
 
 
 @covers("report-mixed-machines")

@@ -185,9 +185,6 @@ def timeline(events, width: int = 100, label_width: int = 28, lane_key: str = "l
     return "\n".join(out + [axis])
 
 
-def _nan(v) -> bool:
-    return isinstance(v, float) and math.isnan(v)
-
 
 def fmt_bytes(b: float) -> str:
     return f"{b / GIB:g} GiB" if b >= GIB else f"{b / MIB:g} MiB"
