@@ -394,4 +394,5 @@ def test_each_check_fails_on_a_seeded_contradiction():
     moved = fi[ff].replace("analysis.md#12-the-merge-kernel-a-closer-look", "analysis.md#12-the-merge", 1)
     assert broken_links({**fi, ff: moved})
     assert history("At commit 7198304 the merge ran; an earlier run showed it, before 1c8479f.\n"
-                   "`sgl-project/x@20fcd7f` is fine, and so is 16384.") == ["an earlier run", "before 1c8479f", "commit 7198304"]
+                   "`sgl-project/x@20fcd7f` is fine, and so is 16384.") == [
+        "an earlier run", "before 1c8479f", "commit 7198304"]

@@ -358,7 +358,8 @@ def findings(run, a, shown: str) -> None:
                     "the attention kernel it merges.")
     px = a["prefix"]
     if len(px):
-        t, n = px["shared_ms"].median() / px["first_ms"].median(), px["shared_new_tokens"].iloc[0] / px["first_new_tokens"].iloc[0]
+        t = px["shared_ms"].median() / px["first_ms"].median()             # the share of the time ...
+        n = px["shared_new_tokens"].iloc[0] / px["first_new_tokens"].iloc[0]  # ... for this share of the tokens
         run.finding(f"A prompt sharing {px['cached_len'].min()} tokens with the previous one prefills its "
                     f"{px['shared_new_tokens'].iloc[0]} new tokens in {px['shared_ms'].median():.2f} ms of GPU time against "
                     f"{px['first_ms'].median():.2f} ms for the first {px['first_new_tokens'].iloc[0]}: {t:.2f} of the time "
