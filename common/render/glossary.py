@@ -4,8 +4,10 @@
     render("columns")                # one section as Markdown: columns | stalls | rates | verdicts | times
 
 Each section is rendered from the one place the meaning lives: the kernel table's declaration
-(common.tables.kernels), the warp-stall table (common.judge.bounds.STALL_MEANING), the ceilings (common.capture.ceilings), the verdict
-rule (common.judge.verdicts, common.base.stats). Change a meaning there and `make reports` changes the glossary with it.
+(common.tables.kernels), the warp-stall table (common.judge.bounds.STALL_MEANING), the ceilings
+(common.capture.ceilings), the verdict rule with its run-to-run margins and the GPU models that measured them
+(common.judge.verdicts, common.judge.noise, common.base.stats). Change a meaning there and `make reports`
+changes the glossary with it.
 """
 from __future__ import annotations
 
@@ -89,13 +91,25 @@ def _occupancy() -> str:
 
 def _verdicts() -> str:
     from common.base.stats import BOOTSTRAP_FROM
+    from common.judge import noise, verdicts
+    borrowed = verdicts._margin_source({"borrowed": True, "model": "MODEL", "runs": "RUNS"})
     return _table([
         {"word": "hypothesis", "meaning": "what the plan expected, with the quantity it is judged on, the range that "
          "confirms it and where that range comes from"},
-        {"word": "confirmed", "meaning": "the whole interval of the measurement lies inside the range"},
-        {"word": "refuted", "meaning": "the whole interval lies outside the range"},
-        {"word": "inconclusive", "meaning": "the interval crosses a bound of the range, there were fewer than 3 "
-         "repetitions, or a premise failed"},
+        {"word": "confirmed", "meaning": "the whole interval of the measurement lies inside the range and, where the "
+         "quantity has a run-to-run margin, its point moved by that margin stays inside too"},
+        {"word": "refuted", "meaning": "the whole interval lies outside the range and, with a run-to-run margin, its "
+         "point moved by that margin stays outside too"},
+        {"word": "inconclusive", "meaning": "the interval crosses a bound of the range, the point moved by its "
+         "run-to-run margin would cross one (\"within the run-to-run noise\"), there were fewer than 3 repetitions, "
+         "or a premise failed"},
+        {"word": "run-to-run margin", "meaning": "how far a judged quantity's point moved between two runs of the same "
+         f"experiments on one GPU model, the largest move seen, kept per GPU model in {noise._rel(noise.NOISE_FILE)} "
+         "(python -m common noise A B --write); a verdict names the runs it comes from. GPU models with margins of "
+         f"their own: {', '.join(noise.models()) or 'none yet'}"},
+        {"word": "borrowed margin", "meaning": "a GPU model without a margin of its own for a quantity borrows the "
+         "largest one any other model measured (common.judge.noise.margin_for), never silently: the verdict says "
+         f"\"{borrowed}\""},
         {"word": "premise failed", "meaning": "a condition the hypothesis depends on did not hold (e.g. the pool never "
          "filled): the verdict is inconclusive whatever the number"},
         {"word": "[lo, hi] (3 range)", "meaning": "the interval of 3 to 9 repetitions: their lowest and highest value "

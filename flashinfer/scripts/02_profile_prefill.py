@@ -504,6 +504,23 @@ def judge_ncu(run, x):
                      f"grid {rows[0].get('grid') if rows else 'n/a'}, {sms} SMs", where)
 
 
+def findings(run, x):
+    """The sentence the pages state about this run (Run.finding), from the figures the story prints: the merge kernel a
+    split short prefill adds against the attention kernel it merges (ncu time of the first split FA2 call shown)."""
+    if x.kern is None:
+        return
+    split = x.cs[(x.cs["backend"] == "fa2") & x.cs["plan_split_kv"].astype(bool) & x.cs["out_given"].astype(bool)]
+    for r in split.itertuples():
+        k = x.kern[(x.kern["kind"] == "sweep") & (x.kern["backend"] == "fa2") & (x.kern["batch"] == r.batch)
+                   & (x.kern["qo_len"] == r.qo_len) & (x.kern["kv_len"] == r.kv_len) & (x.kern["model"] == x.models[0])]
+        att, mrg = (k[k["role"] == role]["ncu_time_us"].median() for role in ("attention", "merge"))
+        if att == att and mrg == mrg:
+            run.finding(f"FA2 at batch {r.batch}, {r.qo_len} new tokens on {r.kv_len} KV splits the KV: its merge kernel "
+                        f"takes {story.fmt(mrg)} us of ncu time, {'longer than' if mrg > att else 'less than'} the "
+                        f"{story.fmt(att)} us of the attention kernel it merges.")
+            return
+
+
 def tell(x) -> str:
     """The execution story: per traced shape what plan() decided, what run() launched, time and TFLOP/s."""
     items = [(f'backend="auto" -> {x.auto}', [])]
@@ -579,6 +596,7 @@ def analyse(run, x: Record) -> None:
     judge_calls(run, x)
     if x.kern is not None:
         judge_ncu(run, x)
+    findings(run, x)
     # ---- the story
     run.story(tell(x), echo=True)
 

@@ -436,6 +436,26 @@ def judge_ncu(run, x):
                                      for r in rows)) or "not profiled", where)
 
 
+def findings(run, x):
+    """The sentence the pages state about this run (Run.finding), from the sweep table they show: the tensor-core path
+    against the CUDA-core kernel at each batch of KV 4096, faster or slower, and their rates where those are DRAM rates."""
+    if not {"cuda", "tc"} <= set(x.variants):
+        return
+    m = x.m0[x.m0["kv_len"] == 4096]
+    parts = []
+    for b, g in m.groupby("batch"):
+        tc, cu = (g[g["variant"] == v].iloc[0] if (g["variant"] == v).any() else None for v in ("tc", "cuda"))
+        if tc is None or cu is None:
+            continue
+        rate = (f"; {story.fmt(tc['eff_pct'])}% against {story.fmt(cu['eff_pct'])}% of the read ceiling"
+                if tc["eff_pct"] == tc["eff_pct"] and cu["eff_pct"] == cu["eff_pct"] else "")
+        parts.append(f"batch {b}: {story.fmt(tc['time_us'])} against {story.fmt(cu['time_us'])} us "
+                     f"({'faster' if tc['time_us'] < cu['time_us'] else 'slower'}{rate})")
+    if parts:
+        run.finding("At KV 4096 the tensor-core path (the prefill kernel) against the CUDA-core kernel, kernel time: "
+                    + "; ".join(parts) + ".")
+
+
 def tell(x) -> str:
     """The execution story: per traced shape what plan() decided, what run() launched, time and bandwidth."""
     items = []
@@ -505,6 +525,7 @@ def analyse(run, x: Record) -> None:
     judge_plan_and_calls(run, x)
     if x.kern is not None:
         judge_ncu(run, x)
+    findings(run, x)
     # ---- the story
     run.story(tell(x), echo=True)
 

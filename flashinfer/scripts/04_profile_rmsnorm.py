@@ -314,6 +314,19 @@ def judge(run, x):
              f"ncu_kernels.csv ({len(rows)} launches, kind=reference)")
 
 
+def findings(run, x):
+    """The sentence the pages state about this run (Run.finding), from the fusion table: the time fusing the residual
+    add saves against the bytes it saves (ncu's DRAM bytes with --ncu, else the formula's), and whether the time
+    follows the bytes (within 5 points), as it does for kernels that wait on memory."""
+    fu = x.fu
+    t = fu["time_saving_pct"].median()
+    dram = x.kern is not None and fu["dram_saving_pct"].notna().any()
+    b = fu["dram_saving_pct"].median() if dram else fu["formula_saving_pct"].iloc[0]
+    run.finding(f"Fusing the residual add into RMSNorm saves {t:.1f}% of the kernel time for {b:.1f}% fewer "
+                f"{'DRAM bytes (ncu)' if dram else 'formula bytes'} at the fusion point: the time "
+                f"{'follows' if abs(t - b) <= 5 else 'does not follow'} the bytes.")
+
+
 def own_share(small, big) -> list[float]:
     """Effective bandwidth of each repetition at the small point as % of the same repetition's at the fusion point
     (the repetitions are interleaved, so a drift hits both alike)."""
@@ -373,6 +386,7 @@ def analyse(run, x: Record) -> None:
                                             title=f"RMSNorm, hidden {h0}, bf16 — {x.pk['gpu']}"))
     # ---- verdicts
     judge(run, x)
+    findings(run, x)
     # ---- the story
     run.story(tell(x), echo=True)
 

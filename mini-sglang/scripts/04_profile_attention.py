@@ -408,6 +408,25 @@ def judge(run, x):
               detail="; ".join(dict.fromkeys(bounds.bound_why(r) for r in pre_rows.to_dict("records"))))
 
 
+def findings(run, x):
+    """The sentence the pages state about this run (Run.finding), from the figures its verdicts read: decode at batch 32
+    x KV 4096 with tensor cores on (FlashInfer's prefill kernel) against off (its decode kernel), faster or slower in
+    kernel time (the median repetition), and what bounds each kernel in ncu (common.judge.bounds.bound)."""
+    c = x.cmp
+    rows = {v: c[(c["variant"] == v) & (c["point"] == D32)].to_dict("records") if len(c) else [] for v in ("fi", "fi tc=off")}
+    if not all(rows.values()):
+        return
+    on, off = (timing.median_row(rows[v], "time_us")["time_us"] for v in ("fi", "fi tc=off"))
+    text = (f"At decode batch 32 x KV 4096 the tensor-core path takes {story.fmt(on)} us of kernel time against "
+            f"{story.fmt(off)} us with tensor cores off ({'faster' if on < off else 'slower'})")
+    if x.ncu is not None:
+        k = x.ncu[~x.ncu["kernel"].str.contains("Merge") & (x.ncu["rep"] == 0)]
+        why = [f"{r['kernel']} {bounds.bound_why(r).split(';')[0]}" for v in ("fi", "fi tc=off")
+               for r in k[k["call"] == f"{v} {D32}"].to_dict("records")[:1]]
+        text += "; ncu: " + "; ".join(why) if why else ""
+    run.finding(text + ".")
+
+
 def tell(x) -> str:
     items = [("backends: fi (FlashInfer fa2, page size 1), fi tc=off" + (", fa (sgl_kernel)" if x.fa_ok else "")
               + f"; not here: {'' if x.fa_ok else 'fa (' + x.fa_why + '), '}trtllm (sm100)", [])]
@@ -471,6 +490,7 @@ def analyse(run, x: Record) -> None:
                                                    title=f"decode attention — {x.pk['gpu']}"))
     # ---- verdicts
     judge(run, x)
+    findings(run, x)
     if len(x.cmp):
         med = x.cmp.groupby(["variant", "point"])[["eff_tb_s", "eff_pct", "plan_cpu_us", "tflop_s",
                                                    "pct_bf16_ceiling"]].median()

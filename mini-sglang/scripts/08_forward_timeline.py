@@ -321,6 +321,52 @@ def variant_lines(a, shown: str, others: list[str]) -> list[str]:
     return out
 
 
+def findings(run, a, shown: str) -> None:
+    """The sentences the pages state about this run (Run.finding), from the figures the story and the verdicts print:
+    the largest part of each waterfall, what the decode step's GEMMs stream (weight streaming % of the DRAM read
+    ceiling against common.tables.kernels.SATURATED), the prefill GEMMs' share of the bf16 ceiling and the split-KV
+    merge against the attention it merges, and the shared-prefix prefill's time against its tokens."""
+    f = story.fmt
+    for key, what in (("ttft", "the wall time to the first token"), ("decode", "the period between two tokens")):
+        wf = (a.get("waterfall") or {}).get(key)
+        if wf and wf.get("total_ms"):
+            top = max(wf["parts"], key=lambda p: p["ms"])
+            run.finding(f"The largest part of {what} ({wf['total_ms']:.2f} ms) is {top['name']}: {top['ms']:.2f} ms, "
+                        f"{100 * top['ms'] / wf['total_ms']:.1f}%.")
+    tree = [r for r in a["tree"] if r["variant"] == shown and r["segment"] == "layer"]
+    dec = [r for r in tree if r["mode"] == "decode" and r["cls"] == "gemm"]
+    if dec:
+        big = max(dec, key=lambda r: r["dur_us"])
+        num = lambda v: isinstance(v, (int, float)) and v == v      # noqa: E731 - a measured value, not NaN/None
+        text = (f"In the decode step (batch {dec[0]['bs']}) the layers' GEMMs take "
+                f"{f(sum(r['share_all_layers_pct'] for r in dec))}% of the kernel time")
+        if num(big.get("stream_pct")):
+            sat = "at or above" if big["stream_pct"] >= kernels.SATURATED else "below"
+            text += (f"; the largest, {big['role']}, streams its weights at {f(big['stream_pct'])}% of the DRAM read "
+                     f"ceiling, {sat} the {kernels.SATURATED:g}% that counts as saturated")
+            if num(big.get("dram_pct")):
+                text += f" (ncu: {f(big['dram_pct'])}% of the {big['dram_kind']} ceiling)"
+        run.finding(text + ".")
+    pre = [r for r in tree if r["mode"] == "prefill"]
+    gemm = [r["pct_bf16_ceiling"] for r in pre if r["cls"] == "gemm" and r["pct_bf16_ceiling"] == r["pct_bf16_ceiling"]]
+    att = [r for r in pre if r["role"] == "attention"]
+    merge, attn = ([r["dur_us"] for r in att if ("Merge" in r["kernel"]) == m] for m in (True, False))
+    if gemm and merge and attn:
+        run.finding(f"In the prefill step (batch {pre[0]['bs']}) the layers' GEMMs run at {f(min(gemm))}% to "
+                    f"{f(max(gemm))}% of the bf16 ceiling; the split-KV merge kernel takes {f(sum(merge))} us of kernel "
+                    f"time per layer, {'longer than' if sum(merge) > sum(attn) else 'less than'} the {f(sum(attn))} us of "
+                    "the attention kernel it merges.")
+    px = a["prefix"]
+    if len(px):
+        t = px["shared_ms"].median() / px["first_ms"].median()             # the share of the time ...
+        n = px["shared_new_tokens"].iloc[0] / px["first_new_tokens"].iloc[0]  # ... for this share of the tokens
+        run.finding(f"A prompt sharing {px['cached_len'].min()} tokens with the previous one prefills its "
+                    f"{px['shared_new_tokens'].iloc[0]} new tokens in {px['shared_ms'].median():.2f} ms of GPU time against "
+                    f"{px['first_ms'].median():.2f} ms for the first {px['first_new_tokens'].iloc[0]}: {t:.2f} of the time "
+                    f"for {n:.2f} of the tokens" + (", so a cost per step that does not grow with the tokens sets its "
+                                                   "time" if t > 2 * n else "") + ".")
+
+
 # ------------------------------------------------------------------ figures, verdicts, headline, story (GPU run and --reanalyse)
 
 @dataclass
@@ -346,6 +392,7 @@ def report(run, x: Record) -> None:
     judge(run, a, s.variants)
     if a.get("waterfall"):
         judge_waterfall(run, a["waterfall"])
+    findings(run, a, show)
     st = a["steps"]
     run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
                                    for v in s.variants}, **x.observer,
