@@ -56,6 +56,9 @@ FAULTS = {
                                      "reports untouched; the last good pipeline run kept"),
     "pipeline-cpu-only-torch": ("pipelines", "each step '[setup] torch 2.11.0+cpu is a CPU-only build ...'; failed; "
                                              "exit 1; reports untouched"),
+    "make-quick-no-gpu": ("pipelines", "make quick / make all (also SKIP_SETUP=1) without nvidia-smi or with one that "
+                                       "fails: one line '... *** [setup] make quick needs an NVIDIA GPU: ...'; exit 2; "
+                                       "nothing installed, no pipeline run; make test / check / reports unaffected"),
     "pipeline-ctrl-c": ("pipelines", "step 'interrupted', no further step; 'reports not refreshed'; exit 130; "
                                      "the step's process tree gone"),
     "pipeline-sigterm": ("pipelines", "as Ctrl-C: exit 130, reports untouched, processes gone"),
@@ -419,6 +422,44 @@ def test_the_real_pipeline_on_a_machine_without_a_gpu(tmp_path, pids, fault):
     assert out.stdout.rstrip().endswith("reports not refreshed: the pipeline ended failed (only a run whose every "
                                         "step is ok refreshes them).")
     w.check()
+
+
+@covers("make-quick-no-gpu")
+@pytest.mark.parametrize("goal, smi, extra", [("quick", "missing", ()), ("quick", "fail", ()),
+                                              ("all", "fail", ("SKIP_SETUP=1",)), ("quick", "missing", ("SKIP_SETUP=1",))])
+def test_make_quick_without_a_gpu_stops_in_one_line_before_installing(tmp_path, pids, goal, smi, extra):
+    """Issue #38: on a machine without a usable GPU, `make quick` installed the 9.2 GB GPU stack, then failed over
+    many lines. Now one line and exit 2 before anything runs (`make -n` shows what would run: nothing); with a GPU
+    the same command goes on, and make test / check / reports never ask for one."""
+    if not shutil.which("make"):
+        pytest.skip("make is not installed")
+    root = tmp_path / "repo"
+    (root / "tests").mkdir(parents=True)
+    for f in ("Makefile", "requirements.txt", "tests/requirements.txt"):
+        shutil.copy(REPO / f, root / f)
+    env = env_for(tmp_path, smi="fail")
+    if smi == "missing":                      # a PATH with what the check uses, and no nvidia-smi
+        b = tmp_path / "bin-no-smi"
+        b.mkdir()
+        for tool in ("timeout", "head"):
+            (b / tool).symlink_to(shutil.which(tool))
+        env["PATH"] = str(b)
+    make = shutil.which("make")
+    out = run([make, "--no-print-directory", "-n", "-C", root, goal, *extra], env)
+    why = (r"there is no nvidia-smi on PATH here" if smi == "missing" else
+           r"nvidia-smi -L found none here \(NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+           r"driver\. Make sure that the latest NVIDIA driver is installed and running\.\)")
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    (line,) = lines(out.stderr)
+    assert re.fullmatch(rf"Makefile:\d+: \*\*\* \[setup\] make {goal} needs an NVIDIA GPU: {why}; nothing was installed "
+                        r"or run \(without a GPU: make test, make check, make reports\)\.  Stop\.", line), line
+    assert not (root / ".venv").exists()
+    gpu = env_for(tmp_path, smi="h200")                    # with a GPU it goes on (-n: prints, runs nothing)
+    ok = run([make, "--no-print-directory", "-n", "-C", root, goal, *extra], gpu)
+    assert ok.returncode == 0 and "06_full_pipeline.sh" in ok.stdout, ok.stdout + ok.stderr
+    assert ("python3 -m venv .venv" in ok.stdout) == (not extra)
+    for other in ("test", "check", "reports"):             # need no GPU: not even asked
+        assert run([make, "--no-print-directory", "-n", "-C", root, other], env).returncode == 0
 
 
 @covers("pipeline-ctrl-c", "pipeline-sigterm")
