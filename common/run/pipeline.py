@@ -15,9 +15,11 @@ Flags, the same meaning in every system:
     --no-warmup  no JIT warm-up step          --dry-run  print the plan and exit 0
 
 The steps are data: ``<system>/scripts/_steps.py`` defines ``STEPS = [Step(...), ...]`` (and optionally
-``NOTES``, a line per flag that adds nothing there). Each step is a child process in its own process group
-(common.capture.procs.Group), its output on the console and in ``logs/<step>.log``. First comes the warm-up
-(common.capture.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
+``NOTES``, a line per flag that adds nothing there, and ``NEEDS``, the "module:callable" checks every step makes
+first: torch with CUDA, a GPU, the system's package). NEEDS is checked once, in one child, before anything runs:
+what is missing is that check's own [setup] line, said once, and no step runs (exit 2). Each step is a child
+process in its own process group (common.capture.procs.Group), its output on the console and in
+``logs/<step>.log``. First comes the warm-up (common.capture.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
 is reported apart from measurement time; its status does not count towards the pipeline's.
 
 Before the first step, the servers that a killed run of any script left behind (their pidfiles in the
@@ -55,8 +57,9 @@ Status of a step from its exit code: 0 ok ("ok (skipped)" when it printed a line
 2 setup-error, 130 interrupted, anything else failed; "missing" when its script does not exist. Ctrl-C or
 SIGTERM stops the running step's whole process group, marks it interrupted and runs no further step.
 The pipeline: ok (every step ok), partial (some ok), failed (none ok) or interrupted; exit code 0 only
-when ok, 130 when interrupted (Ctrl-C or SIGTERM), 2 for a bad command line or a results folder that
-cannot be written (one line, no step runs), else 1. Only an ok pipeline refreshes the system's reports.
+when ok, 130 when interrupted (Ctrl-C or SIGTERM), 2 for a bad command line, a results folder that
+cannot be written or a NEEDS check that fails (one line, no step runs), else 1. Only an ok pipeline refreshes
+the system's reports.
 
 Writes ``<system>/results/06_full_pipeline/`` through common.run.results.Run (a run that is not ok is kept
 beside the last good one, not over it): steps.csv (step, status, seconds, kind, command, started_utc, rc),
@@ -74,6 +77,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,7 +99,9 @@ from common.run.steps import (
     eta_text,
     fmt_s,
     load_provider,
+    load_needs,
     load_system,
+    needs_main,
     plan_services,
     previous_table,
     server_row,
@@ -159,6 +165,28 @@ def run_child(argv, log: Path, cwd: Path, env: dict, name: str) -> tuple[int | N
     return rc, interrupted
 
 
+def preflight(root: Path, system: str) -> str | None:
+    """What every step of the system needs (its _steps.py NEEDS: torch with CUDA, a GPU, the system's package),
+    checked once in a child (``python -m common pipeline needs``, common.run.steps.needs_main) before any step:
+    None when it is there (or nothing is declared), else the one line to print -- the check's own [setup] line,
+    the one each step would have printed. A check that fails otherwise is a note; the steps then check themselves."""
+    if not load_needs(root, system):
+        return None
+    argv = [sys.executable, "-m", "common", "pipeline", "needs", "--root", str(root), "--system", system]
+    try:
+        r = subprocess.run(argv, cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"note: the check of what every step needs did not run ({e.__class__.__name__}: {e})", flush=True)
+        return None
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
+    if r.returncode == 2 and said and said[-1].startswith("[setup] "):
+        return f"{said[-1]} -- every step of this pipeline needs it: no step was run"
+    if r.returncode != 0:
+        print(f"note: the check of what every step needs ended with exit {r.returncode} "
+              f"({said[-1] if said else 'no line'}); each step checks for itself", flush=True)
+    return None
+
+
 INTERRUPTED_RCS = (130, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)   # Ctrl-C / SIGTERM
 
 
@@ -220,6 +248,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["nsys"]:
         return nsys_main(argv[1:])
+    if argv[:1] == ["needs"]:
+        return needs_main(argv[1:])
     a = parse_args(argv)
     root = Path(a.root or os.environ.get(ROOT_ENV) or REPO_ROOT).resolve()
     try:
@@ -257,6 +287,11 @@ def main(argv=None) -> int:
         plan.insert(0, warmup_command(a.system, mods))
     prev, prev_dir = previous_table(root, a.system)
     attach_eta(plan, prev)
+    if not a.dry_run and any(p.kind == "measure" for p in plan):
+        missing = preflight(root, a.system)
+        if missing:                        # what every step needs is missing: said once, no step runs
+            print(missing, file=sys.stderr)
+            return 2
     flags = " ".join(f"--{f}" for f, on in (("ncu", a.ncu), ("nsys", a.nsys)) if on)
     title = f"{a.system} pipeline --{a.mode}{' ' + flags if flags else ''}{' --only ' + ','.join(only) if only else ''}"
     width = max(len(p.name) for p in plan) if plan else 10

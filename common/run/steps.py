@@ -83,10 +83,8 @@ def load_steps(root: Path, system: str) -> tuple[list, dict]:
     return steps, notes
 
 
-def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
-    """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
-    modules of common.capture.jit's catalogue, every ``Step.server`` a declared service."""
-    from common.capture import jit
+def _declaration(root: Path, system: str):
+    """The module ``<root>/<system>/scripts/_steps.py``, executed (a broken one: UsageError, one line)."""
     path = root / system / "scripts" / "_steps.py"
     if not path.exists():
         found = sorted(p.parent.parent.name for p in root.glob("*/scripts/_steps.py"))
@@ -95,6 +93,24 @@ def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
         spec = importlib.util.spec_from_file_location(f"_steps_{system.replace('-', '_')}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        return mod
+    except Exception as e:  # noqa: BLE001 - a broken declaration is one line, not a traceback
+        raise UsageError(f"cannot read {path}: {e.__class__.__name__}: {e}") from None
+
+
+def load_needs(root: Path, system: str) -> tuple:
+    """``NEEDS`` of the system's _steps.py: "module:callable" checks that every one of its steps makes first
+    (torch with CUDA, a GPU, the system's package); the runner makes them once, before any step (:func:`needs_main`)."""
+    return tuple(getattr(_declaration(root, system), "NEEDS", ()))
+
+
+def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
+    """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
+    modules of common.capture.jit's catalogue, every ``Step.server`` a declared service."""
+    from common.capture import jit
+    path = root / system / "scripts" / "_steps.py"
+    mod = _declaration(root, system)
+    try:
         steps, notes = list(mod.STEPS), dict(getattr(mod, "NOTES", {}))
         servers = dict(getattr(mod, "SERVERS", {}))
     except Exception as e:  # noqa: BLE001 - a broken declaration is one line, not a traceback
@@ -295,6 +311,17 @@ def measure_hints(root: Path = REPO_ROOT, systems=SYSTEMS) -> dict:
                 h["all"] = f"{pipe} --all --only {s.name}{where}"
             mine[stem] = mine.get(stem) or h
     return out
+
+
+def needs_main(argv) -> int:
+    """``python -m common pipeline needs --system S [--root R]``: the system's NEEDS checks, in order, in this one
+    process (the runner starts it before any step). A missing piece is the check's own [setup] line -- the very
+    line each step would print -- and exit 2 (common.base.checks.run_main runs every `python -m common` tool)."""
+    opts = dict(zip(argv[::2], argv[1::2]))
+    root, system = Path(opts.get("--root") or REPO_ROOT), opts.get("--system", "")
+    for spec in load_needs(root, system):
+        load_provider(root, system, spec)()
+    return 0
 
 
 def report_main(argv=None) -> int:

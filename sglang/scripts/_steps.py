@@ -26,6 +26,8 @@ SERVERS = {
     "default": Service("_sglang:SharedServer", modes=("quick",),
                        why="one server start for 01, 02, 03 and 08 instead of one or two each"),
 }
+# what every step checks first (torch with CUDA, a GPU, sglang, pandas, matplotlib): the runner checks it once
+NEEDS = ("common.base.checks:require_gpu", "_sgl_facts:require_stack")
 
 STEPS = [
     Step("00_check_env", "00_check_env.py"),
