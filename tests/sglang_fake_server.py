@@ -10,6 +10,10 @@ successfully!", or answers 400), and can misbehave on purpose:
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
   --ready-after S   answer /health with 503 for the first S seconds
   --sglang-log      print SGLang's start-up milestone lines (time-stamped like SGLANG_LOG_MS=1) while it starts
+With HANDS_ON_GATE in its environment (a server held by _sgl_gate) it does what SGLang 0.5.17 does: after the
+ServerArgs line its "scheduler" -- a multiprocessing child -- runs the plugins of the entry-point group
+sglang.srt.plugins (SGLang's load_plugins()), so the gate holds it; the rest of the start (the lines that touch
+the GPU: "Init torch distributed begin" on) and the HTTP server come only once the child is through.
 A /generate whose sampling_params hold "fake_running_s": S stays running for S seconds (also when its client
 has gone), as a request a killed experiment left behind; /v1/loads counts it.
 Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
@@ -60,10 +64,30 @@ def log(msg):
     print(time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}] {msg}", flush=True)
 
 
-def start_log(span):
-    for line in START_LINES:
+def start_log(span, lines=START_LINES):
+    for line in lines:
         time.sleep(span / (len(START_LINES) + 1))
         log(line)
+
+
+def scheduler():
+    """The held part of a start: SGLang's run_scheduler_process() begins with load_plugins()."""
+    from importlib.metadata import entry_points
+    for ep in entry_points(group="sglang.srt.plugins"):
+        ep.load()()
+
+
+def gated(argv):
+    """A start under the gate (HANDS_ON_GATE set): the ServerArgs line, then the scheduler child held until the
+    gate's file appears, then the rest."""
+    import multiprocessing as mp
+    os.environ.setdefault("HANDS_ON_GATE_TIMEOUT", str(MAX_LIFE_S))      # bounded, as every loop here
+    log(START_LINES[0])
+    child = mp.get_context("spawn").Process(target=scheduler)
+    child.start()
+    child.join()
+    if "--sglang-log" in argv:
+        start_log(0.5, START_LINES[1:])
 
 
 def main(argv):
@@ -74,7 +98,7 @@ def main(argv):
     t0 = time.time()
     ready_after = float(a.get("--ready-after", 0) or 0)
     print(f"fake server: model {a.get('--model-path')} on {host}:{port}", flush=True)
-    if "--sglang-log" in argv:
+    if "--sglang-log" in argv and not os.environ.get("HANDS_ON_GATE"):    # gated: gated() logs them
         threading.Thread(target=start_log, args=(max(ready_after, 0.5),), daemon=True).start()
     if "--ignore-term" in argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -90,6 +114,8 @@ def main(argv):
             os._exit(3)
         threading.Thread(target=die, daemon=True).start()
 
+    if os.environ.get("HANDS_ON_GATE"):            # once the SIGTERM and die handlers are in place
+        gated(argv)
     running = [0]
     lock = threading.Lock()
 

@@ -43,7 +43,12 @@ class Step:
     jit: tuple = ()                      # common.capture.jit modules it loads (the warm-up builds them first)
     jit_all: tuple = ()                  # ... and those it loads only in its full run
     under: str = ""                      # "nsys": run it under Nsight Systems (see nsys_main below)
-    server: str = ""                     # a SERVERS name: the shared service it uses (in that service's modes)
+    server: str | tuple = ""             # a SERVERS name, or several: the shared services it uses (in their modes)
+
+    @property
+    def servers(self) -> tuple:
+        """The SERVERS names it uses, as a tuple."""
+        return ((self.server,) if self.server else ()) if isinstance(self.server, str) else tuple(self.server)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class Service:
     modes: tuple = ("quick",)            # the modes in which the runner shares it; otherwise each step starts its own
     why: str = ""                        # one line: what sharing it saves
     options: dict = field(default_factory=dict)   # keyword arguments for the provider
+    held: bool = False                   # launched when the run begins, held (no GPU work) until its row: the
+                                         # provider's launch(); its start then overlaps the steps before its row
 
 
 class ServiceSkipped(Exception):
@@ -70,7 +77,7 @@ class Planned:
     shown: str                           # the command as a user would type it (python, relative paths)
     script: Path | None                  # the file that must exist
     eta: float | None = None             # seconds, from the last run; None: never timed
-    service: str = ""                    # measure: the shared service it uses; server: the service it starts
+    services: tuple = ()                 # measure: the shared services it uses; server: (the service it starts,)
 
 
 class UsageError(Exception):
@@ -121,7 +128,7 @@ def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
     if dup or bad:
         raise UsageError(f"{path}: " + (f"duplicate step names {dup}" if dup else
                                         f"unknown JIT modules {bad} (python -m common jit --list)"))
-    unknown = sorted({s.server for s in steps if s.server and s.server not in servers})
+    unknown = sorted({n for s in steps for n in s.servers if n and n not in servers})
     if unknown:
         raise UsageError(f"{path}: steps name undeclared servers {unknown} (SERVERS declares "
                          f"{sorted(servers) or 'none'})")
@@ -193,7 +200,7 @@ def _shown(argv, root: Path) -> str:
     return shlex.join(one(str(a)) for a in argv)
 
 
-def step_command(root: Path, system: str, s: Step, args: list, service: str = "") -> Planned:
+def step_command(root: Path, system: str, s: Step, args: list, services: tuple = ()) -> Planned:
     py, scripts = sys.executable, root / system / "scripts"
     path = scripts / s.script
     args = [a.replace("{python}", py).replace("{scripts}", str(scripts)) for a in args]
@@ -201,7 +208,7 @@ def step_command(root: Path, system: str, s: Step, args: list, service: str = ""
     if s.under == "nsys":
         out = root / system / "results" / "nsys_timeline" / s.name
         argv = [py, "-m", "common", "pipeline", "nsys", "--out", str(out), "--"] + argv
-    return Planned(s.name, "measure", argv, _shown(argv, root), path, service=service)
+    return Planned(s.name, "measure", argv, _shown(argv, root), path, services=tuple(services))
 
 
 def server_row(name: str) -> str:
@@ -212,10 +219,10 @@ def plan_services(plan: list[Planned], handles: dict) -> list[Planned]:
     """The plan with a "server" row before the first step of each shared service it uses."""
     out, seen = [], set()
     for p in plan:
-        if p.service and p.service not in seen:
-            seen.add(p.service)
-            out.append(Planned(server_row(p.service), "server", [], handles[p.service].describe(), None,
-                               service=p.service))
+        for n in p.services:
+            if n not in seen:
+                seen.add(n)
+                out.append(Planned(server_row(n), "server", [], handles[n].describe(), None, services=(n,)))
         out.append(p)
     return out
 
