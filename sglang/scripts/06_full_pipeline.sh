@@ -12,8 +12,9 @@
 #   --no-warmup  no JIT warm-up (python -m common jit builds the FlashInfer modules an SGLang server
 #                compiles during its CUDA-graph capture: batch_prefill fa2 and sm90, cascade, norm)
 #   --dry-run    print the steps, their commands and the ETA; run nothing
-# With --quick one SGLang server (row server:default, _sglang.SharedServer) is started before 01 and stopped
-# after 08, also on failure or Ctrl-C; 01, 02, 03 and 08 run on it where their flags are its flags.
+# With --quick one SGLang server per configuration (_sglang.SharedServer): server:default for 01, 02, 03, 08,
+# server:lpm for 02's LPM pass, server:triton for 03's Triton variant; all three launched when the run begins,
+# held after their imports (no GPU work) until their rows, stopped after their last step, on failure or Ctrl-C.
 # The runner is common/run/pipeline.py (the same for every system); the steps are declared in
 # sglang/scripts/_steps.py. Progress lines carry the elapsed time and an ETA from the last run's
 # step times (steps.csv). Writes sglang/results/06_full_pipeline/ (steps.csv, warmup.csv, server_starts.csv,
