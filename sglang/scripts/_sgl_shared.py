@@ -212,6 +212,7 @@ class SharedServer:
         self.min_gpu_gb = self.MIN_GPU_GB if min_gpu_gb is None else min_gpu_gb
         self.srv: Server | None = None
         self.gate: Gate | None = None                     # launch(): the gate its scheduler waits at
+        self.gate_dir: Path | None = None                 # ... and its folder (removed with the server)
         self.launched_at: float | None = None
         self._lines: list[str] = []
 
@@ -252,9 +253,10 @@ class SharedServer:
                       pidfile=servers_dir(PIPELINE_STEM) / f"{os.getpid()}-{self.name}.pid")
 
     def launch(self, log_dir) -> None:
-        """Start it now, held: its processes import (the ~45 s of a start that is Python) while the run's steps
+        """Start it now, held: its processes import (most of a start is Python) while the run's steps
         go on; its scheduler waits at a gate (_sgl_gate) before it touches the GPU, until :meth:`start`."""
-        self.gate = Gate(Path(log_dir) / f"gate-{self.name}")
+        self.gate_dir = Path(log_dir) / f"gate-{self.name}"
+        self.gate = Gate(self.gate_dir)
         try:
             self.srv = self._server(log_dir, self.gate.env())
             self.srv.launch()
@@ -326,9 +328,9 @@ class SharedServer:
         if self.srv is not None:
             self.srv.stop()
             self.srv = None
-        if self.gate is not None:                         # its plugin and release file: of no use any more
-            shutil.rmtree(self.gate.folder, ignore_errors=True)
-            self.gate = None
+        if self.gate_dir is not None:                     # its plugin and release file: of no use any more
+            shutil.rmtree(self.gate_dir, ignore_errors=True)
+        self.gate = self.gate_dir = None
 
     def lines(self) -> list[str]:
         return list(self._lines)
