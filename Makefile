@@ -11,6 +11,16 @@ PYTEST_ARGS ?=
 
 .PHONY: help setup test test-gpu check quick all reports clean
 
+# make quick / make all run on a GPU: where nvidia-smi is missing or lists no GPU they stop here, in one line and
+# exit 2, before anything is installed (make test, check and reports need no GPU and skip this)
+GPU_GOALS := $(filter quick all,$(MAKECMDGOALS))
+ifneq ($(GPU_GOALS),)
+SMI_SAYS := $(shell timeout 60 nvidia-smi -L 2>&1 | head -n 1)
+ifeq ($(findstring GPU ,$(SMI_SAYS)),)
+$(error [setup] make $(GPU_GOALS) needs an NVIDIA GPU: $(if $(shell command -v nvidia-smi),nvidia-smi -L found none here ($(or $(SMI_SAYS),no output)),there is no nvidia-smi on PATH here); nothing was installed or run (without a GPU: make test, make check, make reports))
+endif
+endif
+
 help: ## list the targets
 	@echo "hands-on — learn SGLang, mini-SGLang and FlashInfer by running them on your GPU"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'

@@ -14,6 +14,10 @@ successfully!", or answers 400), and can misbehave on purpose:
                     sglang.srt.plugins, where sglang/scripts/_sgl_gate.py holds it) before it is ready; /health
                     answers 200 only after it; when it exits with an error the server exits with code 3, as
                     SGLang's launcher does when its scheduler dies before it is ready
+With HANDS_ON_GATE in its environment (a server held by _sgl_gate) it starts gated as with --gated-scheduler, as
+SGLang 0.5.17 does: after the ServerArgs line its "scheduler" -- a multiprocessing child -- runs the plugins of the
+entry-point group sglang.srt.plugins (SGLang's load_plugins()), so the gate holds it; the rest of the start (the
+lines that touch the GPU: "Init torch distributed begin" on) comes only once the child is through.
 A /generate whose sampling_params hold "fake_running_s": S stays running for S seconds (also when its client
 has gone), as a request a killed experiment left behind; /v1/loads counts it.
 Every loop is bounded: the server and its child exit on their own after MAX_LIFE_S (a test that dies
@@ -66,9 +70,13 @@ def scheduler():
     print("fake scheduler: configured", flush=True)
 
 
-def gated_start(ready):
-    """Spawn the scheduler; set ``ready`` once it is configured, or exit 3 when it dies first."""
+def gated_start(ready, argv=()):
+    """The ServerArgs line, then spawn the scheduler; once it is through (its gate released) the rest of the start's
+    lines (with --sglang-log) and ``ready``; exit 3 when it dies first."""
     import multiprocessing
+    os.environ.setdefault("HANDS_ON_GATE_TIMEOUT", str(MAX_LIFE_S))      # bounded, as every loop here
+    if "--sglang-log" in argv:
+        log(START_LINES[0])
     proc = multiprocessing.get_context("spawn").Process(target=scheduler, daemon=True)
     proc.start()
 
@@ -77,6 +85,8 @@ def gated_start(ready):
         if proc.exitcode:
             log(f"Rank 0 scheduler is dead (exit code {proc.exitcode})")
             os._exit(3)
+        if "--sglang-log" in argv:
+            start_log(0.5, START_LINES[1:])
         ready.set()
     threading.Thread(target=watch, daemon=True).start()
 
@@ -87,8 +97,8 @@ def log(msg):
     print(time.strftime("[%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}] {msg}", flush=True)
 
 
-def start_log(span):
-    for line in START_LINES:
+def start_log(span, lines=START_LINES):
+    for line in lines:
         time.sleep(span / (len(START_LINES) + 1))
         log(line)
 
@@ -101,16 +111,15 @@ def main(argv):
     t0 = time.time()
     ready_after = float(a.get("--ready-after", 0) or 0)
     print(f"fake server: model {a.get('--model-path')} on {host}:{port}", flush=True)
-    if "--sglang-log" in argv:
+    gate = "--gated-scheduler" in argv or bool(os.environ.get("HANDS_ON_GATE"))
+    if "--sglang-log" in argv and not gate:        # gated: gated_start logs them around the hold
         threading.Thread(target=start_log, args=(max(ready_after, 0.5),), daemon=True).start()
     if "--ignore-term" in argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: (print("fake server: SIGTERM", flush=True), os._exit(0)))
     scheduled = threading.Event()
-    if "--gated-scheduler" in argv:
-        gated_start(scheduled)
-    else:
+    if not gate:
         scheduled.set()
     if "--spawn-child" in argv:
         subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"])
@@ -122,6 +131,8 @@ def main(argv):
             os._exit(3)
         threading.Thread(target=die, daemon=True).start()
 
+    if gate:                                       # once the SIGTERM and die handlers are in place
+        gated_start(scheduled, argv)
     running = [0]
     lock = threading.Lock()
 

@@ -256,6 +256,38 @@ def test_a_warmup_setup_error_does_not_stop_the_steps(tmp_path):
     assert "jit_warmup" not in nowarm
 
 
+NEEDS_CHECKS = ("import os\nfrom common.base.checks import SetupError\n"
+                "def stack():\n    if os.environ.get('FAKE_STACK') == 'missing':\n"
+                "        raise SetupError(\"Python package 'torch' is not importable. Install it: pip install torch\")\n"
+                "    if os.environ.get('FAKE_STACK') == 'broken':\n        raise RuntimeError('the check itself broke')\n")
+
+
+@pytest.mark.parametrize("stack", ["missing", "there", "broken"])
+def test_what_every_step_needs_is_checked_once_before_any_step(tmp_path, stack):
+    """Issue #38: a pipeline missing a package said so once per step (8 times for FlashInfer). The _steps.py NEEDS
+    checks run once, in one child, before any step: missing, their one [setup] line and exit 2, no step run, nothing
+    recorded; there, the steps run; a check that breaks otherwise is a note and the steps say for themselves."""
+    root = make_system(tmp_path, ['Step("a", "marker.py")', 'Step("b", "setup.py")'])
+    sd = root / SYS / "scripts"
+    (sd / "_checks.py").write_text(NEEDS_CHECKS)
+    (sd / "_steps.py").write_text((sd / "_steps.py").read_text() + 'NEEDS = ("_checks:stack",)\n')
+    out = run_pipeline(root, env={"FAKE_STACK": stack})
+    ran = (sd / "marker.txt").exists()
+    if stack == "missing":
+        assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+        assert out.stderr.splitlines() == ["[setup] Python package 'torch' is not importable. Install it: pip install "
+                                           "torch -- every step of this pipeline needs it: no step was run"]
+        assert not ran and not (root / SYS / "results").exists()
+        dry = run_pipeline(root, "--dry-run", env={"FAKE_STACK": stack})          # the plan needs no stack
+        assert dry.returncode == 0 and "dry run: nothing was run." in dry.stdout and "[setup]" not in dry.stderr
+        return
+    assert out.returncode == 1 and ran and "partial — 1/2 steps ok" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.count("[setup]") + out.stderr.count("[setup]") == 1          # b's own line, once
+    note = ("note: the check of what every step needs ended with exit 1 ([failed] RuntimeError: the check itself "
+            "broke")
+    assert (note in out.stdout) == (stack == "broken")
+
+
 # ------------------------------------------------------------------ the real systems
 
 @pytest.mark.parametrize("system", ["flashinfer", "mini-sglang", "sglang"])

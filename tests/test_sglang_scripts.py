@@ -215,6 +215,35 @@ def test_the_quick_pipelines_shared_server_is_exactly_what_01_02_03_08_ask_for(t
     assert servers["default"].modes == ("quick",) and servers["default"].provider == "_sglang:SharedServer"
 
 
+def test_the_held_lpm_and_triton_servers_are_exactly_what_02_and_03_ask_for(tmp_path, monkeypatch):
+    """Issue #38: 02's LPM pass and 03's Triton variant run on the pipeline's held servers 'lpm' and 'triton' (their
+    imports overlapped with the steps before): each server's model, flags and environment are exactly those the
+    script computes with its default options and --quick, the other configurations' are not, and the pipeline
+    offers each to its step only, in --quick only, launched when the run begins."""
+    import os
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path))
+    loaded, _notes, servers = steps.load_system(ROOT, "sglang")
+    infos = {}
+    for name, svc in servers.items():
+        assert svc.held and svc.modes == ("quick",) and svc.provider == "_sglang:SharedServer", name
+        h = sg.SharedServer(name, "quick", **svc.options)
+        model, fl = h.config(write=False)
+        infos[name] = {"model_path": model, "flags": fl, "env": sg._sglang_env(h.server_env), "pid": os.getpid()}
+    m02, m03 = load("02_radix_cache_analysis.py"), load("03_backend_comparison.py")
+    a, pool = m02.parse_args(["--quick"]), m02.QUICK["pools"][0]
+    _m, lpm = m02.server_flags(a, "lpm", pool, write=False)
+    _m, fcfs = m02.server_flags(a, "fcfs", pool, write=False)
+    m, tri, env = m03.server_flags(m03.parse_args(["--quick"]), "triton", write=False)
+
+    def fits(name, fl, e=sg.SERVING_ENV):
+        return sg.why_not_shared(infos[name], m, fl, e) is None
+    assert fits("lpm", lpm) and not fits("lpm", fcfs) and not fits("default", lpm)
+    assert fits("triton", tri, env) and not fits("default", tri, env) and not fits("triton", fcfs)
+    by = {s.name: s.servers for s in loaded}
+    assert by["02_radix_cache_analysis"] == ("default", "lpm") and by["03_backend_comparison"] == ("default", "triton")
+    assert by["01_baseline_perf"] == by["08_execution_story"] == ("default",)
+
+
 def test_tp_configs_must_fit_the_visible_gpus(monkeypatch):
     from common.capture import gpu
     from common.base.checks import SetupError

@@ -7,7 +7,10 @@ real provider, given the stand-in tests/sglang_fake_server.py as its launcher --
 flags (or, with WHAT=other, one more flag), prints which server it got, sends a request, then does WHAT
 (ok, fail, kill the server, leave a request running, sleep). Each case checks by pid which server each
 step used and that no server outlives the run; the guards were each broken once on purpose and seen to
-fail (see the commit that added this file).
+fail (see the commit that added this file). Held services (issue #38: Service(held=True), 02's LPM and 03's
+Triton servers) are launched when the run begins and held by the real gate (_sgl_gate, which the stand-in
+server runs as SGLang does) until their row: their cases check, from the servers' own logs, that no held
+server did its GPU part of the start before its row.
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ def main(argv=None):
             pid = srv.shared["pid"] if srv.shared else srv.group.pid
             print(f"USED {{what}} {{'shared' if srv.shared else 'own'}} {{pid}}", flush=True)
             srv.generate(input_ids=[1, 2, 3], sampling_params={{"max_new_tokens": 2}})
+            if what == "wait":
+                time.sleep(2)
             if what == "fail":
                 raise RuntimeError("the experiment failed, on purpose")
             if what == "kill":
@@ -62,28 +67,52 @@ def main(argv=None):
                 Path(__file__).with_name("sleeping.tmp").write_text(str(os.getpid()))
                 Path(__file__).with_name("sleeping.tmp").replace(Path(__file__).with_name("sleeping"))
                 time.sleep(60)
+    print(f"ENDED {{what}} {{time.time():.3f}}", flush=True)
     return 0
 
 run_main(main)
 '''
 
 
-def make_system(tmp_path: Path, steps: list[str], launcher_extra=()) -> Path:
+def make_system(tmp_path: Path, steps: list[str], launcher_extra=(), held=(), lpm=False, lpm_launcher=None) -> Path:
+    """A fake system whose SERVERS are 'default' (FLAGS) and, with ``lpm``, 'lpm' (FLAGS + --schedule-policy lpm);
+    the names in ``held`` are held services (launched when the run begins, released at their row)."""
     sd = write_fake_system(tmp_path, SYS, [])
     (sd / "scripts" / "exp.py").write_text(EXP)
     launcher = [sys.executable, str(FAKE), "--spawn-child", *launcher_extra]
+
+    def service(name, flags, launch):
+        opts = {"model_path": "dummy-model", "flags": flags, "launcher": launch, "start_timeout": 30,
+                "stop_timeout": 3, "check_timeout": 1}
+        return f"{name!r}: Service('_sglang:SharedServer', held={name in held}, options={opts!r})"
+    servers = [service("default", FLAGS, launcher)]
+    if lpm:
+        servers.append(service("lpm", FLAGS + ["--schedule-policy", "lpm"], lpm_launcher or launcher))
     (sd / "scripts" / "_steps.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
         "from common.run.steps import Service, Step\n\n"
-        f"SERVERS = {{'default': Service('_sglang:SharedServer', options={{'model_path': 'dummy-model', "
-        f"'flags': {FLAGS!r}, 'launcher': {launcher!r}, 'start_timeout': 30, 'stop_timeout': 3, "
-        f"'check_timeout': 1}})}}\n"
+        "SERVERS = {" + ", ".join(servers) + "}\n"
         "STEPS = [\n" + "".join(f"    {s},\n" for s in steps) + "]\n")
     return tmp_path
 
 
-def exp(name: str, what: str) -> str:
-    return f'Step("{name}", "exp.py", quick=("{what}",), full=("{what}",), server="default")'
+def exp(name: str, what: str, server="default") -> str:
+    return f'Step("{name}", "exp.py", quick=("{what}",), full=("{what}",), server={server!r})'
+
+
+def stamps(log: Path, pattern: str) -> list[float]:
+    """Epoch seconds of the log lines (SGLang's "[YYYY-mm-dd HH:MM:SS.mmm] ..." stamps) that match ``pattern``."""
+    import datetime as dt
+    out = []
+    for m in re.finditer(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] (.*)$", log.read_text(errors="replace"), re.M):
+        if re.search(pattern, m[2]):
+            out.append(dt.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S.%f").timestamp())
+    return out
+
+
+def ended(out: str) -> dict:
+    """{step's WHAT: epoch seconds when it ended}, from the ENDED lines the stand-in experiments print."""
+    return {m[0]: float(m[1]) for m in re.findall(r"^ENDED (\w+) ([\d.]+)$", out, re.M)}
 
 
 def env_for(tmp_path: Path) -> dict:
@@ -256,3 +285,109 @@ def test_a_killed_pipelines_server_is_found_and_stopped_by_the_next_run(tmp_path
     assert re.search(rf"found a process group left behind by a killed run \(\d+-default\.pid: pid {server}, ",
                      out.stdout)
     assert procs.wait_gone(left, 10) and not shared_pidfiles(root)
+
+
+# ------------------------------------------------------------------ held services: launched first, released at their row
+
+def test_held_servers_import_while_earlier_steps_run_and_touch_the_gpu_only_at_their_row(tmp_path, tracked):
+    """Issue #38: 02's LPM and 03's Triton servers each took a whole start inside their steps, ~45 s of it Python
+    imports. Held services are launched when the run begins; each is held by the gate after its imports and
+    released at its row, once the step before has ended: its GPU part of the start ('Init torch distributed' on)
+    comes after that step, the step that needs its flags runs on it, and it is stopped after its last step."""
+    root = make_system(tmp_path, [exp("a", "wait"), exp("b", "other", ("default", "lpm")), exp("c", "ok"),
+                                  'Step("after", "marker.py")'],
+                       launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True)
+    out = pipeline(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    u, t = used(out.stdout), ended(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    assert [u[w][0] for w in ("wait", "other", "ok")] == ["shared", "shared", "shared"]
+    assert u["wait"][1] == u["ok"][1] != u["other"][1]                    # 'other' on the held LPM server
+    o = out.stdout
+    assert re.search(r"^\[launch\] server:lpm\s+held until its row", o, re.M)
+    assert max(o.index("[launch] server:default"), o.index("[launch] server:lpm")) < o.index("[1/6] server:default")
+    assert "note: server:default, server:lpm: launched when the run begins" in o
+    logs = root / SYS / "results" / "06_full_pipeline" / "logs"
+    for name, before in (("default", None), ("lpm", "wait")):
+        log = logs / f"server-{name}.sglang.log"
+        (held,), (freed,) = stamps(log, r"hands-on gate: holding"), stamps(log, r"hands-on gate: released after")
+        gpu = stamps(log, r"Init torch distributed begin")[0]
+        assert held <= freed <= gpu
+        if before:                                      # its GPU work after the step before its row
+            assert gpu >= t[before] and freed - held >= 2.0, (gpu, t[before], freed - held)
+    assert not (logs / "gate-lpm").exists() and not (logs / "gate-default").exists()   # removed with the server
+    assert o.index("server:lpm: stopped in") < o.index("[5/6] c ")                         # after its last step
+    assert not any(procs.alive(p) for _h, p in u.values()) and not shared_pidfiles(root)
+    steps = rows_of(root, "steps.csv")
+    assert [(r["step"], r["kind"]) for r in steps] == [("server:default", "server"), ("a", "measure"),
+                                                       ("server:lpm", "server"), ("b", "measure"), ("c", "measure"),
+                                                       ("after", "measure")]
+    starts = {r["server"]: r for r in rows_of(root, "server_starts.csv")}
+    lpm = starts["shared server 'lpm'"]
+    assert float(lpm["gate_s"]) >= 2.0 and float(lpm["scheduler_imports_s"]) > 0       # the wait, the imports apart
+    assert float(lpm["waited_s"]) < float(lpm["start_s"]) - 2.0
+    story = " ".join(json.loads((root / SYS / "results" / "06_full_pipeline" / "summary.json").read_text())["story"]
+                     .split())                         # its lines are wrapped
+    assert re.search(r"shared server 'lpm' start 1: [\d.]+ s, launched when the run began and held [\d.]+ s at its "
+                     r"gate while earlier steps ran; ready [\d.]+ s after its release", story)
+    log = (root / SYS / "results" / "exp_other" / "log.txt").read_text()
+    assert re.search(r"runs on the pipeline's shared server 'lpm' \(pid \d+, .*, started by the runner in \d+ s, "
+                     r"\d+ s of it held at its gate while earlier steps ran", log)
+
+
+@pytest.mark.parametrize("how", ["killed-while-held", "cannot-start"])
+def test_a_held_server_that_is_gone_at_its_row_is_started_anew_or_its_step_starts_its_own(tmp_path, tracked, how):
+    """Killed while held: its row starts it anew (not held) and the step runs on it. A launcher that cannot start
+    it at all: its row says so, the step starts a server of its own (as without the pipeline)."""
+    bad = [sys.executable, "-c", "import sys; sys.exit(5)"] if how == "cannot-start" else None
+    root = make_system(tmp_path, [exp("a", "ok"), exp("b", "other", ("default", "lpm"))], held=("lpm",), lpm=True,
+                       lpm_launcher=bad)
+    if how == "killed-while-held":           # step a kills the held server by its pidfile, as an OOM killer might
+        (root / SYS / "scripts" / "kill_held.py").write_text(
+            "import json, os, pathlib, signal, sys\n"
+            f"d = pathlib.Path({str(root / 'cache' / 'servers' / '06_full_pipeline')!r})\n"
+            "(p,) = d.glob('*-lpm.pid')\nos.killpg(json.loads(p.read_text())['pgid'], signal.SIGKILL)\n")
+        sd = root / SYS / "scripts" / "_steps.py"
+        sd.write_text(sd.read_text().replace('STEPS = [\n', 'STEPS = [\n    Step("kill", "kill_held.py"),\n'))
+    out = pipeline(root)
+    u = used(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    if how == "killed-while-held":
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert re.search(r"shared server 'lpm': gone while held \(exit code -9; log .*\); starting it anew", out.stdout)
+        assert re.search(r"^\[\d/\d\] server:lpm\s+ok  in \d+s$", out.stdout, re.M) and u["other"][0] == "shared"
+    else:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert re.search(r"^\[\d/\d\] server:lpm\s+failed  in \d+s$", out.stdout, re.M)
+        assert "server:lpm: could not start (ServerError: shared server 'lpm' exited with code 5" in out.stdout
+        assert u["other"][0] == "own"
+    assert not any(procs.alive(p) for _h, p in u.values()) and not shared_pidfiles(root)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "sigterm", "sigkill"])
+def test_a_held_server_goes_with_an_interrupted_pipeline_or_the_next_run(tmp_path, tracked, sig):
+    """Ctrl-C or SIGTERM while a held server waits for its row: it is stopped with the run. SIGKILL: the next
+    run (of any steps) finds it by its pidfile and stops it."""
+    root = make_system(tmp_path, [exp("s", "sleep"), exp("never", "other", ("default", "lpm")),
+                                  'Step("plain", "marker.py")'], held=("lpm",), lpm=True)
+    p, server, step = _start_sleeping(root)
+    (held,) = [json.loads(f.read_text())["pgid"] for f in shared_pidfiles(root) if f.name.endswith("-lpm.pid")]
+    everything = family(server) + family(step) + family(held)
+    tracked += everything
+    assert procs.alive(held) and len(shared_pidfiles(root)) == 2
+    if sig == signal.SIGKILL:
+        p.kill()
+        p.wait(10)
+        os.killpg(step, signal.SIGKILL)
+        time.sleep(0.3)
+        assert all(procs.alive(q) for q in family(held))
+        out = pipeline(root, "--only", "plain")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert re.search(rf"found a process group left behind by a killed run \(\d+-lpm\.pid: pid {held}, ", out.stdout)
+    else:
+        p.send_signal(sig)
+        p.wait(60)
+        out = (root / "pipeline.out").read_text()
+        assert p.returncode == 130 and "server:lpm: stopped in" in out, out       # by the runner, before its row
+    assert procs.wait_gone(everything, 15), [q for q in everything if procs.alive(q)]
+    assert not shared_pidfiles(root)

@@ -15,29 +15,36 @@ Flags, the same meaning in every system:
     --no-warmup  no JIT warm-up step          --dry-run  print the plan and exit 0
 
 The steps are data: ``<system>/scripts/_steps.py`` defines ``STEPS = [Step(...), ...]`` (and optionally
-``NOTES``, a line per flag that adds nothing there). Each step is a child process in its own process group
-(common.capture.procs.Group), its output on the console and in ``logs/<step>.log``. First comes the warm-up
-(common.capture.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
+``NOTES``, a line per flag that adds nothing there, and ``NEEDS``, the "module:callable" checks every step makes
+first: torch with CUDA, a GPU, the system's package). NEEDS is checked once, in one child, before anything runs:
+what is missing is that check's own [setup] line, said once, and no step runs (exit 2). Each step is a child
+process in its own process group (common.capture.procs.Group), its output on the console and in
+``logs/<step>.log``. First comes the warm-up (common.capture.jit: the FlashInfer / tvm-ffi modules the chosen steps load, built in parallel) so that compile time
 is reported apart from measurement time; its status does not count towards the pipeline's.
 
 Before the first step, the servers that a killed run of any script left behind (their pidfiles in the
 workbook's one registry, $HANDS_ON_CACHE/servers/) are stopped: common.capture.procs.reap_left.
 
 Shared services: ``_steps.py`` may declare ``SERVERS = {name: Service(provider, modes=("quick",), why=...)}``
-and steps name one with ``Step(..., server=name)``. In those modes the runner starts the service once, before
-the first step that names it -- its own row in steps.csv (kind "server", timed apart like the warm-up) --,
-passes its address to the steps that name it (the variables of ``handle.env()``), checks it before each of
-them (``handle.check()``; a service a step left dead or busy is restarted, a new row), and stops it after
+and steps name one or several with ``Step(..., server=name | (name, ...))``. In those modes the runner starts each
+service once, before the first step that names it -- its own row in steps.csv (kind "server", timed apart like the
+warm-up) --, passes its address to the steps that name it (the variables of ``handle.env()``), checks it before
+each of them (``handle.check()``; a service a step left dead or busy is restarted, a new row), and stops it after
 its last step, on a failure, Ctrl-C and SIGTERM. At the start of every run ``handle.reap()`` stops what a
 killed (SIGKILL) run of the pipeline left behind. A service that cannot start (or declines:
 ServiceSkipped) is not offered: its steps then start what they need themselves, as when run on their own.
+A held service (``Service(held=True)``) is launched when the run begins (``handle.launch``, after the reaping):
+its slow, GPU-free part (a server's Python imports) runs while the steps before its row run, and it touches the
+GPU only once its row (``handle.start``) lets it, when the step before has ended; its row then times only what
+was left of its start. It is stopped like any service, also before its row (failure, Ctrl-C, SIGTERM).
 What the service is and how it starts lives in the system's own helper (the provider, e.g.
 ``_sglang:SharedServer``); the runner knows only this protocol::
 
     handle = provider(name=..., mode="quick"|"all", echo=print_fn, **options)   # starts nothing
     handle.reap()            stop what a killed run of this pipeline left (called at every run's start)
     handle.describe() -> str the command it runs, for the plan
-    handle.start(log_dir)    start, wait until usable; raise ServiceSkipped(why) to decline
+    handle.launch(log_dir)   (held services) start its GPU-free part now and return; raise as start() would
+    handle.start(log_dir)    start (a launched one: let it go on), wait until usable; ServiceSkipped(why) declines
     handle.check() -> why    None when usable before a step, else why not (the runner restarts it)
     handle.env() -> dict     variables for the steps that use it
     handle.lines() -> list   lines for the pipeline's story (e.g. where its start went)
@@ -55,8 +62,9 @@ Status of a step from its exit code: 0 ok ("ok (skipped)" when it printed a line
 2 setup-error, 130 interrupted, anything else failed; "missing" when its script does not exist. Ctrl-C or
 SIGTERM stops the running step's whole process group, marks it interrupted and runs no further step.
 The pipeline: ok (every step ok), partial (some ok), failed (none ok) or interrupted; exit code 0 only
-when ok, 130 when interrupted (Ctrl-C or SIGTERM), 2 for a bad command line or a results folder that
-cannot be written (one line, no step runs), else 1. Only an ok pipeline refreshes the system's reports.
+when ok, 130 when interrupted (Ctrl-C or SIGTERM), 2 for a bad command line, a results folder that
+cannot be written or a NEEDS check that fails (one line, no step runs), else 1. Only an ok pipeline refreshes
+the system's reports.
 
 Writes ``<system>/results/06_full_pipeline/`` through common.run.results.Run (a run that is not ok is kept
 beside the last good one, not over it): steps.csv (step, status, seconds, kind, command, started_utc, rc),
@@ -74,6 +82,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,7 +104,9 @@ from common.run.steps import (
     eta_text,
     fmt_s,
     load_provider,
+    load_needs,
     load_system,
+    needs_main,
     plan_services,
     previous_table,
     server_row,
@@ -159,6 +170,28 @@ def run_child(argv, log: Path, cwd: Path, env: dict, name: str) -> tuple[int | N
     return rc, interrupted
 
 
+def preflight(root: Path, system: str) -> str | None:
+    """What every step of the system needs (its _steps.py NEEDS: torch with CUDA, a GPU, the system's package),
+    checked once in a child (``python -m common pipeline needs``, common.run.steps.needs_main) before any step:
+    None when it is there (or nothing is declared), else the one line to print -- the check's own [setup] line,
+    the one each step would have printed. A check that fails otherwise is a note; the steps then check themselves."""
+    if not load_needs(root, system):
+        return None
+    argv = [sys.executable, "-m", "common", "pipeline", "needs", "--root", str(root), "--system", system]
+    try:
+        r = subprocess.run(argv, cwd=root, env=child_env(), capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"note: the check of what every step needs did not run ({e.__class__.__name__}: {e})", flush=True)
+        return None
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
+    if r.returncode == 2 and said and said[-1].startswith("[setup] "):
+        return f"{said[-1]} -- every step of this pipeline needs it: no step was run"
+    if r.returncode != 0:
+        print(f"note: the check of what every step needs ended with exit {r.returncode} "
+              f"({said[-1] if said else 'no line'}); each step checks for itself", flush=True)
+    return None
+
+
 INTERRUPTED_RCS = (130, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)   # Ctrl-C / SIGTERM
 
 
@@ -220,6 +253,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["nsys"]:
         return nsys_main(argv[1:])
+    if argv[:1] == ["needs"]:
+        return needs_main(argv[1:])
     a = parse_args(argv)
     root = Path(a.root or os.environ.get(ROOT_ENV) or REPO_ROOT).resolve()
     try:
@@ -250,13 +285,18 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"{_prog()}: {e}", file=sys.stderr)
         return 2
-    shared = {s.name: s.server for s, _ in chosen if s.server and a.mode in servers[s.server].modes}
-    plan = plan_services([step_command(root, a.system, s, args, shared.get(s.name, "")) for s, args in chosen], handles)
+    shared = {s.name: tuple(n for n in s.servers if a.mode in servers[n].modes) for s, _ in chosen}
+    plan = plan_services([step_command(root, a.system, s, args, shared[s.name]) for s, args in chosen], handles)
     mods = [] if a.no_warmup else warmup_modules(chosen, a.mode)
     if mods:
         plan.insert(0, warmup_command(a.system, mods))
     prev, prev_dir = previous_table(root, a.system)
     attach_eta(plan, prev)
+    if not a.dry_run and any(p.kind == "measure" for p in plan):
+        missing = preflight(root, a.system)
+        if missing:                        # what every step needs is missing: said once, no step runs
+            print(missing, file=sys.stderr)
+            return 2
     flags = " ".join(f"--{f}" for f, on in (("ncu", a.ncu), ("nsys", a.nsys)) if on)
     title = f"{a.system} pipeline --{a.mode}{' ' + flags if flags else ''}{' --only ' + ','.join(only) if only else ''}"
     width = max(len(p.name) for p in plan) if plan else 10
@@ -264,8 +304,12 @@ def main(argv=None) -> int:
     for note in left_out:
         print(f"note: {note}", flush=True)
     for p in plan:
-        if p.kind == "server" and servers[p.service].why:
-            print(f"note: {p.name}: {servers[p.service].why}", flush=True)
+        if p.kind == "server" and servers[p.services[0]].why:
+            print(f"note: {p.name}: {servers[p.services[0]].why}", flush=True)
+    held = [p.services[0] for p in plan if p.kind == "server" and servers[p.services[0]].held]
+    if held:
+        print(f"note: {', '.join(map(server_row, held))}: launched when the run begins, each held after its imports "
+              f"(no GPU work) until its row, so that its start overlaps the steps before it", flush=True)
     if a.dry_run:
         for i, p in enumerate(plan, 1):
             miss = "  (missing: the script does not exist)" if p.script and not p.script.exists() else ""
@@ -276,7 +320,7 @@ def main(argv=None) -> int:
     if not plan:
         print(f"{_prog()}: nothing to run", file=sys.stderr)
         return 2
-    return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks)
+    return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks, held)
 
 
 class _Sink:
@@ -294,12 +338,16 @@ class _Sink:
 
 class _Services:
     """The shared services of one run: started at their row, checked (and restarted) before each step that
-    uses them, offered to those steps through the environment, stopped after their last step and at the end."""
+    uses them, offered to those steps through the environment, stopped after their last step and at the end.
+    A held one (Service.held) is launched when the run begins (:meth:`launch`) and finishes its start at its row."""
 
-    def __init__(self, handles: dict, sinks: dict, plan: list, run, width: int):
+    def __init__(self, handles: dict, sinks: dict, plan: list, run, width: int, held=()):
         self.handles, self.sinks, self.run, self.width = handles, sinks, run, width
-        self.last = {p.service: p.name for p in plan if p.kind == "measure" and p.service}
+        self.last = {n: p.name for p in plan if p.kind == "measure" for n in p.services}
+        self.held = [n for n in held if hasattr(handles.get(n), "launch")]
         self.up: set = set()
+        self.launched: set = set()             # launched and held, their row not reached yet
+        self.launch_errors: dict = {}          # name -> what its launch raised (raised again at its row)
         self.down: dict = {}                   # name -> why it is not offered
 
     def reap(self) -> None:
@@ -310,13 +358,34 @@ class _Services:
                 print(f"{server_row(n)}: could not look for servers of killed runs: {e.__class__.__name__}: {e}",
                       flush=True)
 
+    def launch(self) -> None:
+        """Launch every held service now: its imports run while the steps before its row run; it touches the GPU
+        only once its row releases it. A launch that fails is said at its row (its steps start their own)."""
+        for n in self.held:
+            sink = self.sinks[n]
+            sink.path = self.run.path(f"logs/server-{n}.log")
+            try:
+                self.handles[n].launch(sink.path.parent)
+                self.launched.add(n)
+            except KeyboardInterrupt:
+                self._stop(n, quiet=True)
+                raise
+            except Exception as e:  # noqa: BLE001 - kept for its row
+                self.launch_errors[n] = e
+                self._stop(n, quiet=True)
+                continue
+            print(f"[launch] {server_row(n):<{self.width}}  held until its row (its imports run meanwhile)", flush=True)
+
     def start(self, name: str, row: dict, tag: str) -> None:
-        """Start ``name``, filling its row (status, seconds); its steps start their own when it does not."""
+        """Start ``name`` (a held one: release it), filling its row (status, seconds); its steps start their own
+        when it does not."""
         from common.base.checks import SetupError
         h, sink = self.handles[name], self.sinks[name]
         sink.path = self.run.path(f"logs/server-{name}.log")
         t0 = time.time()
         try:
+            if name in self.launch_errors:
+                raise self.launch_errors.pop(name)
             h.start(sink.path.parent)
             row["status"] = "ok"
             self.up.add(name)
@@ -335,6 +404,7 @@ class _Services:
             self._stop(name, quiet=True)
         finally:
             row["seconds"] = round(time.time() - t0, 1)
+            self.launched.discard(name)
         print(f"{tag}  {row['status']}  in {fmt_s(row['seconds'])}", flush=True)
 
     def ready(self, name: str, step: str) -> list[dict]:
@@ -369,12 +439,13 @@ class _Services:
         try:
             self.handles[name].stop()
         finally:
-            if name in self.up and not quiet:
+            if (name in self.up or name in self.launched) and not quiet:
                 self.sinks[name](f"{server_row(name)}: stopped in {time.time() - t0:.1f} s")
             self.up.discard(name)
+            self.launched.discard(name)
 
     def stop_all(self) -> None:
-        for n in list(self.up):
+        for n in [*self.up, *self.launched]:
             try:
                 self._stop(n)
             except KeyboardInterrupt:           # a second Ctrl-C: the group got SIGKILL; once more, quickly
@@ -394,7 +465,7 @@ def _utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, handles=None, sinks=None) -> int:
+def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, handles=None, sinks=None, held=()) -> int:
     """Run the plan inside a results.Run; write steps.csv and summary.json; refresh reports when ok."""
     from common.base.checks import SetupError
     from common.run.results import Run
@@ -412,11 +483,12 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
         print(f"{_prog()}: cannot open the results folder: {e.__class__.__name__}: {e}", file=sys.stderr)
         return 1
     os.environ[STARTS_ENV] = str(run.dir / "server_starts.jsonl")    # the steps inherit it (child_env)
-    services = _Services(handles or {}, sinks or {}, plan, run, width)
+    services = _Services(handles or {}, sinks or {}, plan, run, width, held)
     env, rows, t0, between = child_env(), [], time.time(), False
     try:
         reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         services.reap()                     # what a killed run of this pipeline left behind
+        services.launch()                   # the held services: their imports overlap the steps before their rows
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             row = {"step": p.name, "status": "", "seconds": 0.0, "kind": p.kind, "command": p.shown,
@@ -427,13 +499,13 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
                 print(f"{tag}  missing: {_shown([str(p.script)], root)} does not exist", flush=True)
                 continue
             step_env = env
-            if p.service and p.kind == "measure":              # a shared service it uses: usable, or restarted
-                rows[-1:-1] = services.ready(p.service, p.name)
-                step_env = {**env, **services.env(p.service)}
+            for n in p.services if p.kind == "measure" else ():   # the shared services it uses: usable, or restarted
+                rows[-1:-1] = services.ready(n, p.name)
+                step_env = {**step_env, **services.env(n)}
                 row["started_utc"] = _utc()
             print(f"{tag}  started  (elapsed {fmt_s(time.time() - t0)}, {eta_text(plan[i - 1:])})", flush=True)
             if p.kind == "server":
-                services.start(p.service, row, tag)
+                services.start(p.services[0], row, tag)
                 continue
             argv = p.argv + (["--csv", str(run.path("warmup.csv"))] if p.kind == "warmup" else [])
             log, ts = run.path(f"logs/{p.name}.log"), time.time()

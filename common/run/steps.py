@@ -43,7 +43,12 @@ class Step:
     jit: tuple = ()                      # common.capture.jit modules it loads (the warm-up builds them first)
     jit_all: tuple = ()                  # ... and those it loads only in its full run
     under: str = ""                      # "nsys": run it under Nsight Systems (see nsys_main below)
-    server: str = ""                     # a SERVERS name: the shared service it uses (in that service's modes)
+    server: str | tuple = ""             # a SERVERS name, or several: the shared services it uses (in their modes)
+
+    @property
+    def servers(self) -> tuple:
+        """The SERVERS names it uses, as a tuple."""
+        return ((self.server,) if self.server else ()) if isinstance(self.server, str) else tuple(self.server)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ class Service:
     modes: tuple = ("quick",)            # the modes in which the runner shares it; otherwise each step starts its own
     why: str = ""                        # one line: what sharing it saves
     options: dict = field(default_factory=dict)   # keyword arguments for the provider
+    held: bool = False                   # launched when the run begins, held (no GPU work) until its row: the
+                                         # provider's launch(); its start then overlaps the steps before its row
 
 
 class ServiceSkipped(Exception):
@@ -70,7 +77,7 @@ class Planned:
     shown: str                           # the command as a user would type it (python, relative paths)
     script: Path | None                  # the file that must exist
     eta: float | None = None             # seconds, from the last run; None: never timed
-    service: str = ""                    # measure: the shared service it uses; server: the service it starts
+    services: tuple = ()                 # measure: the shared services it uses; server: (the service it starts,)
 
 
 class UsageError(Exception):
@@ -83,10 +90,8 @@ def load_steps(root: Path, system: str) -> tuple[list, dict]:
     return steps, notes
 
 
-def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
-    """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
-    modules of common.capture.jit's catalogue, every ``Step.server`` a declared service."""
-    from common.capture import jit
+def _declaration(root: Path, system: str):
+    """The module ``<root>/<system>/scripts/_steps.py``, executed (a broken one: UsageError, one line)."""
     path = root / system / "scripts" / "_steps.py"
     if not path.exists():
         found = sorted(p.parent.parent.name for p in root.glob("*/scripts/_steps.py"))
@@ -95,6 +100,24 @@ def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
         spec = importlib.util.spec_from_file_location(f"_steps_{system.replace('-', '_')}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        return mod
+    except Exception as e:  # noqa: BLE001 - a broken declaration is one line, not a traceback
+        raise UsageError(f"cannot read {path}: {e.__class__.__name__}: {e}") from None
+
+
+def load_needs(root: Path, system: str) -> tuple:
+    """``NEEDS`` of the system's _steps.py: "module:callable" checks that every one of its steps makes first
+    (torch with CUDA, a GPU, the system's package); the runner makes them once, before any step (:func:`needs_main`)."""
+    return tuple(getattr(_declaration(root, system), "NEEDS", ()))
+
+
+def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
+    """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
+    modules of common.capture.jit's catalogue, every ``Step.server`` a declared service."""
+    from common.capture import jit
+    path = root / system / "scripts" / "_steps.py"
+    mod = _declaration(root, system)
+    try:
         steps, notes = list(mod.STEPS), dict(getattr(mod, "NOTES", {}))
         servers = dict(getattr(mod, "SERVERS", {}))
     except Exception as e:  # noqa: BLE001 - a broken declaration is one line, not a traceback
@@ -105,7 +128,7 @@ def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
     if dup or bad:
         raise UsageError(f"{path}: " + (f"duplicate step names {dup}" if dup else
                                         f"unknown JIT modules {bad} (python -m common jit --list)"))
-    unknown = sorted({s.server for s in steps if s.server and s.server not in servers})
+    unknown = sorted({n for s in steps for n in s.servers if n and n not in servers})
     if unknown:
         raise UsageError(f"{path}: steps name undeclared servers {unknown} (SERVERS declares "
                          f"{sorted(servers) or 'none'})")
@@ -177,7 +200,7 @@ def _shown(argv, root: Path) -> str:
     return shlex.join(one(str(a)) for a in argv)
 
 
-def step_command(root: Path, system: str, s: Step, args: list, service: str = "") -> Planned:
+def step_command(root: Path, system: str, s: Step, args: list, services: tuple = ()) -> Planned:
     py, scripts = sys.executable, root / system / "scripts"
     path = scripts / s.script
     args = [a.replace("{python}", py).replace("{scripts}", str(scripts)) for a in args]
@@ -185,7 +208,7 @@ def step_command(root: Path, system: str, s: Step, args: list, service: str = ""
     if s.under == "nsys":
         out = root / system / "results" / "nsys_timeline" / s.name
         argv = [py, "-m", "common", "pipeline", "nsys", "--out", str(out), "--"] + argv
-    return Planned(s.name, "measure", argv, _shown(argv, root), path, service=service)
+    return Planned(s.name, "measure", argv, _shown(argv, root), path, services=tuple(services))
 
 
 def server_row(name: str) -> str:
@@ -196,10 +219,10 @@ def plan_services(plan: list[Planned], handles: dict) -> list[Planned]:
     """The plan with a "server" row before the first step of each shared service it uses."""
     out, seen = [], set()
     for p in plan:
-        if p.service and p.service not in seen:
-            seen.add(p.service)
-            out.append(Planned(server_row(p.service), "server", [], handles[p.service].describe(), None,
-                               service=p.service))
+        for n in p.services:
+            if n not in seen:
+                seen.add(n)
+                out.append(Planned(server_row(n), "server", [], handles[n].describe(), None, services=(n,)))
         out.append(p)
     return out
 
@@ -295,6 +318,17 @@ def measure_hints(root: Path = REPO_ROOT, systems=SYSTEMS) -> dict:
                 h["all"] = f"{pipe} --all --only {s.name}{where}"
             mine[stem] = mine.get(stem) or h
     return out
+
+
+def needs_main(argv) -> int:
+    """``python -m common pipeline needs --system S [--root R]``: the system's NEEDS checks, in order, in this one
+    process (the runner starts it before any step). A missing piece is the check's own [setup] line -- the very
+    line each step would print -- and exit 2 (common.base.checks.run_main runs every `python -m common` tool)."""
+    opts = dict(zip(argv[::2], argv[1::2]))
+    root, system = Path(opts.get("--root") or REPO_ROOT), opts.get("--system", "")
+    for spec in load_needs(root, system):
+        load_provider(root, system, spec)()
+    return 0
 
 
 def report_main(argv=None) -> int:

@@ -17,7 +17,8 @@
 # flashinfer/scripts/_steps.py. Progress lines carry the elapsed time and an ETA from the last run's
 # step times (steps.csv). Writes flashinfer/results/06_full_pipeline/ (steps.csv, warmup.csv,
 # logs/<step>.log, summary.json) and refreshes the reports only when every step ended ok.
-# Exit 0 ok, 1 failed or partial, 2 bad usage, 130 interrupted. Python: $PYTHON (default python3).
+# Exit 0 ok, 1 failed or partial, 2 bad usage or what every step needs missing (one line), 130 interrupted.
+# Python: $PYTHON (default python3).
 # Examples:
 #   ./flashinfer/scripts/06_full_pipeline.sh --quick
 #   ./flashinfer/scripts/06_full_pipeline.sh --quick --ncu --nsys

@@ -8,6 +8,9 @@ and the story); where nsys is not usable they say so and show the torch-profiler
 """
 from common.run.steps import ONLY, Step
 
+# what every step checks first (torch with CUDA, a GPU, flashinfer): the runner checks it once, before any step
+NEEDS = ("_fi:require_stack",)
+
 ALL_FI = ("fi:decode", "fi:prefill_fa2", "fi:prefill_fa3", "fi:norm", "fi:rope")
 
 

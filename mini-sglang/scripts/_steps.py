@@ -7,6 +7,9 @@ Systems too (its torch-profiler timeline where nsys is not usable).
 """
 from common.run.steps import Step
 
+# what every step checks first (torch with CUDA, tvm-ffi, mini-SGLang's kernels, a GPU): the runner checks it once
+NEEDS = ("_msgl:require_gpu_stack",)
+
 INDEX, STORE = "msgl:index_8192_s4", "msgl:store_2048"         # Llama-3.1-8B: embedding rows, KV rows (TP1)
 
 STEPS = [

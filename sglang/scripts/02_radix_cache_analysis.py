@@ -5,7 +5,8 @@ What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-t
 for prefill and decode -- --quick captures decode graphs up to bs 64, the story's first line says so --:
 every time below is taken under that configuration). A, B and C's FCFS pass run on one server with
 SGLang's default scheduling policy (fcfs; in a --quick pipeline the pipeline's shared server, whose flags
-are exactly these); C's LPM pass needs a server of its own, --schedule-policy lpm being a launch flag.
+are exactly these); C's LPM pass needs a server of its own, --schedule-policy lpm being a launch flag (in
+a --quick pipeline the pipeline's 'lpm' server, launched when the pipeline began, its imports overlapped).
     A. cold vs warm: for each prefix length and branching factor, 3 times: after /flush_cache, one cold
        request (prefix + suffix 0), then k requests sharing the prefix, then an exact repeat, one at a
        time, each generating 1 token (so its latency is its prefill). Per request: prompt and cached
@@ -39,7 +40,7 @@ of the repetitions, common.judge.verdicts)
     * The three hit-rate measurements agree.
 
 Run
-    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (1 in a --quick pipeline), ~3.5 min warm
+    python sglang/scripts/02_radix_cache_analysis.py --quick     # 2 servers (the pipeline's in a --quick pipeline), ~3.5 min warm
     python sglang/scripts/02_radix_cache_analysis.py             # + more prefix lengths, a 2nd pool size
     python sglang/scripts/02_radix_cache_analysis.py --quick --pool-tokens 32768,16384
     python sglang/scripts/02_radix_cache_analysis.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again

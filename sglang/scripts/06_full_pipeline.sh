@@ -12,13 +12,15 @@
 #   --no-warmup  no JIT warm-up (python -m common jit builds the FlashInfer modules an SGLang server
 #                compiles during its CUDA-graph capture: batch_prefill fa2 and sm90, cascade, norm)
 #   --dry-run    print the steps, their commands and the ETA; run nothing
-# With --quick one SGLang server (row server:default, _sglang.SharedServer) is started before 01 and stopped
-# after 08, also on failure or Ctrl-C; 01, 02, 03 and 08 run on it where their flags are its flags.
+# With --quick one SGLang server per configuration (_sglang.SharedServer): server:default for 01, 02, 03, 08,
+# server:lpm for 02's LPM pass, server:triton for 03's Triton variant; all three launched when the run begins,
+# held after their imports (no GPU work) until their rows, stopped after their last step, on failure or Ctrl-C.
 # The runner is common/run/pipeline.py (the same for every system); the steps are declared in
 # sglang/scripts/_steps.py. Progress lines carry the elapsed time and an ETA from the last run's
 # step times (steps.csv). Writes sglang/results/06_full_pipeline/ (steps.csv, warmup.csv, server_starts.csv,
 # logs/<step>.log, summary.json) and refreshes the reports only when every step ended ok.
-# Exit 0 ok, 1 failed or partial, 2 bad usage, 130 interrupted. Python: $PYTHON (default python3).
+# Exit 0 ok, 1 failed or partial, 2 bad usage or what every step needs missing (one line), 130 interrupted.
+# Python: $PYTHON (default python3).
 # Examples:
 #   ./sglang/scripts/06_full_pipeline.sh --quick
 #   ./sglang/scripts/06_full_pipeline.sh --all

@@ -50,8 +50,9 @@ The rooms, each one noun, each importing only the rooms above it in this list (e
   _sgl_bench   sglang.benchmark.serving in one worker process (BenchWorker, run_bench)
   _sgl_stamps  SGLang's forward steps in a trace and the per-request stage stamps (waterfalls)
   _sgl_server  Server: start, health, HTTP calls, profiler windows, stop; the registry of servers left behind
-  _sgl_shared  the pipeline's shared server (SharedServer) and the experiments' server() choice
   _sgl_gate    the gate plugin that holds a server's scheduler until the GPU is free
+  _sgl_shared  the pipeline's shared servers (SharedServer; held ones wait at a _sgl_gate) and the experiments'
+               server() choice among them
 """
 import sys
 from pathlib import Path
