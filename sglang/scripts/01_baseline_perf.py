@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from _sgl01_pressure import (  # noqa: E402
-    PRESSURE_TABLES, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
+    PRESSURE_TABLES, load_shape, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
     record_pressure, step_classes, top_usage, write_pressure
 )
 from common.base import story  # noqa: E402
@@ -80,10 +80,10 @@ from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=128, batch=8, itl_points=[(1, 512), (16, 512)], itl_new=160, rates=("8", "32"),
              load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128,
-             pressure_in=384, pressure_out=192, long_prompt=10000)
+             **load_shape(quick=True))
 FULL = dict(reps=3, prompt=512, new=128, batch=32, itl_points=[(1, 512), (1, 8192), (8, 4096), (32, 4096), (64, 2048)],
             itl_new=512, rates=("4", "16", "64", "inf"), load_n=256, load_in=1024, load_out=256, trace_steps=48,
-            bar_n=256, bar_in=1024, bar_out=256, pressure_in=1024, pressure_out=512, long_prompt=20000)
+            bar_n=256, bar_in=1024, bar_out=256, **load_shape(quick=False))
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 01"
 KV_SPAN_MIN = 0.25    # itl-linear-kv is judged only when the KV range moves >= 25% of a step's bytes
 H = declare(f"""

@@ -53,6 +53,21 @@ from common.capture import clocks  # noqa: E402
 CHUNK = 8192      # SGLang's default chunked_prefill_size on H100/H200 (a run records /server_info's own)
 FILL = 2.0        # tokens offered / the pool's tokens
 LONG_NEW = 8      # tokens the long prompt generates: its prefill is the point
+NEW_TOKEN_RATIO = 0.7    # SGLANG_INIT_NEW_TOKEN_RATIO: the share of a running request's remaining output PrefillAdder keeps
+SHAPES = {"quick": dict(pressure_in=384, pressure_out=192, long_prompt=10000),
+          "full": dict(pressure_in=1024, pressure_out=512, long_prompt=20000)}
+
+
+def load_shape(quick: bool) -> dict:
+    """The load's prompt and output lengths and its long prompt (01's QUICK / FULL take them from here, and 08 traces
+    a decode step at the batch this shape plateaus at)."""
+    return dict(SHAPES["quick" if quick else "full"])
+
+
+def plateau(pool: int, prompt_in: int, out: int, ratio: float = NEW_TOKEN_RATIO) -> int:
+    """The running batch PrefillAdder admits before the pool's budget is spent: pool / (prompt + ratio x output),
+    whole requests (32,768 / (384 + 0.7 x 192) = 63 with --quick)."""
+    return max(1, int(pool // (prompt_in + ratio * out)))
 
 
 def burst_size(pool: int, P: dict) -> int:

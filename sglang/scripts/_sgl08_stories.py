@@ -127,6 +127,7 @@ def analyse_story(trace_path, log_text, cfg, pk):
     base = ev.attrs.get("base_us") or 0.0
     spans = [{"name": g["step_name"].iloc[0], "start_us": float(g["ts_us"].min()), "dur_us":
               float(g["end_us"].max() - g["ts_us"].min()), "kernels": len(g), "kernel_us": float(g["dur_us"].sum()),
+              "tokens": work[s]["tokens"], "kv_tokens": sum(work[s]["kv_lens"]),
               **{k.replace("log_", ""): j.get(k) for k in ("log_new_token", "log_cached_token", "log_running_req",
                                                             "log_queue_req", "log_token_usage")}}
              for (s, g), j in zip(kt.groupby("step"), joined)]
