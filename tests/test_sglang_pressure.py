@@ -201,7 +201,7 @@ def admit_and_decode(n, prompt, out, pool, chunk=8192, page=1, ratio=0.7, decay_
 
 def test_the_quick_pressure_load_must_fill_the_pool():
     """The --quick load on the pipeline's pool (sg.QUICK_POOL_TOKENS) and SGLang's chunk of 8192, in the model above:
-    requests still queue once admission stops (they wait for KV space), the running batch stays within the 64 decode CUDA graphs of --quick, the pool
+    requests still queue once admission stops (they wait for KV space), the running batch stays near the plateau 08 traces (_sgl01_pressure.plateau), the pool
     runs out (a retraction) before the first wave's last token, with >= 20% of its output left as margin, and the long
     prompt needs more than one chunk. 01's rate loads before it (32 prompts of 512 / 64) fill none of it."""
     m01 = kit.load_script(ROOT / "sglang" / "scripts" / "01_baseline_perf.py", "pressure01q")
@@ -209,7 +209,7 @@ def test_the_quick_pressure_load_must_fill_the_pool():
     n = pl.burst_size(pool, P)
     assert n == 114 and n * (P["pressure_in"] + P["pressure_out"]) >= 2 * pool            # the docstring's arithmetic
     got = admit_and_decode(n, P["pressure_in"], P["pressure_out"], pool)
-    assert got["queued"] > 0 and got["most_running"] <= 64, got
+    assert got["queued"] > 0 and abs(got["most_running"] - pl.plateau(pool, P["pressure_in"], P["pressure_out"])) <= 2, got
     assert got["first_retract"] is not None and got["first_retract"] <= 0.8 * P["pressure_out"] < got["first_done"], got
     assert P["long_prompt"] > pl.CHUNK
     old = admit_and_decode(P["load_n"], P["load_in"], P["load_out"], pool)               # 01's rate loads, even at once

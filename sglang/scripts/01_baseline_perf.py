@@ -2,8 +2,7 @@
 """01 · One request, then a batch, then load: SGLang's execution story end to end.
 
 What it measures (one SGLang HTTP server, Llama-3.1-8B shapes with dummy weights, one GPU, CUDA graphs
-for prefill and decode; --quick captures decode graphs up to bs 64 and caps the KV pool at 32768 tokens,
-the story's first line says so; in a --quick pipeline it runs on the pipeline's shared server, whose flags
+for prefill and decode; --quick caps the KV pool at 32768 tokens, the story's first line says so; in a --quick pipeline it runs on the pipeline's shared server, whose flags
 are exactly these)
     1. one request (text prompt -> the byte tokenizer; 512 tokens in, 128 out), streamed and traced
        with the torch profiler (/start_profile), repeated 3 times: tokenize -> queue -> PREFILL step ->

@@ -4,8 +4,7 @@
 What it measures (one SGLang server, Llama-3.1-8B shapes with dummy weights, one GPU, at SGLang's
 default serving configuration: CUDA graphs for prefill and decode, the default scheduler, FA3 where
 sgl_kernel.flash_attn imports — else FlashInfer, and the story says which ran and why; with --quick the
-KV pool is the pipeline's 32768 tokens and decode graphs are captured up to bs 64 -- the story's first
-line lists every change. In a --quick pipeline it runs on the pipeline's shared server when its flags are
+KV pool is the pipeline's 32768 tokens -- the story's first line lists every change. In a --quick pipeline it runs on the pipeline's shared server when its flags are
 exactly that server's (FlashInfer); where FA3 runs it starts its own beside it)
     0. Every millisecond of one request, untraced, before any profiler runs: 5 text prompts (512 characters through
        SGLang's tokenizer: 513 tokens with BOS) and 5 input_ids prompts, one at a time, each between two /metrics

@@ -11,7 +11,7 @@ I = 384, O = 192, N = ceil(2 x pool / (I + O)) = 114.
   * admitted: SGLang's PrefillAdder (managers/schedule_policy.py) takes a request while its prompt + max_new_tokens
     fit beside the running requests' tokens + 0.7 x their remaining output (SGLANG_INIT_NEW_TOKEN_RATIO; it decays
     toward 0.1 while nothing is retracted), at most 8192 new tokens per prefill step: 21 prompts a step, up to
-    32,768 / (384 + 0.7 x 192) ~ 63 running -- inside the 64 decode CUDA graphs of --quick -- the other ~51 queue;
+    32,768 / (384 + 0.7 x 192) ~ 63 running (plateau()) -- a captured decode CUDA graph -- the other ~51 queue;
   * those 63 need 63 x (384 + 192) = 36,288 tokens = 1.11x the pool by their last token: the pool is full ~136
     tokens into their 192 (63 x (384 + 136) = 32,760), so SGLang must retract ("KV cache pool is full. Retract
     requests"), whatever the GPU's speed; the margin is the 56 decode steps between the two, not a rate;

@@ -146,7 +146,7 @@ def floor_rows(data, pk: dict) -> list[dict]:
 
 
 def _ms(v) -> str:
-    return story.fmt(v) if v == v else "-"
+    return f"{v:.2f}" if v == v else "-"
 
 
 def floor_items(rows: list[dict], data: dict) -> list:
@@ -202,7 +202,7 @@ def floor_findings(rows: list[dict], data: dict) -> list[str]:
                    f"against a floor of {f(r['floor_ms'])} ms ({bound}), {f(r['floor_pct_of_period'])}% of the period"
                    f"{rest}.")
     dec = [r for r in rows if r["mode"] == "DECODE"]
-    if len(dec) >= 2:
+    if len(dec) >= 2 and dec[-1]["bs"] > dec[0]["bs"]:
         a, b = dec[0], dec[-1]
         same = a["bound"] == b["bound"]
         out.append(f"From batch {a['bs']} to batch {b['bs']} (x{f(b['bs'] / a['bs'])} the requests) the decode floor "
