@@ -413,13 +413,15 @@ def lanes(spans, marks=(), *, title: str = "", xlabel: str = "ms", lane_order=No
 
 
 def against_floors(rows, x: str, y: str, floors: dict, *, title: str = "", xlabel: str = "", ylabel: str = "",
-                   logx: bool = True, mark=None, hollow_key: str | None = None, hollow_label: str = ""):
+                   logx: bool = True, mark=None, hollow_key: str | None = None, hollow_label: str = "",
+                   label: str = ""):
     """A measured quantity against its floors, one point per row, the floors as lines (one colour per series).
 
     ``rows``: dicts with ``x``, ``y`` (the measured value; several rows at one x: every repetition drawn, the line
     through their median) and the floor columns; ``floors``: {legend label: column}. ``mark``: (label, x) drawn as a
     vertical line (e.g. the batch where the measurement leaves a floor). ``hollow_key``: rows where it is falsy are
-    drawn hollow and named ``hollow_label`` in the legend (e.g. steps that ran without a CUDA graph)."""
+    drawn hollow and named ``hollow_label`` in the legend (e.g. steps that ran without a CUDA graph). ``label``: the
+    measured series' name in the legend."""
     import statistics
     plt = _plt()
     rows = [r for r in rows if _num(r.get(x)) and _num(r.get(y))]
@@ -430,8 +432,8 @@ def against_floors(rows, x: str, y: str, floors: dict, *, title: str = "", xlabe
     c, m = sty["measured"]
     ax.plot(xs, med, "-", color=c, lw=1.2)
     full = [r for r in rows if not hollow_key or r.get(hollow_key)]
-    ax.scatter([r[x] for r in full], [r[y] for r in full], color=c, marker=m, s=22, label=f"measured {y} (each "
-               "repetition; line: median)", zorder=3)
+    ax.scatter([r[x] for r in full], [r[y] for r in full], color=c, marker=m, s=22,
+               label=f"{label or 'measured ' + y} (each repetition; line: median)", zorder=3)
     hol = [r for r in rows if hollow_key and not r.get(hollow_key)]
     if hol:
         ax.scatter([r[x] for r in hol], [r[y] for r in hol], facecolors="none", edgecolors=c, marker=m, s=30,

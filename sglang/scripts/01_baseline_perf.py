@@ -13,6 +13,10 @@ are exactly these)
     3. ITL against KV length over long decodes at several batch sizes (client-side stream times, each
        point 3 times), with the bytes a decode step must read (weights + KV) -> TB/s and % of the
        measured DRAM ceiling (common.capture.ceilings.peaks);
+    3b. the decode step against batch size, 1 to 256 (_sgl01_batch: that many requests at once, the step read from
+       the scheduler's lines, each point 3 times, about a second each with --quick), beside its two floors: the
+       weights and KV over the measured DRAM read ceiling, the FLOPs over the measured bf16 ceiling; the batch where
+       the step stops being bound by reading the weights, and which points replayed a CUDA graph;
     4. continuous batching under load: SGLang's own `sglang.benchmark.serving` at several request
        rates (the highest 3 times); batch size, running/queued requests and token usage over time from
        the log lines; then a load that fills the KV pool (_sgl01_pressure, its docstring has the arithmetic:
@@ -45,13 +49,13 @@ Run
     python sglang/scripts/01_baseline_perf.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
     (nsys/ncu views of the same server: 04_nsys_profile.py, 05_ncu_attention.py)
 Writes sglang/results/01_baseline_perf/: request_steps.csv, phase_kernels.csv, itl_vs_kv.csv,
-load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
+itl_vs_batch.csv, load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
 time: the worker's start, the run, the benchmark's own duration), requests.csv (each traced request's client and
 meta_info stamps, log lines, trace<->log join), batch_log.csv and batch.csv (part 2's log lines, its throughput),
 joins.csv (the under-load trace<->log join): the last four for --reanalyse; the pressure load's pressure_run.csv,
 pressure_steps.csv, gpu_memory.csv, server_memory.csv (for --reanalyse), gpu_memory_owners.csv, pressure_events.csv,
 story_pressure.json (Perfetto), pressure.png; server_start.csv (its own server's start, phase by phase),
-itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
+itl_vs_kv.png, itl_vs_batch.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
+from _sgl01_batch import batch_figure, batch_findings, batch_items, batch_sweep, itl_rows, with_floors  # noqa: E402,F401
 from _sgl01_pressure import (  # noqa: E402
     PRESSURE_TABLES, load_shape, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
     record_pressure, step_classes, top_usage, write_pressure
@@ -133,24 +138,6 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------ pure helpers (tested on a CPU)
-
-def itl_rows(results, batch: int, prompt_len: int) -> list[dict]:
-    """ITL per generated-token index, median over the requests, counted only once every request
-    of the batch has its first token (before that the batch is still being prefilled)."""
-    ok = [r["client"] for r in results if "error" not in r and r["client"].get("t_first")]
-    if not ok:
-        return []
-    start = max(c["t_first"] for c in ok)
-    by_i: dict[int, list] = {}
-    for c in ok:
-        t = c["t_first"]
-        for i, d in enumerate(c["itl_s"], start=1):
-            t += d
-            if t - d >= start:
-                by_i.setdefault(i, []).append(d * 1e3)
-    return [{"batch": batch, "prompt_len": prompt_len, "token": i, "kv_tokens": batch * (prompt_len + i),
-             "itl_ms": statistics.median(v), "requests": len(v)} for i, v in sorted(by_i.items())]
-
 
 def linear_fit(xs, ys) -> tuple[float, float, float]:
     """(slope, intercept, R^2) of a least-squares line."""
@@ -357,6 +344,7 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
                                          {**sg.GREEDY, "max_new_tokens": 32}} for i in range(P["batch"])])
         d["batch_rows"] = sg.parse_batch_log(srv.log_since(mark))
         d["itl"] = itl_sweep(srv, P, run)
+        d["batch_sweep"] = batch_sweep(srv, P, run, bool(args.quick))
         d["loads"], d["timeline"] = load_runs(srv, P, [] if args.skip_load else rates, run, d["bench"],
                                               control=args.bench_control)
         d["pressure"] = None
@@ -410,7 +398,7 @@ def derive(d, pd, cfg: dict, pk) -> dict:
              for ms, b in zip(itl["itl_ms"], itl["bytes_per_step"])]
         itl["eff_tb_s"] = [x["eff_tb_s"] for x in r]
         itl["eff_pct"] = [x.get("eff_pct") for x in r]
-    a.update(itl=itl, wbytes=wbytes, kvb=kvb)
+    a.update(itl=itl, wbytes=wbytes, kvb=kvb, batch=with_floors(d.get("batch_sweep") or [], cfg, pk))
     b1 = itl[itl["batch"] == 1] if len(itl) else itl
     first_L = int(b1["prompt_len"].iloc[0]) if len(b1) else None
     a["rise"] = [rise_pct(g.to_dict("records")) for _, g in b1[b1["prompt_len"] == first_L].groupby("rep")] if len(b1) else []
@@ -480,6 +468,8 @@ def figures(run, a, d, pk, backend) -> None:
         run.figure("itl_vs_kv", plots.sweep(med, "kv_tokens", "itl_ms", hue="series", logx=True,
                                             ylabel="inter-token latency (ms, client; median of reps)",
                                             title=f"ITL vs KV tokens read per step — {pk['gpu']}, {backend}"))
+    if a.get("batch"):
+        run.figure("itl_vs_batch", batch_figure(a["batch"], pk))
     if d["timeline"]:
         run.figure("batch_dynamics", dynamics_figure(d["timeline"]))
     if d.get("pressure"):
@@ -539,6 +529,7 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
               + f" -> decode bs={max((r['running_req'] for r in d['batch_rows'] if r['kind'] == 'decode'), default=0)}; "
               f"{batch_record(d)['output_throughput']:.0f} out tok/s", [])]
     itl = a["itl"]
+    items += batch_items(a.get("batch") or [])
     if len(itl):
         items.append(("ITL vs KV (median of reps, client)", [
             (f"batch {b} prompt {L}: {g['itl_ms'].median():.2f} ms, reads {g['bytes_per_step'].median() / 1e9:.2f} GB/step "
@@ -583,6 +574,7 @@ def write_tables(run, d, a) -> None:
     sg.table(run, "request_steps", [{"rep": r["rep"], **s} for r in d["requests"] for s in r["joined"]])
     sg.table(run, "phase_kernels", a["classes"])
     sg.table(run, "itl_vs_kv", a["itl"])
+    sg.table(run, "itl_vs_batch", d.get("batch_sweep") or [])
     sg.table(run, "load_runs", d["loads"])
     sg.table(run, "batch_timeline", d["timeline"])
     keep = ("mode", "bs", "toks", "log_cached_token", "log_running_req", "log_queue_req", "log_token_usage",
@@ -622,6 +614,8 @@ def analyse(run, x: Record) -> None:
     --reanalyse alike)."""
     figures(run, x.a, x.d, x.pk, x.args.backend)
     verdicts(run, x.d, x.a)
+    for text in batch_findings(x.a.get("batch") or []):
+        run.finding(text)
     if x.d.get("pressure"):
         x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]))
         write_pressure(run, x.d["pressure"], x.a["pressure_events"])
@@ -658,7 +652,7 @@ def main_reanalyse(args) -> int:
                          "client TTFT and stamps, which the TTFT-CPU-share verdict and the request story read, were "
                          "in no table. Re-run 01 on a GPU to record them")
     rec = recording.open(src, __file__, tables=("request_steps",) + NEW_TABLES,
-                         optional=("joins", "itl_vs_kv", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs",
+                         optional=("joins", "itl_vs_kv", "itl_vs_batch", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs",
                                    *PRESSURE_TABLES))
     a = rec.args_like(args)
     t = rec.tables
@@ -675,6 +669,7 @@ def main_reanalyse(args) -> int:
     itl_cols = ("batch", "prompt_len", "token", "kv_tokens", "itl_ms", "requests", "rep")
     d = {"requests": reqs, "batch_rows": _records(t["batch_log"]), "batch_record": _records(t["batch"])[0],
          "itl": [{k: r[k] for k in itl_cols if k in r} for r in _records(t["itl_vs_kv"])],
+         "batch_sweep": _records(t.get("itl_vs_batch")),
          "loads": _records(t["load_runs"]), "timeline": _records(t["batch_timeline"]),
          "under_load": _records(t["step_join"]), "under_load_join": joins.get("under load", {}),
          "bar": _records(t["perf_bar"]), "bench": _records(t["bench_runs"]), "pressure": read_pressure(t, _records)}
