@@ -34,7 +34,8 @@ judged on the interval of its repetitions, common.judge.verdicts)
     * ITL rose ~25% over 128 generated tokens (A100). Restated: flat at batch 1 (weights dominate
       the bytes), linear in KV bytes only at large batch x context.
     * Under load #running-req rises and plateaus; prefill batches interrupt decode (ITL tail); under
-      pressure the KV pool fills.
+      pressure the KV pool fills and SGLang retracts requests (judged on the pressure load, the one load built to
+      fill the pool; its filling is that verdict's premise, not a verdict of its own).
     Judged by 08 on its traced steps, not here: attention's share of the prefill step (the A100 plan's ~45%;
     08 judges it beside the same step's GEMMs, role by role) and a batch-1 decode bound by reading the weights
     (08 times each layer's GEMMs: no CPU gap enters it, as one enters the ITL here; the story below still gives
@@ -71,8 +72,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from _sgl01_batch import batch_figure, batch_findings, batch_items, batch_sweep, itl_rows, with_floors  # noqa: E402,F401
 from _sgl01_pressure import (  # noqa: E402
-    PRESSURE_TABLES, load_shape, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
-    record_pressure, step_classes, top_usage, write_pressure
+    PRESSURE_TABLES, at_plateau, line_floor_ms, load_shape, load_text, pressure_events, pressure_figure,
+    pressure_findings, pressure_items, pressure_run, read_pressure, record_pressure, retractions, step_classes,
+    top_usage, write_pressure
 )
 from common.base import story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
@@ -109,13 +111,10 @@ H = declare(f"""
         confirmed: >= 2
         source: {PLAN}: 'prefill batches interrupt decode (ITL spikes)'
     retract = retract-at-plateau: #running-req plateaus when token usage nears 1.0 and retractions appear
-        judged on: retracted requests per run at the highest request rate (/metrics)
-        confirmed: >= 1
-        source: {PLAN}: 'retractions appear at the plateau' (premise: token usage reached 0.9)
-    usage = pressure-usage: under pressure the KV pool fills (token usage near 1.0)
-        judged on: max token usage of the scheduler's steps in the pressure run(s)
-        confirmed: [0.9, 1]
-        source: PLAN.md Experiment 5: continuous batching under memory pressure
+        judged on: whether SGLang retracts requests in the pressure load (its retract lines, else /metrics), a fact;
+            premise: the load filled the pool (token usage of its fullest steps reached 0.9)
+        source: {PLAN}: 'retractions appear at the plateau'; PLAN.md Experiment 5: continuous batching under memory
+            pressure (the pool fills)
     perf_bar = perf-bar: the workbook's instrumentation does not slow SGLang: its client (non-streaming /generate with
             token ids, all requests at once) keeps up with sglang.benchmark.serving --request-rate inf
         judged on: workbook client output tok/s as % of bench_serving's on the same server and shape (per round)
@@ -441,22 +440,35 @@ def verdicts(run, d, a) -> None:
     if top:
         tails = [lr["p99_itl_ms"] / lr["median_itl_ms"] for lr in top if lr["median_itl_ms"]]
         run.judge(H["itl_tail"], tails, evidence="load_runs.csv", detail=f"rate {top[0]['rate']}")
-        usage = max(lr["max_token_usage"] for lr in d["loads"])
-        run.judge(H["retract"], [lr["retractions"] for lr in top], evidence="batch_timeline.csv, load_runs.csv",
-                  premise=True if usage >= 0.9 else f"token usage reached only {usage:.2f} (< 0.9): the load did not "
-                  "fill the KV pool", detail=f"max token usage {usage:.2f}")
-    pr = d.get("pressure")
-    if pr:
-        r = pr["run"]
-        run.judge(H["usage"], top_usage(pr), evidence="pressure_steps.csv: token usage of the fullest scheduler steps",
-                  detail=f"{load_text(r)}, {r['offered_tokens'] / r['pool_tokens']:.1f}x the {r['pool_tokens']:,}-token "
-                  "pool")
+    judge_retraction(run, d.get("pressure"), a.get("plateau"))
     if d["bar"]:
         run.judge(H["perf_bar"], [b["ratio_pct"] for b in d["bar"]], evidence="perf_bar.csv")
         run.headline(perf_bar_pct=min(b["ratio_pct"] for b in d["bar"]))
     if a["b1_pct"]:
         b1 = a["itl"][a["itl"]["batch"] == 1]
         run.headline(itl_b1_ms=float(b1["itl_ms"].median()), decode_b1_pct_of_dram_ceiling=statistics.median(a["b1_pct"]))
+
+
+def judge_retraction(run, pr, plat) -> None:
+    """retract-at-plateau on the pressure load (the load built to fill the pool; the rate loads before it never did):
+    a fact, whether SGLang retracted requests, with its premise that the pool filled; 'not observed' without a
+    pressure load."""
+    if not pr:
+        run.fact(H["retract"], None, "not observed: this run has no pressure load (--skip-load, or it failed: see "
+                 "point_errors)", evidence="pressure_run.csv")
+        return
+    use = top_usage(pr)
+    full = max(use, default=0.0)
+    n = retractions(pr)
+    r = pr["run"]
+    seen = (f"the fullest {len(use)} steps' token usage {min(use, default=0):.2f}-{full:.2f}; running peaked at "
+            f"{r.get('max_running')} with {r.get('max_queue')} queued" + (f", {plat['batch']} requests on a full pool"
+                                                                          if plat else "")
+            + (f"; {n} request(s) retracted in {r.get('retract_lines')} retract line(s)" if n is not None else
+               "; retractions: not recorded"))
+    run.fact(H["retract"], None if n is None else n >= 1, seen, evidence="pressure_steps.csv, pressure_events.csv",
+             premise=True if full >= 0.9 else f"token usage reached only {full:.2f} (< 0.9): the load did not fill "
+             "the KV pool")
 
 
 def figures(run, a, d, pk, backend) -> None:
@@ -543,7 +555,7 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
              f"running<={lr['max_running']}, queued<={lr['max_queue']}, usage<={lr['max_token_usage']:.2f}", [])
             for lr in d["loads"]]))
     if d.get("pressure"):
-        items += pressure_items(d["pressure"], a.get("pressure_events") or [])
+        items += pressure_items(d["pressure"], a.get("pressure_events") or [], a.get("plateau"))
     if d["under_load"]:
         items.append((f"sampled steps under load (join {d['under_load_join'].get('matched')}/"
                       f"{d['under_load_join'].get('of')})", [
@@ -612,13 +624,18 @@ class Record:
 def analyse(run, x: Record) -> None:
     """Figures, verdicts, headline and story from the measured parts and what derive() made of them (a GPU run and
     --reanalyse alike)."""
+    if x.d.get("pressure"):
+        x.a["plateau"] = at_plateau(x.d["pressure"], x.cfg, x.pk)
+        x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]),
+                                                 floor=lambda row: line_floor_ms(row, x.cfg, x.pk))
     figures(run, x.a, x.d, x.pk, x.args.backend)
     verdicts(run, x.d, x.a)
     for text in batch_findings(x.a.get("batch") or []):
         run.finding(text)
     if x.d.get("pressure"):
-        x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]))
         write_pressure(run, x.d["pressure"], x.a["pressure_events"])
+        for text in pressure_findings(x.d["pressure"], x.a["pressure_events"], x.a["plateau"]):
+            run.finding(text)
     run.story(sg.config_line(x.fl, sg.SERVING_ENV, x.args.quick) + "\n"
               + tell(x.d, x.a, x.model_dir, x.fl, x.P, x.pk, x.args.backend), echo=True)
 
