@@ -95,7 +95,7 @@ def test_the_floors_of_the_traced_steps(recording):
                key=lambda c: float(dec[c])) == "below_ceiling_ms"
     assert float(dec["cpu_not_hidden_ms"]) < 0.01 * float(dec["period_ms"])
     s = json.loads((out / "summary.json").read_text())
-    found = s["findings"]
+    found = [x for x in s["findings"] if " a traced period of " in x]
     assert found[0].startswith("Prefill, one request at batch 1: a traced period of") and "bf16 ceiling" in found[0]
     assert "the GPU idle between the step's kernels" in found[0]
     assert "GEMM and attention kernels running below their ceiling" in found[1]
@@ -163,3 +163,19 @@ def test_one_request_on_two_lanes(recording):
     assert len(labels) == len(set(labels)) and "run_batch" in labels and "stamps (dashed, labelled)" in labels
     colours = [tuple(h.get_facecolor()) for h in ax.get_legend().legend_handles[:-1]]
     assert len(colours) == len(set(colours))                   # one colour per series
+
+
+def test_the_story_findings_read_the_runs_own_figures(recording):
+    """The sentences beside the story are written from the run's figures: the prefill forward's share of the untraced
+    TTFT (the waterfall's median repetition), the prefill's kernel mix (its layer tree), the decode step as one graph
+    replay beside the scheduler's iteration (the traced split), the GEMMs against their ceilings."""
+    out, _data = recording
+    s = json.loads((out / "summary.json").read_text())
+    first = s["findings"][:5]
+    rows = list(csv.DictReader(open(out / "waterfall.csv")))
+    pf = next(r for r in rows if r["waterfall"] == "ttft" and r["level"] == "0" and "prefill forward" in r["part"])
+    assert first[0].startswith(f"Untraced, the prefill forward is ") and f"({float(pf['ms']):.1f} of" in first[0]
+    assert first[1].startswith("In the one-request prefill step (bs 1) the four layer GEMMs take")
+    assert first[2].startswith("A batch-1 decode step is one CUDA-graph replay of 431 kernels")
+    assert first[3].startswith("At batch 1 the decode gate-up GEMM streams its weights at")
+    assert first[4].startswith("In the one-request prefill the layer GEMMs reach") and "(o_proj, " in first[4]

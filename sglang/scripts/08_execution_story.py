@@ -90,7 +90,7 @@ from _sgl08_floors import floor_findings, floor_items, floor_rows, loaded_window
 from _sgl08_lanes import lanes_figure  # noqa: E402
 from _sgl08_stories import (  # noqa: E402
     ENV, SP, analyse_story, batch_requests, gemm_efficiency, known, layer_trees, median_traced, one_request,
-    serve_story, story_events, write_story
+    serve_story, story_events, story_findings, write_story
 )
 from _sgl08_waterfall import waterfall_phase, waterfall_text, waterfalls, wrapped, write_waterfalls  # noqa: E402
 from common.base import story  # noqa: E402
@@ -371,7 +371,7 @@ def finish(run, data, pk, backend_why):
     if data.get("kt_loaded") is not None:
         run.table("kernels_loaded", data["kt_loaded"])
     judge_all(run, data)
-    for text in floor_findings(floors, data):
+    for text in story_findings(data, trees, eff) + floor_findings(floors, data):
         run.finding(text)
     run.headline(**{f"{r['mode'].lower()}_b{r['bs']}_{r['role']}_pct_of_ceiling": round(
         r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["stream_pct"], 1) for r in eff
