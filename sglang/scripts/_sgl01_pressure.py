@@ -409,9 +409,9 @@ def load_text(r) -> str:
     return f"{r['requests']} x ({r['input_len']} in, {r['output_len']} out) {how}"
 
 
-def pressure_items(pr, evs, plateau_row: dict | None = None, n_events: int = 12) -> list:
+def pressure_items(pr, evs, plateau_row: dict | None = None) -> list:
     """The story's pressure section: the load, what the scheduler did, the decode step on a full pool against its
-    floor, the first events (the rest: pressure_events.csv)."""
+    floor, the first event of each kind (all of them: pressure_events.csv)."""
     f, r = story.fmt, pr["run"]
     head = (f"pressure: {load_text(r)} after a "
             f"{r['long_prompt']:,}-token prompt, pool {r['pool_tokens']:,} tokens (offered {r['offered_tokens']:,} tokens = "
@@ -432,11 +432,13 @@ def pressure_items(pr, evs, plateau_row: dict | None = None, n_events: int = 12)
         kids.append((f"bench_serving: {f(r.get('output_throughput'))} out tok/s, TTFT p50 {f(r['median_ttft_ms'])} / p99 "
                      f"{f(r.get('p99_ttft_ms'))} ms, ITL p50 {f(r.get('median_itl_ms'))} / p99 {f(r.get('p99_itl_ms'))} ms",
                      []))
-    for e in evs[:n_events]:
+    first = list({e["kind"]: e for e in reversed(evs)}.values())[::-1]          # the first event of each kind
+    for e in sorted(first, key=lambda e: e["t"]):
         lines = textwrap.wrap(e["text"], 100) or [""]
         kids.append((lines[0], [(ln, []) for ln in lines[1:]]))
-    if len(evs) > n_events:
-        kids.append((f"... {len(evs) - n_events} more events in pressure_events.csv (instants in story_pressure.json)", []))
+    if len(evs) > len(first):
+        kids.append((f"... {len(evs) - len(first)} more events in pressure_events.csv (instants in story_pressure.json)",
+                     []))
     return [(head, kids)]
 
 
