@@ -194,7 +194,7 @@ def test_report_refresh_without_results_changes_no_file(tmp_path):
 def test_committed_reports_are_well_formed():
     """Every auto block in the repository's reports opens and closes, with a known key kind."""
     root = Path(__file__).resolve().parents[1]
-    kinds = {"story", "observations", "provenance", "headline", "errors"}
+    kinds = {"story", "observations", "provenance", "headline", "errors", "findings"}
     n = 0
     for md in root.glob("*/reports/*.md"):
         text = md.read_text()
