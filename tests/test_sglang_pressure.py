@@ -150,9 +150,13 @@ def test_floors_of_the_loads_steps_and_the_plateau():
     assert pl.retractions(pr) == 4
     evs = pl.pressure_events(pr, floor=lambda r: pl.line_floor_ms(r, cfg, pk))
     found = pl.pressure_findings(pr, evs, p)
-    assert found[1] == "The pool fills at step 100 (17.8 s into the load); the first retraction follows at step 164, " \
-                       "64 steps later, and 4 request(s) are retracted in all."
-    assert found[2].startswith("On a full pool the decode step of 52 requests over 31,407 KV tokens takes 6.57 ms")
+    assert found[0].startswith("The long prompt is prefilled in chunks: its first chunk is step 1 of the load, a "
+                               "prefill step of 8192 new tokens (1 sequences), floor")
+    assert found[1].startswith("Requests start to queue at step 83")
+    assert found[2].startswith("The pool fills at step 100 (17.8 s), during a decode step of 54 requests over 29353 KV "
+                               "tokens, 6.65 ms by SGLang's clock") and "the first retraction follows at step 164, 64 " \
+        "steps later" in found[2] and found[2].endswith("4 request(s) are retracted in all.")
+    assert found[3].startswith("On a full pool the decode step of 52 requests over 31,407 KV tokens takes 6.57 ms")
     cold = {**pr, "steps": [{**r, "token_usage": min(r.get("token_usage") or 0, 0.5)} for r in pr["steps"]
                             if r["kind"] != "retract"]}
     assert pl.at_plateau(cold, cfg, pk) is None

@@ -263,7 +263,7 @@ def pressure_events(pr, cls: dict | None = None, floor=None) -> list[dict]:
         k_cls = f"; its kernels: {cls[step_row['kind']]} (traced steps of that kind)" if step_row["kind"] in cls else ""
         step_no = n + (1 if r["kind"] == "retract" else 0)
         for kind, what in kinds:
-            out.append({"t": r["ts"], "kind": kind, "step": step_no, "t_s": r["ts"] - t0, "floor_ms": fl,
+            out.append({"t": r["ts"], "kind": kind, "step": step_no, "t_s": r["ts"] - t0, "floor_ms": fl, "gpu": gpu,
                         "text": f"{kind} at step {step_no} ({r['ts'] - t0:.2f} s): {what}; scheduler: {state}; the GPU: "
                                 f"{gpu}{k_cls}"})
     return out
@@ -450,15 +450,21 @@ def pressure_findings(pr, evs, plateau_row: dict | None) -> list[str]:
     for e in evs:
         first.setdefault(e["kind"], e)
     full, ret, chunk = first.get("pool full"), first.get("retraction"), first.get("chunked prefill")
+    queue = first.get("queue starts")
     n = retractions(pr)
     if chunk:
-        out.append(f"The long prompt is prefilled in chunks: its first chunk of {pr['run'].get('chunk') or CHUNK} tokens "
-                   f"is step {chunk['step']} of the load, a prefill step of one sequence.")
+        out.append(f"The long prompt is prefilled in chunks: its first chunk is step {chunk['step']} of the load, "
+                   f"{chunk['gpu']}.")
+    else:
+        out.append("No chunked prefill was observed in this load (the long prompt's first chunk has no line of its own).")
+    if queue:
+        out.append(f"Requests start to queue at step {queue['step']} ({f(queue['t_s'])} s into the load): there the GPU "
+                   f"runs {queue['gpu']}.")
     if full:
-        out.append(f"The pool fills at step {full['step']} ({f(full['t_s'])} s into the load)"
+        out.append(f"The pool fills at step {full['step']} ({f(full['t_s'])} s), during {full['gpu']}"
                    + (f"; the first retraction follows at step {ret['step']}, {ret['step'] - full['step']} steps later, "
-                      f"and {n} request(s) are retracted in all" if ret else "; no retraction followed (not observed)")
-                   + ".")
+                      f"before {ret['gpu']}; {n} request(s) are retracted in all" if ret else
+                      "; no retraction followed (not observed)") + ".")
     else:
         out.append("The pool never filled in this load (token usage stayed under 0.9): no retraction could follow.")
     p = plateau_row
