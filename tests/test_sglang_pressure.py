@@ -151,7 +151,7 @@ def test_floors_of_the_loads_steps_and_the_plateau():
     evs = pl.pressure_events(pr, floor=lambda r: pl.line_floor_ms(r, cfg, pk))
     found = pl.pressure_findings(pr, evs, p)
     assert found[0].startswith("The long prompt is prefilled in chunks: its first chunk is step 1 of the load, a "
-                               "prefill step of 8192 new tokens (1 sequences), floor")
+                               "prefill step of 8192 new tokens (1 sequence), floor")
     assert found[1].startswith("Requests start to queue at step 83")
     assert found[2].startswith("The pool fills at step 100 (17.8 s), during a decode step of 54 requests over 29353 KV "
                                "tokens, 6.65 ms by SGLang's clock") and "the first retraction follows at step 164, 64 " \

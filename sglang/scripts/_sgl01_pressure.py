@@ -215,7 +215,8 @@ def _gpu_text(r: dict, floor_ms: float | None, step_ms: float | None) -> str:
         step = f", {step_ms:.2f} ms by SGLang's clock" if step_ms else ""
         return f"a decode step of {r.get('running_req')} requests over {r.get('num_token')} KV tokens{step}{fl}"
     if r["kind"] == "prefill":
-        return f"a prefill step of {r.get('new_token')} new tokens ({r.get('new_seq')} sequences){fl}"
+        n = r.get("new_seq")
+        return f"a prefill step of {r.get('new_token')} new tokens ({n} sequence{'' if n == 1 else 's'}){fl}"
     return "no forward (a retraction line)"
 
 
