@@ -380,19 +380,19 @@ def test_serving_flags_and_what_quick_changes(tmp_path, monkeypatch):
     model, quick = sg.serving_flags(args, quick=True)
     assert quick == ["--load-format", "dummy", "--mem-fraction-static", "0.8", "--attention-backend", "flashinfer",
                      "--random-seed", "0", "--enable-metrics", "--log-level", "info", "--decode-log-interval", "1",
-                     "--max-total-tokens", "32768", "--cuda-graph-max-bs-decode", "64"]
+                     "--max-total-tokens", "32768"]          # decode CUDA graphs: SGLang's own (01 sweeps to 256)
     _, full = sg.serving_flags(args, quick=False)
     assert "--max-total-tokens" not in full and "--cuda-graph-max-bs-decode" not in full
     assert sg.serving_flags(args, quick=True, pool=32768)[1] == quick                   # 02's and 08's default pool
     assert sg.serving_flags(args, quick=True, schedule_policy="lpm")[1] == quick + ["--schedule-policy", "lpm"]
     assert sg.serving_flags(args, quick=False, write=False)[0] == model
     ch = {c["setting"]: c for c in sg.changes_from_defaults(quick, sg.SERVING_ENV, quick=True)}
-    assert [k for k, c in ch.items() if c["quick"]] == ["--max-total-tokens", "--cuda-graph-max-bs-decode"]
+    assert [k for k, c in ch.items() if c["quick"]] == ["--max-total-tokens"]
     assert all(c["why"] for c in ch.values()) and ch["SGLANG_LOG_MS"]["value"] == "1"
     line = sg.config_line(quick, sg.SERVING_ENV, quick=True)
     assert line.startswith("NOT SGLang's default configuration: --quick sets KV pool 32768 tokens (SGLang: sized "
-                           "from free memory), decode CUDA graphs up to bs 64 (SGLang: 256 on 80-141 GB GPUs); also "
-                           "--load-format dummy, --mem-fraction-static 0.8, --attention-backend flashinfer")
+                           "from free memory); also --load-format dummy, --mem-fraction-static 0.8, "
+                           "--attention-backend flashinfer")
     assert "SGLANG_LOG_MS=1" in line
     assert sg.config_line(full, {}, quick=False).startswith("SGLang's defaults except --load-format dummy")
     assert sg.parse_flags(["--a", "1", "--b", "--c=x", "--d", "1", "2"]) == {"--a": "1", "--b": True, "--c": "x",
@@ -400,8 +400,10 @@ def test_serving_flags_and_what_quick_changes(tmp_path, monkeypatch):
     assert sg.flag_diff(quick, list(reversed(quick[-2:])) + quick[:-2]) != ""     # a value moved is not the same
     assert sg.flag_diff(quick, quick[-2:] + quick[:-2]) == ""                      # same flags, another order
     assert sg.flag_diff(quick, quick + ["--schedule-policy", "lpm"]) == "adds --schedule-policy lpm"
-    assert sg.flag_diff(quick, full) == "lacks --max-total-tokens 32768, lacks --cuda-graph-max-bs-decode 64"
-    assert sg.flag_diff(quick, quick[:-1] + ["128"]) == "--cuda-graph-max-bs-decode 128 (shared: 64)"
+    assert sg.flag_diff(quick, full) == "lacks --max-total-tokens 32768"
+    assert sg.flag_diff(quick, quick[:-1] + ["65536"]) == "--max-total-tokens 65536 (shared: 32768)"
+    capped = quick + ["--cuda-graph-max-bs-decode", "64"]           # a graph cap is a change from the defaults
+    assert sg.flag_diff(quick, capped) == "adds --cuda-graph-max-bs-decode 64"
 
 
 # ------------------------------------------------------------------ the server manager (a stand-in server)

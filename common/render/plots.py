@@ -4,6 +4,8 @@
     fig = roofline(points_of_one_layer, peaks, series_order=LAYER_CLASSES)   # GEMM, attention, norm, ...
     fig = sweep(df, x="kv_len", y="tflop_s", hue="batch", logx=True, ylabel="TFLOP/s")
     fig = effective(df, peaks, hue="batch", mix="read")      # effective TB/s vs working set, DRAM ceilings, L2 marks
+    fig = lanes(spans, marks, lane_order=[...])              # one request on one time axis: CPU and GPU lanes
+    fig = against_floors(rows, x="batch", y="itl_ms", floors={"read": "read_ms", ...})   # measured vs floor lines
     run.figure("roofline", fig)
 
 Rules every figure here keeps, so a reader can trust it at a glance:
@@ -355,4 +357,103 @@ def layer_tree(rows, peaks: dict, title: str = ""):
         ax.set_title(f"{k[0]} bs {k[1]}", fontsize=9)
     fig.suptitle(title or f"One layer and the once-per-step kernels — {peaks.get('gpu', '')}", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ one request on one time axis
+
+def lanes(spans, marks=(), *, title: str = "", xlabel: str = "ms", lane_order=None, series_order=None,
+          xlim=None):
+    """Spans on horizontal lanes sharing one time axis (a request's CPU and GPU work, say), one colour per series,
+    with marks (vertical lines, each labelled at the top: stamps taken outside the trace).
+
+    ``spans``: dicts with ``lane`` (a row, top to bottom in ``lane_order`` or first-appearance order), ``series``
+    (the legend entry: one colour each), ``start`` and ``end`` (axis units). ``marks``: (label, t) pairs. ``xlim``:
+    (lo, hi) of the axis; spans outside are left out, spans across it are cut at it and said so in the title."""
+    plt = _plt()
+    spans = [s for s in spans if _num(s.get("start")) and _num(s.get("end"))]
+    lo, hi = xlim if xlim else (min([s["start"] for s in spans] + [0.0]), max([s["end"] for s in spans] + [1.0]))
+    lane_names = list(dict.fromkeys(list(lane_order or ()) + [s["lane"] for s in spans]))
+    lane_names = [n for n in lane_names if any(s["lane"] == n for s in spans)]
+    sty = styles([s["series"] for s in spans], series_order)
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.75 * max(len(lane_names), 1)))
+    cut = 0
+    for y, lane in enumerate(reversed(lane_names)):
+        for series in dict.fromkeys(s["series"] for s in spans if s["lane"] == lane):
+            bars = []
+            for s in spans:
+                if s["lane"] != lane or s["series"] != series or s["end"] < lo or s["start"] > hi:
+                    continue
+                a, b = max(s["start"], lo), min(s["end"], hi)
+                cut += (a, b) != (s["start"], s["end"])
+                bars.append((a, max(b - a, (hi - lo) * 1e-4)))
+            if bars:
+                ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=sty[series][0], edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(lane_names)))
+    ax.set_yticklabels(list(reversed(lane_names)), fontsize=8)
+    top = len(lane_names) - 0.4                 # the marks' labels stand in a band above the lanes
+    ax.set_ylim(-0.6, top + (1.8 if marks else 0))
+    ax.set_xlim(lo, hi)
+    prev = -math.inf
+    for label, t in sorted(((lb, t) for lb, t in marks if _num(t) and lo <= t <= hi), key=lambda m: m[1]):
+        ax.axvline(t, color="black", ls="--", lw=0.7)
+        close = t - prev < 0.015 * (hi - lo)        # two labels that would overlap: the second to the right
+        ax.text(t, top + 0.05, label, rotation=90, fontsize=7, va="bottom", ha="left" if close else "right")
+        prev = t
+    from matplotlib.patches import Patch
+    handles = [Patch(color=c, label=n) for n, (c, _m) in sty.items()]
+    if marks:
+        from matplotlib.lines import Line2D
+        handles.append(Line2D([0], [0], color="black", ls="--", lw=0.7, label="stamps (dashed, labelled)"))
+    ax.legend(handles=handles, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.1 / max(
+        len(lane_names), 1)))
+    ax.set_xlabel(xlabel)
+    ax.set_title(title + (f" ({cut} span(s) cut at the axis' ends)" if cut else ""), fontsize=9)
+    return fig
+
+
+def against_floors(rows, x: str, y: str, floors: dict, *, title: str = "", xlabel: str = "", ylabel: str = "",
+                   logx: bool = True, mark=None, hollow_key: str | None = None, hollow_label: str = "",
+                   label: str = ""):
+    """A measured quantity against its floors, one point per row, the floors as lines (one colour per series).
+
+    ``rows``: dicts with ``x``, ``y`` (the measured value; several rows at one x: every repetition drawn, the line
+    through their median) and the floor columns; ``floors``: {legend label: column}. ``mark``: (label, x) drawn as a
+    vertical line (e.g. the batch where the measurement leaves a floor). ``hollow_key``: rows where it is falsy are
+    drawn hollow and named ``hollow_label`` in the legend (e.g. steps that ran without a CUDA graph). ``label``: the
+    measured series' name in the legend."""
+    import statistics
+    plt = _plt()
+    rows = [r for r in rows if _num(r.get(x)) and _num(r.get(y))]
+    sty = styles(["measured"] + list(floors))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    xs = sorted({r[x] for r in rows})
+    med = [statistics.median(r[y] for r in rows if r[x] == v) for v in xs]
+    c, m = sty["measured"]
+    ax.plot(xs, med, "-", color=c, lw=1.2)
+    full = [r for r in rows if not hollow_key or r.get(hollow_key)]
+    ax.scatter([r[x] for r in full], [r[y] for r in full], color=c, marker=m, s=22,
+               label=f"{label or 'measured ' + y} (each repetition; line: median)", zorder=3)
+    hol = [r for r in rows if hollow_key and not r.get(hollow_key)]
+    if hol:
+        ax.scatter([r[x] for r in hol], [r[y] for r in hol], facecolors="none", edgecolors=c, marker=m, s=30,
+                   label=hollow_label or f"{hollow_key} false", zorder=3)
+    for label, col in floors.items():
+        pts = sorted({(r[x], statistics.median(q[col] for q in rows if q[x] == r[x] and _num(q.get(col))))
+                      for r in rows if any(_num(q.get(col)) for q in rows if q[x] == r[x])})
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color=sty[label][0], lw=1.4, label=label)
+    if mark and _num(mark[1]):
+        ax.axvline(mark[1], color="grey", ls=":", lw=1)
+        ax.text(mark[1], ax.get_ylim()[1], f" {mark[0]}", fontsize=7, va="top", color="dimgray")
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{v:g}" for v in xs])
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel(ylabel or y)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
     return fig

@@ -5,6 +5,8 @@
     gemm_flops(m=512, n=6144, k=4096)                 # 2*m*n*k
     layer_work(models.config("llama-3.1-8b"), tokens=512, kv_lens=[512])   # every kernel class of a layer
     bus_bandwidth(bytes, seconds, world=2)            # (algbw, busbw) GB/s, NCCL-tests convention
+    model_work(cfg, tokens=32, kv_lens=[600] * 32)    # one forward of the whole model: every layer + per-step classes
+    step_floor(kernels, period_us, read_tb_s=3.16, bf16_tflops=818)   # a step's floor and where the rest went
 
 Conventions (stated once, used everywhere):
   * a multiply-add is 2 FLOPs; attention is QK^T plus PV, so 4 * head_dim FLOPs per (query, key)
@@ -182,3 +184,83 @@ def layer_work(cfg: dict, tokens: int, kv_lens, qo_lens=None, tp: int = 1, elem:
         "lm_head": (gemm_flops(len(kv_lens), v // tp, h), gemm_bytes(len(kv_lens), v // tp, h, elem)),
     }
     return {k: {"flops": f, "bytes": b} for k, (f, b) in out.items()}
+
+
+# ------------------------------------------------------------------ a whole step: its floor and the gap above it
+
+def model_work(cfg: dict, tokens: int, kv_lens, qo_lens=None, tp: int = 1, elem: int = 2) -> dict:
+    """FLOPs and minimum bytes of one forward of the whole model: :func:`layer_work`'s per-layer classes times the
+    layer count, plus the once-per-step classes (embedding, logits GEMM). {"flops", "bytes", "weight_bytes",
+    "kv_bytes"}: at decode the bytes are the weights read once and every request's K and V read once (plus the
+    activations, a few MB)."""
+    w = layer_work(cfg, tokens, kv_lens, qo_lens, tp=tp, elem=elem)
+    n = cfg["num_hidden_layers"]
+    once = ("embedding", "lm_head")
+    flops = sum(v["flops"] * (1 if k in once else n) for k, v in w.items())
+    nbytes = sum(v["bytes"] * (1 if k in once else n) for k, v in w.items())
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // hq
+    qkv_n = (hq // tp + 2 * max(hkv // tp, 1)) * d
+    weights = (n * (h * qkv_n + hq // tp * d * h + 3 * h * inter // tp + 2 * h) + h + v // tp * h) * elem
+    kv = sum(kv_lens) * 2 * n * max(hkv // tp, 1) * d * elem
+    return {"flops": flops, "bytes": nbytes, "weight_bytes": weights, "kv_bytes": kv}
+
+
+def roofline_s(nbytes, flops, read_tb_s: float, bf16_tflops: float) -> tuple[float, str]:
+    """The least time a piece of work can take: its bytes over the DRAM read ceiling or its FLOPs over the bf16
+    ceiling, whichever is longer, and which one binds ('read' or 'compute'). Unknown work (None, NaN) counts 0."""
+    b = float(nbytes) if nbytes is not None and nbytes == nbytes else 0.0
+    f = float(flops) if flops is not None and flops == flops else 0.0
+    t_read, t_comp = b / (read_tb_s * 1e12), f / (bf16_tflops * 1e12)
+    return (t_read, "read") if t_read >= t_comp else (t_comp, "compute")
+
+
+# the parts of a step's time above its floor, in the order a reader meets them (step_floor)
+GAP_PARTS = ("below ceiling", "small kernels", "GPU idle in step", "CPU not hidden")
+GAP_WHAT = {"floor": "each kernel's roofline minimum (bytes over the DRAM read ceiling or FLOPs over the bf16 "
+                     "ceiling, whichever is longer), summed",
+            "below ceiling": "GEMM, logits and attention kernels (with their split-K reduce and merge): time above "
+                             "their own floor",
+            "small kernels": "norms, RoPE, KV store, activation, embedding, sampling: time above their floor (their "
+                             "work is tiny, their time is mostly launch and ramp-up)",
+            "GPU idle in step": "gaps between the step's kernels (launches, host work inside the step)",
+            "CPU not hidden": "from the step's last kernel to the next step's first: CPU work the overlap scheduler "
+                              "does not hide"}
+
+
+def step_floor(kernels, period_us: float | None, read_tb_s: float, bf16_tflops: float) -> dict:
+    """The floor of one step (the time it cannot beat on this GPU) and where the rest of its time goes.
+
+    ``kernels``: the step's kernels in any order, each a dict with ``ts_us``, ``end_us``, ``dur_us``, ``bytes``,
+    ``flops`` (its minimum work; None/NaN: unknown, counted 0) and ``main`` (True for the GEMM, logits and attention
+    kernels that carry the step's work). ``period_us``: from this step's first kernel to the next step's first
+    kernel (None: the step's own span, and no CPU part). Returns {"floor_us", "read_us" (all bytes over the read
+    ceiling), "compute_us" (all FLOPs over the bf16 ceiling), "bound" (which of the two is longer), "bytes",
+    "flops", "kernel_us", "span_us", "period_us", and the GAP_PARTS in µs}. The parts are a decomposition: floor +
+    parts = period by construction (kernels that overlap make "GPU idle in step" smaller, never hidden)."""
+    ks = list(kernels)
+    if not ks:
+        raise ValueError("a step needs at least one kernel")
+    floor = below = small = 0.0
+    nbytes = nflops = 0.0
+    for k in ks:
+        f_s, _ = roofline_s(k.get("bytes"), k.get("flops"), read_tb_s, bf16_tflops)
+        floor += f_s * 1e6
+        over = float(k["dur_us"]) - f_s * 1e6
+        if k.get("main"):
+            below += over
+        else:
+            small += over
+        b, f = k.get("bytes"), k.get("flops")
+        nbytes += float(b) if b is not None and b == b else 0.0
+        nflops += float(f) if f is not None and f == f else 0.0
+    kernel_us = sum(float(k["dur_us"]) for k in ks)
+    span = max(float(k["end_us"]) for k in ks) - min(float(k["ts_us"]) for k in ks)
+    period = span if period_us is None else float(period_us)
+    read_us, comp_us = nbytes / (read_tb_s * 1e6), nflops / (bf16_tflops * 1e6)
+    return {"floor_us": floor, "read_us": read_us, "compute_us": comp_us,
+            "bound": "read" if read_us >= comp_us else "compute", "bytes": nbytes, "flops": nflops,
+            "kernel_us": kernel_us, "span_us": span, "period_us": period, "below ceiling": below,
+            "small kernels": small, "GPU idle in step": span - kernel_us,
+            "CPU not hidden": (period - span) if period_us is not None else math.nan}

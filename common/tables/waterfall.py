@@ -217,7 +217,8 @@ def render(wf: dict, traced: dict | None = None, title: str = "", total_name: st
     and traced/untraced; a split part's sub-parts indented with their own source; the sum, the total and the
     unattributed remainder with the verdict (✓ adds up within 5% / ✗ does not: never shown as fine).
     ``judged=False``: a waterfall whose parts add up by construction (consecutive stamps of one clock and the
-    total their span): the remainder is printed, the verdict is replaced by why there is none."""
+    total their span): the remainder is printed, the verdict is replaced by why there is none; its splits too
+    (a split of consecutive points is one as well), unless a part went negative (two clocks that disagree)."""
     total = wf.get("total_ms")
     rt = ratios(wf, traced) if traced else {}
     tmap = {p["name"]: p["ms"] for p in (traced or {}).get("parts", [])}
@@ -244,8 +245,9 @@ def render(wf: dict, traced: dict | None = None, title: str = "", total_name: st
                          f"{sp['total_ms']:.2f} ms")          # free text: folded by the story (story.fold), never cut
             for q in sp["parts"]:
                 lines.append(f"     {q['name'][:29]:29s} {_ms(q.get('ms'))}  {q.get('what') or ''}")
-            lines.append(f"     {'unattributed in the split':29s} {_ms(sp['remainder_ms'])}  "
-                         f"{'✓' if sp['ok'] else '✗ does not add up'}"[:width])
+            mark = ("✓" if sp["ok"] else "✗ does not add up") if judged else (
+                "(by construction)" if not sp["negative"] else "✗ negative: " + ", ".join(sp["negative"]))
+            lines.append(f"     {'unattributed in the split':29s} {_ms(sp['remainder_ms'])}  {mark}"[:width])
     lines.append(f"{'sum of the parts':34s} {_ms(wf['sum_ms'])}"[:width])
     lines.append(f"{total_name[:34]:34s} {_ms(total)}"
                  + (f"{'':30s} {_ms(traced.get('total_ms'))} {rt['total']:4.2f}x" if traced and rt.get("total") else "")

@@ -2,8 +2,7 @@
 """01 · One request, then a batch, then load: SGLang's execution story end to end.
 
 What it measures (one SGLang HTTP server, Llama-3.1-8B shapes with dummy weights, one GPU, CUDA graphs
-for prefill and decode; --quick captures decode graphs up to bs 64 and caps the KV pool at 32768 tokens,
-the story's first line says so; in a --quick pipeline it runs on the pipeline's shared server, whose flags
+for prefill and decode; --quick caps the KV pool at 32768 tokens, the story's first line says so; in a --quick pipeline it runs on the pipeline's shared server, whose flags
 are exactly these)
     1. one request (text prompt -> the byte tokenizer; 512 tokens in, 128 out), streamed and traced
        with the torch profiler (/start_profile), repeated 3 times: tokenize -> queue -> PREFILL step ->
@@ -14,6 +13,10 @@ are exactly these)
     3. ITL against KV length over long decodes at several batch sizes (client-side stream times, each
        point 3 times), with the bytes a decode step must read (weights + KV) -> TB/s and % of the
        measured DRAM ceiling (common.capture.ceilings.peaks);
+    3b. the decode step against batch size, 1 to 256 (_sgl01_batch: that many requests at once, the step read from
+       the scheduler's lines, each point 3 times, about a second each with --quick), beside its two floors: the
+       weights and KV over the measured DRAM read ceiling, the FLOPs over the measured bf16 ceiling; the batch where
+       the step stops being bound by reading the weights, and which points replayed a CUDA graph;
     4. continuous batching under load: SGLang's own `sglang.benchmark.serving` at several request
        rates (the highest 3 times); batch size, running/queued requests and token usage over time from
        the log lines; then a load that fills the KV pool (_sgl01_pressure, its docstring has the arithmetic:
@@ -31,7 +34,8 @@ judged on the interval of its repetitions, common.judge.verdicts)
     * ITL rose ~25% over 128 generated tokens (A100). Restated: flat at batch 1 (weights dominate
       the bytes), linear in KV bytes only at large batch x context.
     * Under load #running-req rises and plateaus; prefill batches interrupt decode (ITL tail); under
-      pressure the KV pool fills.
+      pressure the KV pool fills and SGLang retracts requests (judged on the pressure load, the one load built to
+      fill the pool; its filling is that verdict's premise, not a verdict of its own).
     Judged by 08 on its traced steps, not here: attention's share of the prefill step (the A100 plan's ~45%;
     08 judges it beside the same step's GEMMs, role by role) and a batch-1 decode bound by reading the weights
     (08 times each layer's GEMMs: no CPU gap enters it, as one enters the ITL here; the story below still gives
@@ -46,13 +50,13 @@ Run
     python sglang/scripts/01_baseline_perf.py --reanalyse DIR --out OUT   # no GPU, no sglang: the analysis again
     (nsys/ncu views of the same server: 04_nsys_profile.py, 05_ncu_attention.py)
 Writes sglang/results/01_baseline_perf/: request_steps.csv, phase_kernels.csv, itl_vs_kv.csv,
-load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
+itl_vs_batch.csv, load_runs.csv, batch_timeline.csv, step_join.csv, perf_bar.csv, bench_runs.csv (each bench_serving run's wall
 time: the worker's start, the run, the benchmark's own duration), requests.csv (each traced request's client and
 meta_info stamps, log lines, trace<->log join), batch_log.csv and batch.csv (part 2's log lines, its throughput),
 joins.csv (the under-load trace<->log join): the last four for --reanalyse; the pressure load's pressure_run.csv,
 pressure_steps.csv, gpu_memory.csv, server_memory.csv (for --reanalyse), gpu_memory_owners.csv, pressure_events.csv,
 story_pressure.json (Perfetto), pressure.png; server_start.csv (its own server's start, phase by phase),
-itl_vs_kv.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
+itl_vs_kv.png, itl_vs_batch.png, batch_dynamics.png, server.log, bench/, profiles/, story.txt, summary.json.
 """
 from __future__ import annotations
 
@@ -66,9 +70,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
+from _sgl01_batch import batch_figure, batch_findings, batch_items, batch_sweep, itl_rows, with_floors  # noqa: E402,F401
 from _sgl01_pressure import (  # noqa: E402
-    PRESSURE_TABLES, load_text, pressure_events, pressure_figure, pressure_items, pressure_run, read_pressure,
-    record_pressure, step_classes, top_usage, write_pressure
+    PRESSURE_TABLES, at_plateau, line_floor_ms, load_shape, load_text, pressure_events, pressure_figure,
+    pressure_findings, pressure_items, pressure_run, read_pressure, record_pressure, retractions, step_classes,
+    top_usage, write_pressure
 )
 from common.base import story  # noqa: E402
 from common.base.checks import run_main, SetupError  # noqa: E402
@@ -80,10 +86,10 @@ from common.run.results import Run  # noqa: E402
 
 QUICK = dict(reps=3, prompt=512, new=128, batch=8, itl_points=[(1, 512), (16, 512)], itl_new=160, rates=("8", "32"),
              load_n=32, load_in=512, load_out=64, trace_steps=24, bar_n=64, bar_in=512, bar_out=128,
-             pressure_in=384, pressure_out=192, long_prompt=10000)
+             **load_shape(quick=True))
 FULL = dict(reps=3, prompt=512, new=128, batch=32, itl_points=[(1, 512), (1, 8192), (8, 4096), (32, 4096), (64, 2048)],
             itl_new=512, rates=("4", "16", "64", "inf"), load_n=256, load_in=1024, load_out=256, trace_steps=48,
-            bar_n=256, bar_in=1024, bar_out=256, pressure_in=1024, pressure_out=512, long_prompt=20000)
+            bar_n=256, bar_in=1024, bar_out=256, **load_shape(quick=False))
 PLAN = "PLAN.md Session 1 and sglang/reports/plan.md, experiment 01"
 KV_SPAN_MIN = 0.25    # itl-linear-kv is judged only when the KV range moves >= 25% of a step's bytes
 H = declare(f"""
@@ -105,13 +111,10 @@ H = declare(f"""
         confirmed: >= 2
         source: {PLAN}: 'prefill batches interrupt decode (ITL spikes)'
     retract = retract-at-plateau: #running-req plateaus when token usage nears 1.0 and retractions appear
-        judged on: retracted requests per run at the highest request rate (/metrics)
-        confirmed: >= 1
-        source: {PLAN}: 'retractions appear at the plateau' (premise: token usage reached 0.9)
-    usage = pressure-usage: under pressure the KV pool fills (token usage near 1.0)
-        judged on: max token usage of the scheduler's steps in the pressure run(s)
-        confirmed: [0.9, 1]
-        source: PLAN.md Experiment 5: continuous batching under memory pressure
+        judged on: whether SGLang retracts requests in the pressure load (its retract lines, else /metrics), a fact;
+            premise: the load filled the pool (token usage of its fullest steps reached 0.9)
+        source: {PLAN}: 'retractions appear at the plateau'; PLAN.md Experiment 5: continuous batching under memory
+            pressure (the pool fills)
     perf_bar = perf-bar: the workbook's instrumentation does not slow SGLang: its client (non-streaming /generate with
             token ids, all requests at once) keeps up with sglang.benchmark.serving --request-rate inf
         judged on: workbook client output tok/s as % of bench_serving's on the same server and shape (per round)
@@ -134,24 +137,6 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------ pure helpers (tested on a CPU)
-
-def itl_rows(results, batch: int, prompt_len: int) -> list[dict]:
-    """ITL per generated-token index, median over the requests, counted only once every request
-    of the batch has its first token (before that the batch is still being prefilled)."""
-    ok = [r["client"] for r in results if "error" not in r and r["client"].get("t_first")]
-    if not ok:
-        return []
-    start = max(c["t_first"] for c in ok)
-    by_i: dict[int, list] = {}
-    for c in ok:
-        t = c["t_first"]
-        for i, d in enumerate(c["itl_s"], start=1):
-            t += d
-            if t - d >= start:
-                by_i.setdefault(i, []).append(d * 1e3)
-    return [{"batch": batch, "prompt_len": prompt_len, "token": i, "kv_tokens": batch * (prompt_len + i),
-             "itl_ms": statistics.median(v), "requests": len(v)} for i, v in sorted(by_i.items())]
-
 
 def linear_fit(xs, ys) -> tuple[float, float, float]:
     """(slope, intercept, R^2) of a least-squares line."""
@@ -358,6 +343,7 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
                                          {**sg.GREEDY, "max_new_tokens": 32}} for i in range(P["batch"])])
         d["batch_rows"] = sg.parse_batch_log(srv.log_since(mark))
         d["itl"] = itl_sweep(srv, P, run)
+        d["batch_sweep"] = batch_sweep(srv, P, run, bool(args.quick))
         d["loads"], d["timeline"] = load_runs(srv, P, [] if args.skip_load else rates, run, d["bench"],
                                               control=args.bench_control)
         d["pressure"] = None
@@ -411,7 +397,7 @@ def derive(d, pd, cfg: dict, pk) -> dict:
              for ms, b in zip(itl["itl_ms"], itl["bytes_per_step"])]
         itl["eff_tb_s"] = [x["eff_tb_s"] for x in r]
         itl["eff_pct"] = [x.get("eff_pct") for x in r]
-    a.update(itl=itl, wbytes=wbytes, kvb=kvb)
+    a.update(itl=itl, wbytes=wbytes, kvb=kvb, batch=with_floors(d.get("batch_sweep") or [], cfg, pk))
     b1 = itl[itl["batch"] == 1] if len(itl) else itl
     first_L = int(b1["prompt_len"].iloc[0]) if len(b1) else None
     a["rise"] = [rise_pct(g.to_dict("records")) for _, g in b1[b1["prompt_len"] == first_L].groupby("rep")] if len(b1) else []
@@ -454,22 +440,35 @@ def verdicts(run, d, a) -> None:
     if top:
         tails = [lr["p99_itl_ms"] / lr["median_itl_ms"] for lr in top if lr["median_itl_ms"]]
         run.judge(H["itl_tail"], tails, evidence="load_runs.csv", detail=f"rate {top[0]['rate']}")
-        usage = max(lr["max_token_usage"] for lr in d["loads"])
-        run.judge(H["retract"], [lr["retractions"] for lr in top], evidence="batch_timeline.csv, load_runs.csv",
-                  premise=True if usage >= 0.9 else f"token usage reached only {usage:.2f} (< 0.9): the load did not "
-                  "fill the KV pool", detail=f"max token usage {usage:.2f}")
-    pr = d.get("pressure")
-    if pr:
-        r = pr["run"]
-        run.judge(H["usage"], top_usage(pr), evidence="pressure_steps.csv: token usage of the fullest scheduler steps",
-                  detail=f"{load_text(r)}, {r['offered_tokens'] / r['pool_tokens']:.1f}x the {r['pool_tokens']:,}-token "
-                  "pool")
+    judge_retraction(run, d.get("pressure"), a.get("plateau"))
     if d["bar"]:
         run.judge(H["perf_bar"], [b["ratio_pct"] for b in d["bar"]], evidence="perf_bar.csv")
         run.headline(perf_bar_pct=min(b["ratio_pct"] for b in d["bar"]))
     if a["b1_pct"]:
         b1 = a["itl"][a["itl"]["batch"] == 1]
         run.headline(itl_b1_ms=float(b1["itl_ms"].median()), decode_b1_pct_of_dram_ceiling=statistics.median(a["b1_pct"]))
+
+
+def judge_retraction(run, pr, plat) -> None:
+    """retract-at-plateau on the pressure load (the load built to fill the pool; the rate loads before it never did):
+    a fact, whether SGLang retracted requests, with its premise that the pool filled; 'not observed' without a
+    pressure load."""
+    if not pr:
+        run.fact(H["retract"], None, "not observed: this run has no pressure load (--skip-load, or it failed: see "
+                 "point_errors)", evidence="pressure_run.csv")
+        return
+    use = top_usage(pr)
+    full = max(use, default=0.0)
+    n = retractions(pr)
+    r = pr["run"]
+    seen = (f"the fullest {len(use)} steps' token usage {min(use, default=0):.2f}-{full:.2f}; running peaked at "
+            f"{r.get('max_running')} with {r.get('max_queue')} queued" + (f", {plat['batch']} requests on a full pool"
+                                                                          if plat else "")
+            + (f"; {n} request(s) retracted in {r.get('retract_lines')} retract line(s)" if n is not None else
+               "; retractions: not recorded"))
+    run.fact(H["retract"], None if n is None else n >= 1, seen, evidence="pressure_steps.csv, pressure_events.csv",
+             premise=True if full >= 0.9 else f"token usage reached only {full:.2f} (< 0.9): the load did not fill "
+             "the KV pool")
 
 
 def figures(run, a, d, pk, backend) -> None:
@@ -481,6 +480,8 @@ def figures(run, a, d, pk, backend) -> None:
         run.figure("itl_vs_kv", plots.sweep(med, "kv_tokens", "itl_ms", hue="series", logx=True,
                                             ylabel="inter-token latency (ms, client; median of reps)",
                                             title=f"ITL vs KV tokens read per step — {pk['gpu']}, {backend}"))
+    if a.get("batch"):
+        run.figure("itl_vs_batch", batch_figure(a["batch"], pk))
     if d["timeline"]:
         run.figure("batch_dynamics", dynamics_figure(d["timeline"]))
     if d.get("pressure"):
@@ -540,6 +541,7 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
               + f" -> decode bs={max((r['running_req'] for r in d['batch_rows'] if r['kind'] == 'decode'), default=0)}; "
               f"{batch_record(d)['output_throughput']:.0f} out tok/s", [])]
     itl = a["itl"]
+    items += batch_items(a.get("batch") or [])
     if len(itl):
         items.append(("ITL vs KV (median of reps, client)", [
             (f"batch {b} prompt {L}: {g['itl_ms'].median():.2f} ms, reads {g['bytes_per_step'].median() / 1e9:.2f} GB/step "
@@ -553,7 +555,7 @@ def tell(d, a, model_dir, fl, P, pk, backend) -> str:
              f"running<={lr['max_running']}, queued<={lr['max_queue']}, usage<={lr['max_token_usage']:.2f}", [])
             for lr in d["loads"]]))
     if d.get("pressure"):
-        items += pressure_items(d["pressure"], a.get("pressure_events") or [])
+        items += pressure_items(d["pressure"], a.get("pressure_events") or [], a.get("plateau"))
     if d["under_load"]:
         items.append((f"sampled steps under load (join {d['under_load_join'].get('matched')}/"
                       f"{d['under_load_join'].get('of')})", [
@@ -584,6 +586,7 @@ def write_tables(run, d, a) -> None:
     sg.table(run, "request_steps", [{"rep": r["rep"], **s} for r in d["requests"] for s in r["joined"]])
     sg.table(run, "phase_kernels", a["classes"])
     sg.table(run, "itl_vs_kv", a["itl"])
+    sg.table(run, "itl_vs_batch", d.get("batch_sweep") or [])
     sg.table(run, "load_runs", d["loads"])
     sg.table(run, "batch_timeline", d["timeline"])
     keep = ("mode", "bs", "toks", "log_cached_token", "log_running_req", "log_queue_req", "log_token_usage",
@@ -621,11 +624,18 @@ class Record:
 def analyse(run, x: Record) -> None:
     """Figures, verdicts, headline and story from the measured parts and what derive() made of them (a GPU run and
     --reanalyse alike)."""
+    if x.d.get("pressure"):
+        x.a["plateau"] = at_plateau(x.d["pressure"], x.cfg, x.pk)
+        x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]),
+                                                 floor=lambda row: line_floor_ms(row, x.cfg, x.pk))
     figures(run, x.a, x.d, x.pk, x.args.backend)
     verdicts(run, x.d, x.a)
+    for text in batch_findings(x.a.get("batch") or []):
+        run.finding(text)
     if x.d.get("pressure"):
-        x.a["pressure_events"] = pressure_events(x.d["pressure"], step_classes(x.a["classes"]))
         write_pressure(run, x.d["pressure"], x.a["pressure_events"])
+        for text in pressure_findings(x.d["pressure"], x.a["pressure_events"], x.a["plateau"]):
+            run.finding(text)
     run.story(sg.config_line(x.fl, sg.SERVING_ENV, x.args.quick) + "\n"
               + tell(x.d, x.a, x.model_dir, x.fl, x.P, x.pk, x.args.backend), echo=True)
 
@@ -659,7 +669,7 @@ def main_reanalyse(args) -> int:
                          "client TTFT and stamps, which the TTFT-CPU-share verdict and the request story read, were "
                          "in no table. Re-run 01 on a GPU to record them")
     rec = recording.open(src, __file__, tables=("request_steps",) + NEW_TABLES,
-                         optional=("joins", "itl_vs_kv", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs",
+                         optional=("joins", "itl_vs_kv", "itl_vs_batch", "load_runs", "batch_timeline", "step_join", "perf_bar", "bench_runs",
                                    *PRESSURE_TABLES))
     a = rec.args_like(args)
     t = rec.tables
@@ -676,6 +686,7 @@ def main_reanalyse(args) -> int:
     itl_cols = ("batch", "prompt_len", "token", "kv_tokens", "itl_ms", "requests", "rep")
     d = {"requests": reqs, "batch_rows": _records(t["batch_log"]), "batch_record": _records(t["batch"])[0],
          "itl": [{k: r[k] for k in itl_cols if k in r} for r in _records(t["itl_vs_kv"])],
+         "batch_sweep": _records(t.get("itl_vs_batch")),
          "loads": _records(t["load_runs"]), "timeline": _records(t["batch_timeline"]),
          "under_load": _records(t["step_join"]), "under_load_join": joins.get("under load", {}),
          "bar": _records(t["perf_bar"]), "bench": _records(t["bench_runs"]), "pressure": read_pressure(t, _records)}

@@ -2,7 +2,7 @@
 """02 · RadixAttention: cold vs warm prefixes, eviction under memory pressure, LPM vs FCFS.
 
 What it measures (SGLang HTTP servers with a deliberately small KV pool, --max-total-tokens, CUDA graphs
-for prefill and decode -- --quick captures decode graphs up to bs 64, the story's first line says so --:
+for prefill and decode -- --quick caps the KV pool, the story's first line says so --:
 every time below is taken under that configuration). A, B and C's FCFS pass run on one server with
 SGLang's default scheduling policy (fcfs; in a --quick pipeline the pipeline's shared server, whose flags
 are exactly these); C's LPM pass needs a server of its own, --schedule-policy lpm being a launch flag (in

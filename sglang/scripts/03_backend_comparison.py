@@ -2,10 +2,10 @@
 """03 · Attention backends: FlashInfer vs Triton (vs FA3 where installed) on the same workloads.
 
 What it measures (one SGLang server per backend, same model, same flags, --random-seed 0, CUDA graphs for
-prefill and decode; --quick captures decode graphs up to bs 64 and caps the KV pool at 32768 tokens, the
-story's first line says so. In a --quick pipeline the FlashInfer variant runs on the pipeline's shared
-server, whose flags are exactly its own, and Triton on the pipeline's 'triton' server; each other variant needs
-a server of its own: the attention backend is a launch flag, the CUDA-core decode a variable read at start)
+prefill and decode; --quick caps the KV pool at 32768 tokens, the story's first line says so. In a --quick
+pipeline the FlashInfer variant runs on the pipeline's shared server, whose flags are exactly its own, and Triton
+on the pipeline's 'triton' server; each other variant needs a server of its own: the attention backend is a launch
+flag, the CUDA-core decode a variable read at start)
     * greedy agreement: the same prompts (token ids) with temperature 0 on every backend; the
       dummy weights are identical (SGLang seeds each parameter with 1234), so any difference is
       numerics. Reports, per prompt, how many leading tokens agree with the first backend;

@@ -4,19 +4,20 @@
 What it measures (one SGLang server, Llama-3.1-8B shapes with dummy weights, one GPU, at SGLang's
 default serving configuration: CUDA graphs for prefill and decode, the default scheduler, FA3 where
 sgl_kernel.flash_attn imports — else FlashInfer, and the story says which ran and why; with --quick the
-KV pool is the pipeline's 32768 tokens and decode graphs are captured up to bs 64 -- the story's first
-line lists every change. In a --quick pipeline it runs on the pipeline's shared server when its flags are
+KV pool is the pipeline's 32768 tokens -- the story's first line lists every change. In a --quick pipeline it runs on the pipeline's shared server when its flags are
 exactly that server's (FlashInfer); where FA3 runs it starts its own beside it)
     0. Every millisecond of one request, untraced, before any profiler runs: 5 text prompts (512 characters through
        SGLang's tokenizer: 513 tokens with BOS) and 5 input_ids prompts, one at a time, each between two /metrics
        scrapes. Its TTFT from SGLang's own stamps (meta_info: request_received_ts, api_server_dispatch_finish_ts,
        forward_entry_time, queue_time, prefill_finished_time, response_sent_to_client_ts; /metrics stage
        request_process) and the client's clock: HTTP receive, tokenize + dispatch, to the scheduler, request
-       processing, queue wait, prefill forward, detokenize + return, HTTP stream (common.tables.waterfall: per-part
-       medians that must add up to the median TTFT within 5%, the remainder printed). The prefill forward split on
-       the traced median repetition (batch scheduling, prep + FlashInfer plan(), GPU forward, sampling, the overlap
-       scheduler's next step, result processing) and one decode step on the scheduler loop; traced vs untraced
-       per part (_sgl08_waterfall). Token IDs stay where an experiment needs exact lengths (the counters windows);
+       processing, queue wait, prefill forward, detokenize + return, HTTP stream (common.tables.waterfall: the median
+       repetition's parts, each with its spread; consecutive stamps, so they add up by construction: shown, not
+       judged). The prefill forward split on the traced median repetition (batch scheduling, prep + FlashInfer plan(),
+       GPU forward, sampling, the overlap scheduler's next step, result processing) and one decode step on the
+       scheduler loop; traced vs untraced per part. Judged where two clocks meet: the stamps around each traced
+       prefill, the scheduler's decode step against the client's ITL, the loop's ranges against its iteration
+       (_sgl08_waterfall). Token IDs stay where an experiment needs exact lengths (the counters windows);
        the stories send text.
     1. Two stories: one request (512 prompt characters = 513 tokens, 64 new) and a batch of 32 such requests sent
        together. Each is served untraced (3 times: client TTFT and ITL, the scheduler's step lines) and
@@ -27,6 +28,14 @@ exactly that server's (FlashInfer); where FA3 runs it starts its own beside it)
        kernel and its role (QKV / O / gate-up / down GEMMs, norms, RoPE, KV store, attention + merge,
        activation; embedding, logits GEMM, sampling), with FLOPs and bytes (common.tables.flops) and the
        rate its traced time gives, as % of this GPU's measured ceilings (_sgl08_stories).
+    1b. A decode step at the batch 01's pressure load plateaus at (_sgl01_pressure.plateau on this server's pool: 63
+       with --quick): that many requests of the load's shape sent at once, 6 decode steps traced once they all decode.
+       The floor of each traced step (_sgl08_floors): each kernel's minimum bytes over the measured DRAM read ceiling
+       or its FLOPs over the measured bf16 ceiling, whichever is longer, summed, beside the step's traced period;
+       the rest split into GEMM and attention kernels below their ceiling, small kernels, GPU idle inside the step
+       and CPU work the overlap scheduler does not hide: the prefill, the batch-1 decode step, the batch story's and
+       the loaded step. The one-request story on two lanes (_sgl08_lanes): CPU (stamps, scheduler ranges) and GPU
+       (kernels by layer) on one millisecond axis, SGLang's stamps marked.
     2. The observer effect: TTFT, ITL and the decode step time traced vs untraced, in %.
     3. Counters: the same configuration with the model cut to 1 layer (shapes unchanged) under Nsight
        Compute (--graph-profiling node: kernels inside CUDA graphs are profiled one by one), one-step
@@ -56,10 +65,11 @@ Run
     python sglang/scripts/08_execution_story.py --quick          # phases 0-2 (no counters), ~2 min warm
     python sglang/scripts/08_execution_story.py --quick --ncu    # + phase 3: the counters (needs ncu)
     python sglang/scripts/08_execution_story.py --ncu            # plan scale: 5 repetitions
-Writes sglang/results/08_execution_story/: kernels_<story>.csv, steps_<story>.csv, layer_tree.csv,
-class_shares.csv, gemm_efficiency.csv, observer.csv, ncu_windows_<story>.csv, waterfall.csv, transitions.csv,
-story_<story>.json (open in https://ui.perfetto.dev: kernels, steps, each request's waterfall, counters, transitions
-as instants), timeline.png, layer_tree.png, server logs, raw.json (for --reanalyse), story.txt, summary.json.
+Writes sglang/results/08_execution_story/: kernels_<story>.csv (and kernels_loaded.csv), steps_<story>.csv,
+layer_tree.csv, class_shares.csv, gemm_efficiency.csv, floors.csv, observer.csv, ncu_windows_<story>.csv,
+waterfall.csv, transitions.csv, story_<story>.json (open in https://ui.perfetto.dev: kernels, steps, each request's
+waterfall, counters, transitions as instants), timeline.png, layer_tree.png, two_lanes.png, server logs, raw.json
+(for --reanalyse), story.txt, summary.json (with the findings: sentences written from the run's figures).
 """
 from __future__ import annotations
 
@@ -76,9 +86,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from _sgl08_counters import COUNTER_LAYERS, counters, counters_server, join_counters, transitions  # noqa: E402
+from _sgl08_floors import floor_findings, floor_items, floor_rows, loaded_window  # noqa: E402
+from _sgl08_lanes import lanes_figure  # noqa: E402
 from _sgl08_stories import (  # noqa: E402
     ENV, SP, analyse_story, batch_requests, gemm_efficiency, known, layer_trees, median_traced, one_request,
-    serve_story, story_events, write_story
+    serve_story, story_events, story_findings, write_story
 )
 from _sgl08_waterfall import waterfall_phase, waterfall_text, waterfalls, wrapped, write_waterfalls  # noqa: E402
 from common.base import story  # noqa: E402
@@ -176,6 +188,12 @@ def measure(args, run, P, model_dir, base, backend, backend_why="") -> dict:
         obs_one, data["traced_one"], data["untraced_one"] = serve_story(srv, run, "one", one_request, P, prof)
         obs_b, data["traced_batch"], data["untraced_batch"] = serve_story(srv, run, "batch", batch_requests, P, prof)
         data["observer"] = obs_one + obs_b
+        try:                 # a decode step at the batch 01's pressure load plateaus at (the floors' third step)
+            data["traced_loaded"] = loaded_window(srv, P, bool(args.quick), prof)
+            run.log(f"loaded window: {data['traced_loaded']['batch']} requests, traced")
+        except Exception as e:  # noqa: BLE001 - the stories stand; the floors say "not observed"
+            data["loaded_error"] = f"{e.__class__.__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            run.note(f"loaded window skipped: {data['loaded_error']}")
         data["server_args"] = next((l for l in srv.log_since(0).splitlines() if "server_args=" in l), "")
     return data
 
@@ -192,6 +210,10 @@ def trace_tables(data, cfg) -> dict:
         kt, spans, base_us, info = analyse_story(last["trace"], last["log"], cfg, pk)
         out.update({f"kt_{name}": kt, f"spans_{name}": spans, f"base_{name}": base_us,
                     f"results_{name}": last["results"], f"join_{name}": info})
+    lw = data.get("traced_loaded")
+    if lw:
+        out["kt_loaded"], out["spans_loaded"], _b, _i = analyse_story(lw["trace"], lw["log"], cfg, pk)
+        out["loaded_info"] = {k: lw[k] for k in ("batch", "pool", "prompt", "new")}
     shares = []
     for t in data["traced_one"]:
         _ev, kt = story_events(t["trace"])
@@ -216,7 +238,7 @@ PK_KEYS = ("gpu", "dram_tb_s", "dram_read_tb_s", "dram_mixed_tb_s", "dram_copy_t
 # what raw.json keeps of a run; a recording made before the pressure load moved to 01, the cache over time to 02 and
 # the GPU metrics to 04 also holds "pressure", "mem", "bench", "cache", "startup_log" and "gpu_metrics": not read here
 RAW = ("P", "observer", "server_args", "windows", "ncu_layers", "backend_why", "pk", "waterfall", "server_flags",
-       "quick")
+       "quick", "loaded_error")
 
 
 def save_raw(run, data) -> None:
@@ -233,6 +255,11 @@ def save_raw(run, data) -> None:
         for i, u in enumerate(data.get(f"untraced_{name}") or []):
             run.path(f"logs/{name}_untraced_{i}.log").write_text(u["log"])
             raw[f"untraced_{name}"].append({"log": f"logs/{name}_untraced_{i}.log"})
+    lw = data.get("traced_loaded")
+    if lw:
+        run.path("logs/loaded.log").write_text(lw["log"])
+        raw["traced_loaded"] = {**{k: lw[k] for k in ("batch", "pool", "prompt", "new")},
+                                "trace": str(Path(lw["trace"]).relative_to(run.dir)), "log": "logs/loaded.log"}
     run.json("raw", raw)
 
 
@@ -244,6 +271,9 @@ def load_raw(folder: Path) -> dict:
         data[f"traced_{name}"] = [{"trace": folder / t["trace"], "log": (folder / t["log"]).read_text(),
                                    "results": t["results"]} for t in raw[f"traced_{name}"]]
         data[f"untraced_{name}"] = [{"log": (folder / u["log"]).read_text()} for u in raw.get(f"untraced_{name}") or []]
+    lw = raw.get("traced_loaded")
+    if lw:
+        data["traced_loaded"] = {**lw, "trace": folder / lw["trace"], "log": (folder / lw["log"]).read_text()}
     return data
 
 
@@ -312,6 +342,7 @@ def reanalyse(args) -> int:
         raw = json.loads((src / "raw.json").read_text())
         keep += [t[k] for name in ("one", "batch") for t in raw[f"traced_{name}"] for k in ("trace", "log")]
         keep += [u["log"] for name in ("one", "batch") for u in raw.get(f"untraced_{name}") or []]
+        keep += [raw["traced_loaded"][k] for k in ("trace", "log")] if raw.get("traced_loaded") else []
         decode_steps_again(data)
         for rel in keep:
             if ".." not in Path(rel).parts and (src / rel).is_file() and (src / rel).resolve() != (run.dir / rel).resolve():
@@ -333,22 +364,32 @@ def finish(run, data, pk, backend_why):
     run.table("observer", data["observer"])
     write_waterfalls(run, data["wf"])
     sg.table(run, "transitions", data["transitions"])
+    floors = floor_rows(data, pk)
+    sg.table(run, "floors", floors)
+    if data.get("kt_loaded") is not None:
+        run.table("kernels_loaded", data["kt_loaded"])
     judge_all(run, data)
+    for text in story_findings(data, trees, eff) + floor_findings(floors, data):
+        run.finding(text)
     run.headline(**{f"{r['mode'].lower()}_b{r['bs']}_{r['role']}_pct_of_ceiling": round(
         r["pct_bf16_ceiling"] if r["bound_by_intensity"] == "compute" else r["stream_pct"], 1) for r in eff
         if r["role"] in ("gate_up_proj", "lm_head")})
-    for name, fig in figures(data, trees, pk).items():
+    for name, fig in figures(run, data, trees, pk).items():
         run.figure(name, fig)
     first = (sg.config_line(data["server_flags"], ENV, bool(data.get("quick"))) if data.get("server_flags") else
              "server configuration: not recorded (a recording made before the server_flags field)")
-    run.story(first + "\n" + story_text(data, trees, eff, pk, backend_why), echo=True)
+    run.story(first + "\n" + story_text(data, trees, eff, pk, backend_why, floors), echo=True)
 
 
-def figures(data, trees, pk) -> dict:
-    """The joined timeline and the layer tree (matplotlib, no display)."""
+def figures(run, data, trees, pk) -> dict:
+    """The joined timeline, the layer tree and the request on two lanes (matplotlib, no display)."""
     from common.render import plots
-    return {"timeline": plots.joined_timeline(data["kt_one"], data["spans_one"], title=f"One request — {pk['gpu']}"),
-            "layer_tree": plots.layer_tree([t for t in trees if t["story"] == "one"], pk)}
+    out = {"timeline": plots.joined_timeline(data["kt_one"], data["spans_one"], title=f"One request — {pk['gpu']}"),
+           "layer_tree": plots.layer_tree([t for t in trees if t["story"] == "one"], pk)}
+    lanes = run.optional("the two-lane figure", lanes_figure, data, pk["gpu"])
+    if lanes is not None:
+        out["two_lanes"] = lanes
+    return out
 
 
 def judge_all(run, data):
@@ -370,7 +411,7 @@ def judge_all(run, data):
               evidence="observer.csv (one request: TTFT of each traced run against the untraced median)")
 
 
-def story_text(data, trees, eff, pk, backend_why) -> str:
+def story_text(data, trees, eff, pk, backend_why, floors=()) -> str:
     """The text tree: the waterfalls, then request -> steps -> one layer -> kernels with counters, the observer
     effect, the GEMMs' efficiency and the transitions."""
     f = story.fmt
@@ -423,6 +464,7 @@ def story_text(data, trees, eff, pk, backend_why) -> str:
                                                                  if known(r.get("stream_pct")) else "")
          + f"; {f(r['flop_per_byte'])} FLOP/B vs ridge {f(r['ridge'])}: {r['why']}", []) for r in eff]))
     items[:0] = waterfall_text(data["wf"])
+    items += floor_items(list(floors), data)
     items.append(("transitions as events (transitions.csv; instants in the Perfetto traces)",
                   [wrapped(x["text"]) for x in data.get("transitions", [])[:40]]
                   + ([(f"... {len(data['transitions']) - 40} more in transitions.csv", [])]

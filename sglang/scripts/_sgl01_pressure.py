@@ -11,7 +11,7 @@ I = 384, O = 192, N = ceil(2 x pool / (I + O)) = 114.
   * admitted: SGLang's PrefillAdder (managers/schedule_policy.py) takes a request while its prompt + max_new_tokens
     fit beside the running requests' tokens + 0.7 x their remaining output (SGLANG_INIT_NEW_TOKEN_RATIO; it decays
     toward 0.1 while nothing is retracted), at most 8192 new tokens per prefill step: 21 prompts a step, up to
-    32,768 / (384 + 0.7 x 192) ~ 63 running -- inside the 64 decode CUDA graphs of --quick -- the other ~51 queue;
+    32,768 / (384 + 0.7 x 192) ~ 63 running (plateau()) -- a captured decode CUDA graph -- the other ~51 queue;
   * those 63 need 63 x (384 + 192) = 36,288 tokens = 1.11x the pool by their last token: the pool is full ~136
     tokens into their 192 (63 x (384 + 136) = 32,760), so SGLang must retract ("KV cache pool is full. Retract
     requests"), whatever the GPU's speed; the margin is the 56 decode steps between the two, not a rate;
@@ -30,10 +30,17 @@ owners SGLang's start-up log names, the benchmark's headline and /metrics' retra
                                      (PRESSURE_TABLES: what --reanalyse reads back)
     write_pressure(run, pr, evs)     gpu_memory_owners.csv, pressure_events.csv, story_pressure.json
     read_pressure(tables, records)   the record back from those tables (None when the recording has none)
-    pressure_events(pr, cls)         each change of the scheduler's state as an event
+    pressure_events(pr, cls, floor)  each change of the scheduler's state as an event, at its step of the load, with
+                                     what the GPU did in that step (its kind, batch, KV, wall time and floor)
     pressure_figure(pr)              batch dynamics per step, step wall time, GPU memory by owner
-    pressure_items(pr, evs)          the story's pressure section
-    top_usage(pr)                    the fullest steps' token usage (pressure-usage is judged on it)
+    pressure_items(pr, evs, plat)    the story's pressure section
+    top_usage(pr)                    the fullest steps' token usage (retract-at-plateau's premise)
+    retractions(pr)                  how many requests SGLang retracted in the load (its lines, else /metrics)
+    line_floor_ms(row, cfg, pk)      the floor of the step a scheduler line stands for (no trace: its batch and KV)
+    at_plateau(pr, cfg, pk)          the decode steps once the pool is full: batch, KV, step (SGLang's clock), floor
+
+Nothing here may end 01 on a load that went otherwise than planned (it has run on no GPU in this shape yet): a step,
+an event or a verdict that did not happen is "not observed", never an exception.
 """
 from __future__ import annotations
 
@@ -49,10 +56,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common.base import story  # noqa: E402
 from common.capture import clocks  # noqa: E402
+from common.tables import flops  # noqa: E402
 
 CHUNK = 8192      # SGLang's default chunked_prefill_size on H100/H200 (a run records /server_info's own)
 FILL = 2.0        # tokens offered / the pool's tokens
 LONG_NEW = 8      # tokens the long prompt generates: its prefill is the point
+NEW_TOKEN_RATIO = 0.7    # SGLANG_INIT_NEW_TOKEN_RATIO: the share of a running request's remaining output PrefillAdder keeps
+SHAPES = {"quick": dict(pressure_in=384, pressure_out=192, long_prompt=10000),
+          "full": dict(pressure_in=1024, pressure_out=512, long_prompt=20000)}
+
+
+def load_shape(quick: bool) -> dict:
+    """The load's prompt and output lengths and its long prompt (01's QUICK / FULL take them from here, and 08 traces
+    a decode step at the batch this shape plateaus at)."""
+    return dict(SHAPES["quick" if quick else "full"])
+
+
+def plateau(pool: int, prompt_in: int, out: int, ratio: float = NEW_TOKEN_RATIO) -> int:
+    """The running batch PrefillAdder admits before the pool's budget is spent: pool / (prompt + ratio x output),
+    whole requests (32,768 / (384 + 0.7 x 192) = 63 with --quick)."""
+    return max(1, int(pool // (prompt_in + ratio * out)))
 
 
 def burst_size(pool: int, P: dict) -> int:
@@ -135,14 +158,82 @@ def memory_by_owner(mem, own) -> list[dict]:
     return [{"t": t, "t_s": t - mem[0][0], "used_gb": v, **fixed, "rest_gb": v - known if own else None} for t, v in mem]
 
 
-def pressure_events(pr, cls: dict | None = None) -> list[dict]:
-    """Per scheduler step under pressure, each change of state as an event (t: epoch s, kind, text): the queue starts /
-    drains, token usage crosses 0.9, a retraction, a chunk of a long prompt; with the kernel classes a step of that
-    kind ran (``cls``: {"prefill" | "decode": "gemm 82%, ..."}, from the traced steps: the load itself is not traced)."""
+def retractions(pr) -> int | None:
+    """Requests SGLang retracted in the load: the scheduler's retract lines (each says how many), else /metrics'
+    retracted_requests; None when neither was recorded."""
+    r = pr["run"]
+    if r.get("retract_lines"):
+        return int(r.get("retracted_in_log") or r["retract_lines"])
+    m = r.get("retracted_requests")
+    return int(m) if isinstance(m, (int, float)) and m == m else (0 if r.get("retract_lines") == 0 else None)
+
+
+def line_floor_ms(row: dict, cfg: dict | None, pk: dict | None) -> float | None:
+    """The floor of the step a scheduler line stands for, from the line alone (the load is not traced): a decode
+    line's running requests and the KV they hold (#token), a prefill line's new tokens over its new sequences on top
+    of its cached tokens; the step's bytes over the DRAM read ceiling or its FLOPs over the bf16 ceiling, whichever is
+    longer (common.tables.flops.model_work, roofline_s). None without a config, ceilings or the line's fields."""
+    if not cfg or not pk or not pk.get("bf16_tflops"):
+        return None
+    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
+    try:
+        if row["kind"] == "decode" and row.get("running_req"):
+            b = int(row["running_req"])
+            kv = max(float(row.get("num_token") or b) / b, 1.0)
+            w = flops.model_work(cfg, tokens=b, kv_lens=[kv] * b)
+        elif row["kind"] == "prefill" and row.get("new_seq") and row.get("new_token"):
+            n, new = int(row["new_seq"]), int(row["new_token"])
+            q = [new // n] * n
+            q[-1] += new - sum(q)
+            cached = int(row.get("cached_token") or 0) // n
+            w = flops.model_work(cfg, tokens=new, kv_lens=[x + cached for x in q], qo_lens=q)
+        else:
+            return None
+    except (TypeError, ValueError, KeyError):
+        return None
+    return 1e3 * flops.roofline_s(w["bytes"], w["flops"], read, pk["bf16_tflops"])[0]
+
+
+def _decode_ms(rows: list[dict], j: int) -> float | None:
+    """The decode step of line ``j`` by SGLang's clock (running requests over its gen throughput), only when the line
+    before it is a decode line of the same batch: after a prefill or a batch change the throughput spans other work
+    (as _sgl_logs.decode_step_ms leaves it out)."""
+    r = rows[j]
+    prev = next((x for x in reversed(rows[:j]) if x["kind"] in ("prefill", "decode")), None)
+    if r["kind"] != "decode" or not r.get("gen_tput") or not r.get("running_req") or prev is None or \
+            prev["kind"] != "decode" or prev.get("running_req") != r["running_req"]:
+        return None
+    return 1e3 * r["running_req"] / r["gen_tput"]
+
+
+def _gpu_text(r: dict, floor_ms: float | None, step_ms: float | None) -> str:
+    """What the GPU did in the step a line stands for: its kind, batch, tokens, its floor and, for a decode step, its
+    time by SGLang's clock (_decode_ms). The gap between two lines is not a step's time (the overlap scheduler logs
+    a step when it schedules it), so it is not shown."""
+    fl = f", floor {floor_ms:.2f} ms" if floor_ms else ""
+    if r["kind"] == "decode":
+        step = f", {step_ms:.2f} ms by SGLang's clock" if step_ms else ""
+        return f"a decode step of {r.get('running_req')} requests over {r.get('num_token')} KV tokens{step}{fl}"
+    if r["kind"] == "prefill":
+        n = r.get("new_seq")
+        return f"a prefill step of {r.get('new_token')} new tokens ({n} sequence{'' if n == 1 else 's'}){fl}"
+    return "no forward (a retraction line)"
+
+
+def pressure_events(pr, cls: dict | None = None, floor=None) -> list[dict]:
+    """Per scheduler step under pressure, each change of state as an event (t: epoch s, kind, step: the step of the
+    load it happened at, counting prefill and decode lines from 1, t_s: seconds since the load's first line, text):
+    the queue starts / drains, token usage crosses 0.9, a retraction, a chunk of a long prompt; with what the GPU did
+    in that step (a retraction: in the step that follows it) and, with ``floor`` (a row -> ms function: line_floor_ms),
+    its floor; with the kernel classes a step of that kind ran (``cls``: {"prefill" | "decode": "gemm 82%, ..."}, from
+    the traced steps: the load itself is not traced)."""
     cls, chunk = cls or {}, pr["run"].get("chunk") or CHUNK
-    out, q, hot, state = [], 0, False, "before the first step"
-    for r in pr["steps"]:
+    rows = pr["steps"]
+    t0 = rows[0]["ts"] if rows else 0.0
+    out, q, hot, state, n = [], 0, False, "before the first step", 0
+    for i, r in enumerate(rows):
         if r["kind"] in ("prefill", "decode"):
+            n += 1
             state = f"running {r.get('running_req')}, queued {r.get('queue_req')}, usage {r.get('token_usage')}"
         kinds = []
         if r["kind"] == "retract":
@@ -160,10 +251,40 @@ def pressure_events(pr, cls: dict | None = None) -> list[dict]:
             if u >= 0.9 and not hot:
                 kinds.append(("pool full", "token usage crossed 0.9"))
             hot = u >= 0.9 if u >= 0.9 or u < 0.8 else hot
+        if not kinds:
+            continue
+        j = i if r["kind"] != "retract" else next((k for k in range(i + 1, len(rows))
+                                                   if rows[k]["kind"] in ("prefill", "decode")), i)
+        step_row = rows[j]
+        try:
+            fl = floor(step_row) if floor else None
+        except Exception:  # noqa: BLE001 - a floor that cannot be made is left out, the event stays
+            fl = None
+        gpu = _gpu_text(step_row, fl, _decode_ms(rows, j))
+        k_cls = f"; its kernels: {cls[step_row['kind']]} (traced steps of that kind)" if step_row["kind"] in cls else ""
+        step_no = n + (1 if r["kind"] == "retract" else 0)
         for kind, what in kinds:
-            out.append({"t": r["ts"], "kind": kind, "text": f"{kind}: {what} ({r['kind']} line; scheduler: {state}"
-                        + (f"; a {r['kind']} step runs {cls[r['kind']]}" if r["kind"] in cls else "") + ")"})
+            out.append({"t": r["ts"], "kind": kind, "step": step_no, "t_s": r["ts"] - t0, "floor_ms": fl, "gpu": gpu,
+                        "text": f"{kind} at step {step_no} ({r['ts'] - t0:.2f} s): {what}; scheduler: {state}; the GPU: "
+                                f"{gpu}{k_cls}"})
     return out
+
+
+def at_plateau(pr, cfg: dict | None = None, pk: dict | None = None) -> dict | None:
+    """The decode steps of the load once the pool is full (token usage >= 0.9) at their most common batch: that batch,
+    the KV tokens they held (median), the step from SGLang's clock (_sgl_logs.decode_step_ms) and its floor
+    (line_floor_ms of the median line). None when no decode step ran on a full pool (not observed)."""
+    import collections
+    import statistics
+    full = [r for r in pr["steps"] if r["kind"] == "decode" and (r.get("token_usage") or 0) >= 0.9 and r.get("running_req")]
+    if not full:
+        return None
+    b = collections.Counter(r["running_req"] for r in full).most_common(1)[0][0]
+    at = [r for r in full if r["running_req"] == b]
+    kv = statistics.median(r.get("num_token") or 0 for r in at)
+    step = sg.decode_step_ms(at)
+    return {"batch": b, "steps": len(at), "kv_tokens": kv, "step_ms": step,
+            "floor_ms": line_floor_ms({"kind": "decode", "running_req": b, "num_token": kv}, cfg, pk)}
 
 
 PRESSURE_TABLES = ("pressure_run", "pressure_steps", "gpu_memory", "server_memory")
@@ -289,8 +410,9 @@ def load_text(r) -> str:
     return f"{r['requests']} x ({r['input_len']} in, {r['output_len']} out) {how}"
 
 
-def pressure_items(pr, evs, n_events: int = 12) -> list:
-    """The story's pressure section: the load, what the scheduler did, the first events (the rest: pressure_events.csv)."""
+def pressure_items(pr, evs, plateau_row: dict | None = None) -> list:
+    """The story's pressure section: the load, what the scheduler did, the decode step on a full pool against its
+    floor, the first event of each kind (all of them: pressure_events.csv)."""
     f, r = story.fmt, pr["run"]
     head = (f"pressure: {load_text(r)} after a "
             f"{r['long_prompt']:,}-token prompt, pool {r['pool_tokens']:,} tokens (offered {r['offered_tokens']:,} tokens = "
@@ -299,13 +421,56 @@ def pressure_items(pr, evs, n_events: int = 12) -> list:
     kids = [(f"max running {r['max_running']}, max queued {r['max_queue']}, max token usage {f(r['max_token_usage'])}, "
              f"retractions {r['retracted_in_log']} in {r['retract_lines']} line(s){metrics}, chunked prefill lines "
              f"{r['chunk_lines']}", [])]
+    if plateau_row:
+        p = plateau_row
+        kids.append((f"on a full pool (usage >= 0.9) the decode step at its most common batch, {p['batch']} requests "
+                     f"over {p['kv_tokens']:,.0f} KV tokens: {f(p['step_ms'])} ms (SGLang's clock, {p['steps']} steps)"
+                     + (f", floor {f(p['floor_ms'])} ms (weights + KV over the DRAM read ceiling)" if p.get("floor_ms")
+                        else ""), []))
+    else:
+        kids.append(("on a full pool: no decode step observed (the pool never reached 0.9)", []))
     if r.get("median_ttft_ms") is not None:
         kids.append((f"bench_serving: {f(r.get('output_throughput'))} out tok/s, TTFT p50 {f(r['median_ttft_ms'])} / p99 "
                      f"{f(r.get('p99_ttft_ms'))} ms, ITL p50 {f(r.get('median_itl_ms'))} / p99 {f(r.get('p99_itl_ms'))} ms",
                      []))
-    for e in evs[:n_events]:
+    first = list({e["kind"]: e for e in reversed(evs)}.values())[::-1]          # the first event of each kind
+    for e in sorted(first, key=lambda e: e["t"]):
         lines = textwrap.wrap(e["text"], 100) or [""]
         kids.append((lines[0], [(ln, []) for ln in lines[1:]]))
-    if len(evs) > n_events:
-        kids.append((f"... {len(evs) - n_events} more events in pressure_events.csv (instants in story_pressure.json)", []))
+    if len(evs) > len(first):
+        kids.append((f"... {len(evs) - len(first)} more events in pressure_events.csv (instants in story_pressure.json)",
+                     []))
     return [(head, kids)]
+
+
+def pressure_findings(pr, evs, plateau_row: dict | None) -> list[str]:
+    """Sentences from the load's own figures: where the pool filled and what followed, the decode step on a full pool
+    against its floor."""
+    f, out = story.fmt, []
+    first = {}
+    for e in evs:
+        first.setdefault(e["kind"], e)
+    full, ret, chunk = first.get("pool full"), first.get("retraction"), first.get("chunked prefill")
+    queue = first.get("queue starts")
+    n = retractions(pr)
+    if chunk:
+        out.append(f"The long prompt is prefilled in chunks: its first chunk is step {chunk['step']} of the load, "
+                   f"{chunk['gpu']}.")
+    else:
+        out.append("No chunked prefill was observed in this load (the long prompt's first chunk has no line of its own).")
+    if queue:
+        out.append(f"Requests start to queue at step {queue['step']} ({f(queue['t_s'])} s into the load): there the GPU "
+                   f"runs {queue['gpu']}.")
+    if full:
+        out.append(f"The pool fills at step {full['step']} ({f(full['t_s'])} s), during {full['gpu']}"
+                   + (f"; the first retraction follows at step {ret['step']}, {ret['step'] - full['step']} steps later, "
+                      f"before {ret['gpu']}; {n} request(s) are retracted in all" if ret else
+                      "; no retraction followed (not observed)") + ".")
+    else:
+        out.append("The pool never filled in this load (token usage stayed under 0.9): no retraction could follow.")
+    p = plateau_row
+    if p and p.get("floor_ms") and p.get("step_ms") == p.get("step_ms"):
+        out.append(f"On a full pool the decode step of {p['batch']} requests over {p['kv_tokens']:,.0f} KV tokens takes "
+                   f"{f(p['step_ms'])} ms against a floor of {f(p['floor_ms'])} ms (its weights and KV over the DRAM read "
+                   f"ceiling): {f(100 * p['floor_ms'] / p['step_ms'])}% of the step.")
+    return out

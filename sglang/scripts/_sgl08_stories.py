@@ -8,6 +8,7 @@ story tables make of them (08_execution_story.py conducts; this module imports n
     gemm_efficiency(kt, pk)                          TFLOP/s and weight streaming per step kind and GEMM role
     layer_trees(data)                                one layer and the once-per-step kernels of each story's steps
     write_story(run, data)                           kernels_/steps_<story>.csv and the Perfetto traces story_<story>.json
+    story_findings(data, trees, eff)                 the sentences the page shows beside the story (Run.finding)
 """
 from __future__ import annotations
 
@@ -127,6 +128,7 @@ def analyse_story(trace_path, log_text, cfg, pk):
     base = ev.attrs.get("base_us") or 0.0
     spans = [{"name": g["step_name"].iloc[0], "start_us": float(g["ts_us"].min()), "dur_us":
               float(g["end_us"].max() - g["ts_us"].min()), "kernels": len(g), "kernel_us": float(g["dur_us"].sum()),
+              "tokens": work[s]["tokens"], "kv_tokens": sum(work[s]["kv_lens"]),
               **{k.replace("log_", ""): j.get(k) for k in ("log_new_token", "log_cached_token", "log_running_req",
                                                             "log_queue_req", "log_token_usage")}}
              for (s, g), j in zip(kt.groupby("step"), joined)]
@@ -239,3 +241,55 @@ def perfetto_extras(data, name) -> tuple:
 def known(v) -> bool:
     """A value that is there: not None, not NaN."""
     return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def story_findings(data, trees, eff) -> list[str]:
+    """What the story's figures say, as sentences written from them (the page shows them, Run.finding): the prefill
+    forward's share of the untraced TTFT and its traced GPU part, the prefill step's kernel mix, the batch-1 decode
+    step as one graph replay beside the scheduler's loop, the GEMMs against their ceilings. A sentence whose figures
+    this run lacks is left out."""
+    from common.base.story import fmt as f
+    out = []
+    w = data.get("wf") or {}
+    u = w.get("ttft") or {}
+    pf = next((p for p in u.get("parts", []) if "prefill forward" in p["name"]), None)
+    if pf and u.get("total_ms"):
+        sp = pf.get("split") or {}
+        gpu = next((p for p in sp.get("parts", []) if p["name"] == "GPU forward"), None)
+        out.append(f"Untraced, the prefill forward is {f(100 * pf['ms'] / u['total_ms'])}% of the client's TTFT "
+                   f"({f(pf['ms'])} of {f(u['total_ms'])} ms); HTTP, tokenizing, queueing and detokenizing make the rest"
+                   + (f". Traced, {f(gpu['ms'])} of its {f(sp['total_ms'])} ms are the GPU forward ({sp.get('kernels')} "
+                      f"kernels, the GPU busy {f(sp.get('gpu_busy_pct'))}% of their span): around them the CPU schedules, "
+                      "prepares inputs and plans attention" if gpu and sp.get("total_ms") else "") + ".")
+    ext = [t for t in trees if t["story"] == "one" and t["mode"] == "EXTEND"]
+    if ext:
+        gemm = sum(t["share_all_layers_pct"] for t in ext if t["role"] in timeline.GEMM_ROLES)
+        att = [t for t in ext if t["segment"] == "layer" and t["role"] == "attention"]
+        top = max((t for t in ext if t["role"] in timeline.GEMM_ROLES), key=lambda t: t["share_all_layers_pct"],
+                  default=None)
+        out.append(f"In the one-request prefill step (bs {ext[0]['bs']}) the four layer GEMMs take {f(gemm)}% of the "
+                   "kernel time" + (f" ({top['role']} alone {f(top['share_all_layers_pct'])}%)" if top else "")
+                   + f", attention {f(sum(t['share_all_layers_pct'] for t in att))}% in {len(att)} kernel(s) a layer.")
+    d = w.get("decode") or {}
+    if d.get("parts"):
+        ms = {p["name"]: p["ms"] for p in d["parts"]}
+        out.append(f"A batch-{d.get('bs')} decode step is one CUDA-graph replay of {d.get('kernels')} kernels "
+                   f"({f(d.get('kernel_ms'))} ms of kernel time, the GPU busy {f(d.get('gpu_busy_pct'))}% of its "
+                   f"step); in the same scheduler iteration of {f(d['total_ms'])} ms the CPU spends "
+                   f"{f(ms.get('process_batch_result'))} ms in process_batch_result (the previous step's tokens) and "
+                   f"{f(ms.get('run_batch'))} ms in run_batch (metadata, the graph launch), both while the GPU runs.")
+    by = {(r["mode"], r["bs"], r["role"]): r for r in eff}
+    one, big = by.get(("DECODE", 1, "gate_up_proj")), max(
+        (r for r in eff if r["mode"] == "DECODE" and r["role"] == "gate_up_proj"), key=lambda r: r["bs"], default=None)
+    if one and known(one.get("stream_pct")):
+        out.append(f"At batch 1 the decode gate-up GEMM streams its weights at {f(one['stream_pct'])}% of the DRAM "
+                   f"read ceiling ({f(one['flop_per_byte'])} FLOP per byte against a ridge of {f(one['ridge'])})"
+                   + (f"; at batch {big['bs']} it takes {f(big['dur_us'])} us against {f(one['dur_us'])} us"
+                      if big and big["bs"] > 1 else "") + ".")
+    pre = [r for r in eff if r["mode"] == "EXTEND" and r["bs"] == 1 and r["role"] in timeline.GEMM_ROLES]
+    if pre:
+        lo, hi = (min(pre, key=lambda r: r["pct_bf16_ceiling"]), max(pre, key=lambda r: r["pct_bf16_ceiling"]))
+        out.append(f"In the one-request prefill the layer GEMMs reach {f(lo['pct_bf16_ceiling'])}% ({lo['role']}, "
+                   f"{f(lo['dur_us'])} us) to {f(hi['pct_bf16_ceiling'])}% ({hi['role']}, {f(hi['dur_us'])} us) of the "
+                   "bf16 ceiling.")
+    return out

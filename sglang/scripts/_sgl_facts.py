@@ -120,7 +120,9 @@ def model_and_flags(args, preset: str | None = None, write: bool = True) -> tupl
 # one function builds it, so that equal settings give equal flags -- and the pipeline's shared server.
 SERVING_ENV = dict(TRACE_ENV)                # ms time stamps in the log; torch-profiler traces without stacks/shapes
 QUICK_POOL_TOKENS = 32768                    # --quick: --max-total-tokens (02's eviction and 01's pressure load fill it)
-QUICK_DECODE_GRAPH_BS = 64                   # --quick: --cuda-graph-max-bs-decode (SGLang: 256 on an 80-141 GB GPU)
+# --quick keeps SGLang's own decode CUDA-graph sizes (256 on an 80-141 GB GPU, 36 sizes): 01's decode sweep runs to
+# batch 256 and every point replays a graph (a cap of 64 sent the batches above it to eager launches)
+QUICK_DECODE_GRAPH_BS = None
 
 
 def serving_flags(args, *, quick: bool, backend: str | None = "flashinfer", pool: int | None = None,
@@ -128,8 +130,8 @@ def serving_flags(args, *, quick: bool, backend: str | None = "flashinfer", pool
     """(model dir, launch_server flags) of the workbook's serving configuration: :func:`model_and_flags`
     (dummy weights or --model-path, --mem-fraction, --server-arg) + the attention backend (None: SGLang's
     own choice), --random-seed 0, metrics and a log line per step. With ``quick`` the KV pool is
-    QUICK_POOL_TOKENS tokens and decode CUDA graphs are captured up to QUICK_DECODE_GRAPH_BS (see
-    :func:`changes_from_defaults` for why); ``pool`` sets --max-total-tokens in any mode. ``extra``:
+    QUICK_POOL_TOKENS tokens (see :func:`changes_from_defaults` for why; the decode CUDA graphs stay SGLang's
+    own); ``pool`` sets --max-total-tokens in any mode. ``extra``:
     further :func:`flags` keywords (e.g. schedule_policy="lpm"), appended last."""
     model_dir, base = model_and_flags(args, write=write)
     fl = base + flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
@@ -147,9 +149,7 @@ CHANGE_WHY = {
     "--max-total-tokens": "a KV pool of this many tokens, small enough for 02's eviction and 01's pressure load "
                           "to fill (SGLang sizes it from free memory: ~300k+ tokens of Llama-3.1-8B on 80 GB)",
     "--cuda-graph-max-bs-decode": "decode CUDA graphs captured up to this batch size (SGLang: 256 on 80-141 GB "
-                                  "GPUs, 36 sizes, ~4 s of a warm H100 start; here 12 sizes); the --quick "
-                                  "workloads decode at most ~63 requests at once (01's pressure load), all inside a "
-                                  "captured graph",
+                                  "GPUs, 36 sizes); a batch above it decodes with eager launches",
     "--attention-backend": "the backend under study (SGLang picks FA3 on Hopper where sgl_kernel has it)",
     "--enable-metrics": "observation: /metrics counters (hit rate, evictions, retractions)",
     "--log-level": "observation: the scheduler's per-batch lines",
@@ -163,7 +163,9 @@ CHANGE_WHY = {
     "SGLANG_PROFILE_RECORD_SHAPES": "smaller torch-profiler traces (no tensor shapes)",
     "SGLANG_FLASHINFER_USE_TENSOR_CORE": "FlashInfer's decode kernel on CUDA cores, not tensor cores",
 }
-QUICK_CHANGES = {"--max-total-tokens": str(QUICK_POOL_TOKENS), "--cuda-graph-max-bs-decode": str(QUICK_DECODE_GRAPH_BS)}
+QUICK_CHANGES = {"--max-total-tokens": str(QUICK_POOL_TOKENS)}
+if QUICK_DECODE_GRAPH_BS:
+    QUICK_CHANGES["--cuda-graph-max-bs-decode"] = str(QUICK_DECODE_GRAPH_BS)
 
 
 def parse_flags(server_flags) -> dict:
