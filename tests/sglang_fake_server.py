@@ -70,6 +70,9 @@ def scheduler():
     print("fake scheduler: configured", flush=True)
 
 
+CHILDREN: list = []      # what --spawn-child started (taken down when the scheduler dies)
+
+
 def gated_start(ready, argv=()):
     """The ServerArgs line, then spawn the scheduler; once it is through (its gate released) the rest of the start's
     lines (with --sglang-log) and ``ready``; exit 3 when it dies first."""
@@ -84,6 +87,8 @@ def gated_start(ready, argv=()):
         proc.join()
         if proc.exitcode:
             log(f"Rank 0 scheduler is dead (exit code {proc.exitcode})")
+            for c in CHILDREN:                 # SGLang's launcher takes its process tree down with it
+                c.kill()
             os._exit(3)
         if "--sglang-log" in argv:
             start_log(0.5, START_LINES[1:])
@@ -122,7 +127,7 @@ def main(argv):
     if not gate:
         scheduled.set()
     if "--spawn-child" in argv:
-        subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"])
+        CHILDREN.append(subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"]))
     threading.Timer(MAX_LIFE_S, lambda: os._exit(4)).start()       # bounded: never outlives a test run for long
     if "--die-after" in a:
         def die():

@@ -379,11 +379,13 @@ def test_a_held_server_goes_with_an_interrupted_pipeline_or_the_next_run(tmp_pat
         p.kill()
         p.wait(10)
         os.killpg(step, signal.SIGKILL)
-        time.sleep(0.3)
-        assert all(procs.alive(q) for q in family(held))
+        # the held server's gate knows its holder (the runner): it closes, the held scheduler exits before it touches
+        # the GPU and the launcher takes its tree down with it (sglang/scripts/_sgl_gate.py fails closed); the next
+        # run finds and stops the default server, which no gate held
+        assert procs.wait_gone(family(held), 20), "a held server outlived its killed holder"
         out = pipeline(root, "--only", "plain")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert re.search(rf"found a process group left behind by a killed run \(\d+-lpm\.pid: pid {held}, ", out.stdout)
+        assert re.search(r"found a process group left behind by a killed run \(\d+-default\.pid: pid ", out.stdout)
     else:
         p.send_signal(sig)
         p.wait(60)
