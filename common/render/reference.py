@@ -100,7 +100,7 @@ def build(system: str, summaries: list[dict]) -> dict:
     first = max(summaries, key=lambda s: s["provenance"].get("date_utc") or "")
     return {"version": VERSION, "system": system, "machine": machine(first["provenance"]),
             "runs": {s.get("stem") or Path(s.get("script", "?")).stem: run_line(s["provenance"])[10:-4]
-                     for s in sorted(summaries, key=lambda s: s.get("stem") or "")},
+                     for s in sorted(summaries, key=lambda s: s.get("stem") or "") if s.get("observations")},
             "quantities": _observations(summaries)}
 
 
