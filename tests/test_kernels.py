@@ -122,3 +122,16 @@ def test_one_new_ncu_metric_reaches_every_kernel_line_from_its_declaration(fixtu
     assert rms["l1_hit_pct"] == pytest.approx(47.0)
     first = kernels.node(rms)[1][0][0]
     assert "L2 hit" in first and "L1 hit 47.0%" in first and first.index("L1 hit") < first.index("SM ")
+
+
+def test_a_table_read_back_from_csv_claims_no_flag(tmp_path):
+    """A kernel table written to CSV and read back (the --reanalyse paths) has NaN where no ncu pass set the flags:
+    NaN is truthy, and the tree once called every such kernel L2-resident and one-CTA-per-SM (mini-SGLang 08's
+    re-analysed H100 page); a flag set True survives the round trip."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame([{"kernel": "a", "dur_us": 3.0, "l2_resident": None, "one_cta_per_sm": None},
+                       {"kernel": "b", "dur_us": 3.0, "l2_resident": True, "one_cta_per_sm": True}])
+    df.to_csv(tmp_path / "t.csv", index=False)
+    a, b = pd.read_csv(tmp_path / "t.csv").to_dict("records")
+    assert math.isnan(a["l2_resident"]) and kernels.node(a) == ("a 3.00 us", [])
+    assert "L2-resident" in str(kernels.node(b)) and "one CTA per SM by design" in str(kernels.node(b))

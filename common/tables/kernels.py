@@ -449,7 +449,7 @@ def node(r: dict, head: str | None = None) -> tuple[str, list]:
     label = head or f"{r.get('kernel', '?')} {_f(r.get('dur_us'))} us"
     kids = []
     work = [s for s in (c.show(r) for c in WORK if c.show) if s]
-    if r.get("l2_resident"):
+    if _ok(r.get("l2_resident")) and bool(r["l2_resident"]):      # NaN (a table read back from CSV) is no flag
         work.append("L2-resident: its data came from L2")
     if work:
         kids.append(("work: " + " · ".join(work), []))
@@ -457,7 +457,7 @@ def node(r: dict, head: str | None = None) -> tuple[str, list]:
     if ncu1:
         kids.append((" · ".join(ncu1), []))
     ncu2 = [s for s in (c.show(r) for c in COUNTERS[_FIRST_LINE:] if c.show) if s]
-    if r.get("one_cta_per_sm"):
+    if _ok(r.get("one_cta_per_sm")) and bool(r["one_cta_per_sm"]):
         ncu2.append("one CTA per SM by design")
     if ncu2:
         kids.append((" · ".join(ncu2), []))
