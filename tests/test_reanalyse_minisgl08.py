@@ -43,3 +43,27 @@ def test_minisgl08_reads_the_traced_steps_a_gpu_run_now_writes(tmp_path):
     assert mod.main(["--reanalyse", str(src), "--out", str(tmp_path / "out")]) == 0
     head = json.loads((tmp_path / "out/summary.json").read_text())["headline"]
     assert head["observer_pct_graph"] == pytest.approx(100, abs=1)
+
+
+def test_minisgl08_states_the_floor_of_its_steps(tmp_path):
+    """The shown variant's prefill and decode step get a floor (common.tables.timeline.floor_row, the one SGLang 08
+    uses): floors.csv and one finding per step built from its row. On this H200 recording: the decode step at batch 1
+    must read Llama-3.1-8B's weights without the embedding (~15 GB) and is read-bound; the prefill is compute-bound;
+    every floor sits below its traced period (a floor above it would mean a wrong ceiling or a wrong formula)."""
+    import csv
+
+    from common.tables import timeline
+    from test_reanalyse import copy_recording
+    mod, src = copy_recording("mini-sglang", "08_forward_timeline", tmp_path, "re_msgl08_floors")
+    assert mod.main(["--reanalyse", str(src), "--out", str(tmp_path / "out")]) == 0
+    rows = list(csv.DictReader((tmp_path / "out/floors.csv").open()))
+    assert [(r["step_kind"], r["bound"]) for r in rows] == [("prefill", "compute"), ("decode", "read")]
+    dec = rows[1]
+    assert 14.0 < float(dec["gbytes"]) < 16.5 and dec["bs"] == "1"
+    for r in rows:
+        assert 0 < float(r["floor_ms"]) < float(r["period_ms"])
+    found = json.loads((tmp_path / "out/summary.json").read_text())["findings"]
+    typed = lambda k, v: v if k in ("step_kind", "bound", "mode") else int(v) if k in ("step", "bs", "kernels") \
+        else float(v)                                                                    # noqa: E731 - CSV text back
+    want = [timeline.floor_sentence({k: typed(k, v) for k, v in r.items()}) for r in rows]
+    assert [s for s in found if "against a floor of" in s] == want

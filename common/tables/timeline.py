@@ -29,8 +29,10 @@ import math
 import re
 from pathlib import Path
 
+from common.base.story import fmt
 from common.capture.ceilings import l2_bytes, STREAM_FACTOR
 from common.tables import kernels
+from common.tables.flops import step_floor
 from common.tables.trace import assign_layers, kernel_class, TraceError
 
 GEMM_ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -287,6 +289,85 @@ def _align_in_order(parts: list[list[str]], names: list[str], slack: float = 0.1
 # ------------------------------------------------------------------ the layer tree
 
 TREE_COLUMNS = tuple(kernels.names("work", "counters", "joined"))
+
+
+# ------------------------------------------------------------------ the floor of a step (the time it cannot beat)
+
+MAIN_ROLES = GEMM_ROLES + ("lm_head", "attention")     # the kernels that carry a step's work
+FLOOR_PARTS = {"below ceiling": "below_ceiling_ms", "small kernels": "small_kernels_ms",
+               "GPU idle in step": "gpu_idle_ms", "CPU not hidden": "cpu_not_hidden_ms"}
+FLOOR_WORDS = {"below ceiling": "GEMM and attention kernels running below their ceiling",
+               "small kernels": "small kernels (norms, RoPE, KV store, activation, sampling)",
+               "GPU idle in step": "the GPU idle between the step's kernels",
+               "CPU not hidden": "CPU work the overlap scheduler does not hide"}
+
+
+def _is_prefill(mode) -> bool:
+    return str(mode).lower() in ("extend", "prefill")
+
+
+def step_starts(kt) -> list[tuple]:
+    """(step, mode, bs, first kernel start) of every step of a kernel table, in time order."""
+    g = kt.groupby("step").agg(mode=("mode", "first"), bs=("bs", "first"), t0=("ts_us", "min")).reset_index()
+    return [(int(r.step), r.mode, int(r.bs), float(r.t0)) for r in g.sort_values("t0").itertuples()]
+
+
+def pick_step(kt, prefill: bool) -> tuple[int, float | None] | None:
+    """(step, period in us) of a kernel table's step: the first prefill (SGLang's EXTEND, mini-SGLang's prefill); for
+    decode, the step whose period (its first kernel to the next decode step's first, same batch) is the median at the
+    table's largest batch. A step with no next one gets period None; None when the table has no such step."""
+    st = step_starts(kt)
+    if prefill:
+        i = next((i for i, s in enumerate(st) if _is_prefill(s[1])), None)
+        if i is None:
+            return None
+        return st[i][0], (st[i + 1][3] - st[i][3]) if i + 1 < len(st) else None
+    dec = [s for s in st if not _is_prefill(s[1])]
+    if not dec:
+        return None
+    bs = max(s[2] for s in dec)
+    pairs = [(a, b[3] - a[3]) for a, b in zip(st, st[1:])
+             if not _is_prefill(a[1]) and not _is_prefill(b[1]) and a[2] == b[2] == bs]
+    if not pairs:
+        last = [s for s in dec if s[2] == bs]
+        return last[len(last) // 2][0], None
+    order = sorted(range(len(pairs)), key=lambda i: pairs[i][1])
+    a, per = pairs[order[(len(order) - 1) // 2]]
+    return a[0], per
+
+
+def floor_row(kt, step: int, period_us, pk: dict, label: str, extra: dict | None = None) -> dict:
+    """One step's floor and the parts of its period (common.tables.flops.step_floor over the step's kernels, their
+    work from add_work) as a row in ms: floor, period, what binds it (read or compute), the FLOOR_PARTS."""
+    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
+    g = kt[kt["step"] == step]
+    ks = [{"ts_us": r.ts_us, "end_us": r.end_us, "dur_us": r.dur_us, "bytes": r.bytes, "flops": r.flops,
+           "main": r.role in MAIN_ROLES} for r in g.itertuples()]
+    f = step_floor(ks, period_us, read, pk["bf16_tflops"])
+    row = {"step_kind": label, "step": step, "mode": g["mode"].iloc[0], "bs": int(g["bs"].iloc[0]), **(extra or {}),
+           "kernels": len(g), "period_ms": f["period_us"] / 1e3, "floor_ms": f["floor_us"] / 1e3,
+           "floor_pct_of_period": 100 * f["floor_us"] / f["period_us"] if f["period_us"] else math.nan,
+           "bound": f["bound"], "read_ms": f["read_us"] / 1e3, "compute_ms": f["compute_us"] / 1e3,
+           "gbytes": f["bytes"] / 1e9, "gflops": f["flops"] / 1e9, "kernel_ms": f["kernel_us"] / 1e3,
+           "span_ms": f["span_us"] / 1e3}
+    row.update({col: f[part] / 1e3 for part, col in FLOOR_PARTS.items()})
+    return row
+
+
+def floor_sentence(r: dict) -> str:
+    """A floor row in one sentence (a finding): its traced period against its floor, what binds the floor, and the
+    largest part of the rest."""
+    f = fmt
+    gap = r["period_ms"] - r["floor_ms"]
+    parts = [(p, r[c]) for p, c in FLOOR_PARTS.items() if r[c] == r[c]]
+    what, ms = max(parts, key=lambda x: x[1]) if parts else ("", math.nan)
+    bound = (f"the {f(r['gbytes'])} GB it must read over the DRAM read ceiling" if r["bound"] == "read" else
+             f"its {f(r['gflops'])} GFLOP over the bf16 ceiling")
+    rest = (f"; of the {f(gap)} ms above it the largest part is {FLOOR_WORDS.get(what, what)} ({f(ms)} ms)"
+            if gap > 0 and what else "")
+    return (f"{r['step_kind'][0].upper() + r['step_kind'][1:]} at batch {r['bs']}: a traced period of "
+            f"{f(r['period_ms'])} ms against a floor of {f(r['floor_ms'])} ms ({bound}), "
+            f"{f(r['floor_pct_of_period'])}% of the period{rest}.")
 
 
 def layer_tree(kt, step: int, layer: int = 1):

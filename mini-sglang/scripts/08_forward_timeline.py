@@ -92,7 +92,7 @@ from _msgl_waterfall import judge_waterfall, WATERFALL_REPS, waterfall_from_rows
 from common.base import story  # noqa: E402
 from common.base.checks import require_gpu, require_module, run_main  # noqa: E402
 from common.capture import ceilings, models, ncu, nsys  # noqa: E402
-from common.tables import kernels, ncu_pass, trace  # noqa: E402
+from common.tables import kernels, ncu_pass, timeline, trace  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.render import plots  # noqa: E402
 from common.run import cli, recording  # noqa: E402
@@ -367,6 +367,21 @@ def findings(run, a, shown: str) -> None:
                                                    "time" if t > 2 * n else "") + ".")
 
 
+def floors(run, kt, pk) -> None:
+    """The floor of the shown variant's prefill and median decode step (common.tables.timeline.floor_row: each kernel's
+    minimum bytes over the DRAM read ceiling or its FLOPs over the bf16 ceiling, summed) beside the traced period
+    (first kernel to the next step's first): floors.csv and one finding per step, as SGLang 08 states them."""
+    rows = []
+    for prefill, label in ((True, "prefill"), (False, "decode")):
+        got = timeline.pick_step(kt, prefill)
+        if got is not None and got[1] is not None:
+            rows.append(timeline.floor_row(kt, *got, pk, label))
+    if rows:
+        run.table("floors", rows)
+    for r in rows:
+        run.finding(timeline.floor_sentence(r))
+
+
 # ------------------------------------------------------------------ figures, verdicts, headline, story (GPU run and --reanalyse)
 
 @dataclass
@@ -393,6 +408,7 @@ def report(run, x: Record) -> None:
     if a.get("waterfall"):
         judge_waterfall(run, a["waterfall"])
     findings(run, a, show)
+    floors(run, a["kt"][show], pk)
     st = a["steps"]
     run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
                                    for v in s.variants}, **x.observer,

@@ -31,12 +31,9 @@ import _sglang as sg  # noqa: E402
 from _sgl01_pressure import load_shape, plateau  # noqa: E402
 from _sgl08_stories import SP  # noqa: E402
 from common.base import story  # noqa: E402
-from common.tables import flops, timeline  # noqa: E402
+from common.tables import timeline  # noqa: E402
 
-MAIN_ROLES = timeline.GEMM_ROLES + ("lm_head", "attention")   # the kernels that carry a step's work
 LOADED_STEPS = 6       # decode steps traced at the loaded batch
-PART_COLS = {"below ceiling": "below_ceiling_ms", "small kernels": "small_kernels_ms",
-             "GPU idle in step": "gpu_idle_ms", "CPU not hidden": "cpu_not_hidden_ms"}
 
 
 # ------------------------------------------------------------------ phase 1b: a decode step at the loaded batch
@@ -71,60 +68,9 @@ def loaded_window(srv, P, quick: bool, prof_dir) -> dict:
 
 # ------------------------------------------------------------------ the floors of the traced steps
 
-def _kernels(g) -> list[dict]:
-    return [{"ts_us": r.ts_us, "end_us": r.end_us, "dur_us": r.dur_us, "bytes": r.bytes, "flops": r.flops,
-             "main": r.role in MAIN_ROLES} for r in g.itertuples()]
-
-
-def _starts(kt) -> list[tuple]:
-    """(step, mode, bs, first kernel start) of every step of a story, in time order."""
-    g = kt.groupby("step").agg(mode=("mode", "first"), bs=("bs", "first"), t0=("ts_us", "min")).reset_index()
-    return [(int(r.step), r.mode, int(r.bs), float(r.t0)) for r in g.sort_values("t0").itertuples()]
-
-
-def _pick(kt, mode: str) -> tuple[int, float | None] | None:
-    """(step, period in us) of a story's step of ``mode``: the first prefill; for decode, the step whose period (its
-    first kernel to the next decode step's first, same batch) is the median of the story's largest batch. A step with
-    no next one gets period None."""
-    st = _starts(kt)
-    if mode == "EXTEND":
-        i = next((i for i, s in enumerate(st) if s[1] == "EXTEND"), None)
-        if i is None:
-            return None
-        return st[i][0], (st[i + 1][3] - st[i][3]) if i + 1 < len(st) else None
-    dec = [s for s in st if s[1] == "DECODE"]
-    if not dec:
-        return None
-    bs = max(s[2] for s in dec)
-    pairs = [(a, b[3] - a[3]) for a, b in zip(st, st[1:]) if a[1] == b[1] == "DECODE" and a[2] == b[2] == bs]
-    if not pairs:
-        last = [s for s in dec if s[2] == bs]
-        return last[len(last) // 2][0], None
-    order = sorted(range(len(pairs)), key=lambda i: pairs[i][1])
-    a, per = pairs[order[(len(order) - 1) // 2]]
-    return a[0], per
-
-
 def _spans_by_step(kt, spans) -> dict:
     """{step: its span record (analyse_story: kv_tokens, tokens, the log's fields)} (spans are in step order)."""
     return dict(zip(sorted(int(s) for s in kt["step"].unique()), spans or []))
-
-
-def floor_row(kt, step: int, period_us, pk: dict, label: str, spans=None) -> dict:
-    """One step's floor and the parts of its period (common.tables.flops.step_floor) as a floors.csv row (ms)."""
-    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
-    g = kt[kt["step"] == step]
-    f = flops.step_floor(_kernels(g), period_us, read, pk["bf16_tflops"])
-    sp = _spans_by_step(kt, spans).get(step) or {}
-    row = {"step_kind": label, "step": step, "mode": g["mode"].iloc[0], "bs": int(g["bs"].iloc[0]),
-           "tokens": sp.get("tokens"), "kv_tokens": sp.get("kv_tokens"), "kernels": len(g),
-           "period_ms": f["period_us"] / 1e3, "floor_ms": f["floor_us"] / 1e3,
-           "floor_pct_of_period": 100 * f["floor_us"] / f["period_us"] if f["period_us"] else math.nan,
-           "bound": f["bound"], "read_ms": f["read_us"] / 1e3, "compute_ms": f["compute_us"] / 1e3,
-           "gbytes": f["bytes"] / 1e9, "gflops": f["flops"] / 1e9, "kernel_ms": f["kernel_us"] / 1e3,
-           "span_ms": f["span_us"] / 1e3}
-    row.update({col: f[part] / 1e3 for part, col in PART_COLS.items()})
-    return row
 
 
 def floor_rows(data, pk: dict) -> list[dict]:
@@ -137,11 +83,13 @@ def floor_rows(data, pk: dict) -> list[dict]:
         kt = data.get(f"kt_{name}")
         if kt is None or not len(kt):
             continue
-        got = _pick(kt, mode)
+        got = timeline.pick_step(kt, prefill=mode == "EXTEND")
         if got is None:
             continue
         step, per = got
-        rows.append({"story": name, **floor_row(kt, step, per, pk, label, data.get(f"spans_{name}"))})
+        sp = _spans_by_step(kt, data.get(f"spans_{name}")).get(step) or {}
+        rows.append({"story": name, **timeline.floor_row(kt, step, per, pk, label, {
+            "tokens": sp.get("tokens"), "kv_tokens": sp.get("kv_tokens")})})
     return rows
 
 
@@ -158,7 +106,7 @@ def floor_items(rows: list[dict], data: dict) -> list:
     for r in rows:
         kv = f", KV {r['kv_tokens']:,.0f} tokens" if r.get("kv_tokens") == r.get("kv_tokens") and r.get("kv_tokens") \
             else ""
-        parts = "; ".join(f"{p} {_ms(r[c])}" for p, c in PART_COLS.items())
+        parts = "; ".join(f"{p} {_ms(r[c])}" for p, c in timeline.FLOOR_PARTS.items())
         kids.append((f"{r['step_kind']} (step {r['step']}, bs {r['bs']}{kv}): period {_ms(r['period_ms'])} ms, floor "
                      f"{_ms(r['floor_ms'])} ms = {story.fmt(r['floor_pct_of_period'])}% of it ({r['bound']}-bound: "
                      f"{story.fmt(r['gbytes'])} GB over the read ceiling {_ms(r['read_ms'])} ms, "
@@ -175,32 +123,11 @@ def floor_items(rows: list[dict], data: dict) -> list:
              "to the next step's first (traced)", kids)]
 
 
-def _largest(r: dict) -> tuple[str, float]:
-    vals = [(p, r[c]) for p, c in PART_COLS.items() if r[c] == r[c]]
-    return max(vals, key=lambda x: x[1]) if vals else ("", math.nan)
-
-
-WORDS = {"below ceiling": "GEMM and attention kernels running below their ceiling",
-         "small kernels": "small kernels (norms, RoPE, KV store, activation, sampling)",
-         "GPU idle in step": "the GPU idle between the step's kernels",
-         "CPU not hidden": "CPU work the overlap scheduler does not hide"}
-
-
 def floor_findings(rows: list[dict], data: dict) -> list[str]:
     """A sentence per step from its row: how far above its floor it runs, what binds the floor, the largest part
     of the rest; for decode, how the floor grows from batch 1 to the loaded batch."""
-    out = []
+    out = [timeline.floor_sentence(r) for r in rows]
     f = story.fmt
-    for r in rows:
-        gap = r["period_ms"] - r["floor_ms"]
-        what, ms = _largest(r)
-        bound = (f"the {f(r['gbytes'])} GB it must read over the DRAM read ceiling" if r["bound"] == "read" else
-                 f"its {f(r['gflops'])} GFLOP over the bf16 ceiling")
-        rest = (f"; of the {f(gap)} ms above it the largest part is {WORDS.get(what, what)} ({f(ms)} ms)"
-                if gap > 0 and what else "")
-        out.append(f"{r['step_kind'].capitalize()} at batch {r['bs']}: a traced period of {f(r['period_ms'])} ms "
-                   f"against a floor of {f(r['floor_ms'])} ms ({bound}), {f(r['floor_pct_of_period'])}% of the period"
-                   f"{rest}.")
     dec = [r for r in rows if r["mode"] == "DECODE"]
     if len(dec) >= 2 and dec[-1]["bs"] > dec[0]["bs"]:
         a, b = dec[0], dec[-1]
