@@ -73,6 +73,8 @@ def holder_alive(holder: str) -> bool:
     if not pid_s.isdigit():
         return True                     # not a holder this gate can watch: the timeout still closes it
     pid = int(pid_s)
+    # this file is copied alone into the gate's folder and imported inside SGLang's scheduler process, where
+    # common/ is not on the path: the liveness test below is common.capture.store's, kept here on purpose
     if os.path.isdir("/proc"):
         now = _start_time(pid)
         return now is not None and (not start or now == start)
