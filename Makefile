@@ -77,7 +77,7 @@ all: $(if $(SKIP_SETUP),,setup) ## GPU box: every system's full pipeline (--all)
 # kill before it is ready: make would then say "*** [reports] Interrupt")
 reports: SHELL := /bin/sh
 reports: export ACCEPT_MIXED := $(ACCEPT_MIXED)
-reports: ## refresh the auto blocks of */reports/*.md from */results/ (ACCEPT_MIXED=1: also older / other-GPU runs)
+reports: ## refresh the auto blocks of */reports/*.md from */results/ (ACCEPT_MIXED=1: also runs of another machine)
 	@bash common/run/reports.sh $(PYTHON)
 
 clean: ## remove raw results (not the committed reports) and the test venv

@@ -63,7 +63,7 @@ MARKER = re.compile(r"<!-- (?:auto:(?P<key>[^\s>]+)|/auto) -->")
 RUN_LINE = re.compile(r"^<!-- run: (?P<run>.*?) -->$", re.M)
 GLOSSARY = "GLOSSARY.md"           # the one glossary page (repository root), its blocks from common.render.glossary
 CROSS = "CROSS-SYSTEM.md"          # the same shapes in the three systems (repository root), common.render.crossview
-ACCEPT_MIXED = "ACCEPT_MIXED"      # =1: use runs that are older than their blocks or from another GPU model
+ACCEPT_MIXED = "ACCEPT_MIXED"      # =1: also use runs of another machine (GPU count and model) than the newest run's
 
 
 @dataclass
