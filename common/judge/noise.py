@@ -74,10 +74,11 @@ def compare(a: Path, b: Path) -> list[dict]:
                          "run-to-run noise compares two runs on one GPU model")
     rows = []
     for key in sorted(set(pa) & set(pb)):
-        (x, ra, _), (y, rb, _) = pa[key], pb[key]
+        (x, ra, model), (y, rb, _) = pa[key], pb[key]
         mean = (abs(x) + abs(y)) / 2
         rows.append({"system": key[0], "stem": key[1], "hypothesis": key[2], "a": x, "b": y,
-                     "spread": abs(x - y), "noise": abs(x - y) / mean if mean else 0.0, "runs": f"{ra} vs {rb}"})
+                     "spread": abs(x - y), "noise": abs(x - y) / mean if mean else 0.0, "runs": f"{ra} vs {rb}",
+                     "model": model})
     return rows
 
 
@@ -157,13 +158,14 @@ def models(path: Path | None = None) -> list[str]:
 
 
 def write(rows: list[dict], path: Path | None = None, model: str | None = None) -> Path:
-    """Merge ``rows`` into the noise file under GPU ``model`` (default: the model the rows' runs name). Where two
+    """Merge ``rows`` into the noise file under GPU ``model`` (default: each row's "model" as compare() gives it, else
+    the model its runs' text names). Where two
     pairs of runs measured the same quantity on one model, the larger spread is kept with its runs: a margin is only
     as safe as the widest run-to-run move seen, and a quieter pair of runs does not make the earlier move untrue."""
     path = Path(path or NOISE_FILE)
     data = load(path) if path.exists() else {}
     for r in rows:
-        mod = model or _model_of(r["runs"].split(" vs ")[0])
+        mod = model or r.get("model") or _model_of(r["runs"].split(" vs ")[0])
         key = (r["system"], r["stem"], r["hypothesis"])
         cur = data.setdefault(mod, {})
         if key in cur and cur[key].get("spread", -1.0) > r["spread"]:
