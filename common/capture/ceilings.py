@@ -236,11 +236,16 @@ def dram_kind(read_bytes, write_bytes) -> str:
     return next(kind for limit, kind in KIND_BY_WRITE_SHARE if wr / tot < limit)
 
 
+def kind_ceiling(pk: dict, kind: str = "read") -> float | None:
+    """The DRAM ceiling in TB/s of traffic ``kind`` (DRAM_KEYS) from a :func:`peaks` dict; ``dram_tb_s`` for a
+    record made before the kinds were measured apart."""
+    return pk.get(DRAM_KEYS[kind]) or pk.get("dram_tb_s")
+
+
 def dram_for(pk: dict, read_bytes, write_bytes) -> tuple[float | None, str]:
-    """(the DRAM ceiling in TB/s that matches this traffic, its kind) from a :func:`peaks` dict. Falls back to
-    ``dram_tb_s`` for a record made before the kinds were measured apart."""
+    """(the DRAM ceiling in TB/s that matches this traffic, its kind) from a :func:`peaks` dict (:func:`kind_ceiling`)."""
     kind = dram_kind(read_bytes, write_bytes)
-    return (pk.get(DRAM_KEYS[kind]) or pk.get("dram_tb_s")), kind
+    return kind_ceiling(pk, kind), kind
 
 
 def ceilings_brief(c: dict | None) -> dict | None:

@@ -243,17 +243,20 @@ def snapshot(argv: list[str] | None = None, extra: dict | None = None) -> dict:
     return prov
 
 
+def machine_of(prov: dict) -> str:
+    """The machine a run ran on, as the pages name it: '1x NVIDIA H200' (GPU count and model)."""
+    return f"{prov.get('gpu_count') or 0}x {prov.get('gpu') or 'no GPU'}"
+
+
 def provenance_line(prov: dict) -> str:
     """One line for the top of a report: GPU, driver, CUDA, packages, date, commit, command."""
     pk = prov.get("packages", {})
     keys = ("torch", "flashinfer-python", "sglang", "sglang-kernel", "minisgl")
     pkgs = ", ".join(f"{k} {pk[k]}" for k in keys if k in pk)
-    gpu = prov.get("gpu") or "no GPU"
-    n = prov.get("gpu_count") or 0
     git = prov.get("git", {})
     # the runtime torch was built with; a script that never imports torch has only the toolkit's nvcc
     cuda = prov.get("cuda_runtime") or (f"{prov['nvcc']} (nvcc)" if prov.get("nvcc") else "?")
-    return (f"{n}x {gpu} · driver {prov.get('driver') or '?'} · CUDA {cuda} · "
+    return (f"{machine_of(prov)} · driver {prov.get('driver') or '?'} · CUDA {cuda} · "
             f"{pkgs} · {prov.get('date_utc', '?')} · commit {git.get('commit', '?')}"
             f"{' (dirty)' if git.get('dirty') else ''} · `{prov.get('command', '')}`"
             + (f" · re-analysed (no GPU) {prov['reanalysed'].get('date_utc', '?')}, commit "

@@ -399,15 +399,6 @@ def summary_problem(s) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- rendering
-
-# the ceilings a run divided by: recorded in its provenance (results.Run.finish), or for runs before
-# that, the figures 00_check_env of each system put in its headline
-def machine_of(prov: dict) -> str:
-    """The machine a run ran on, as the pages name it: '1x NVIDIA H200' (GPU count and model)."""
-    return f"{prov.get('gpu_count') or 0}x {prov.get('gpu') or 'no GPU'}"
-
-
 def read_summary(p: Path) -> tuple[dict | None, str]:
     """(a finished, successful run's summary, "") or (None, what is wrong) for results/<stem>/summary.json."""
     try:

@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from common import REPO_ROOT
-from common.capture.store import machine_of
+from common.capture.gpu import machine_of
 from common.tables import kernels
 
 # one layer's K and V of a decode step at batch 32 x 4096 (Llama-3.1-8B: 8 KV heads x 128, bf16): the bytes a

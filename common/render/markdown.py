@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from common.base.story import fmt
+from common.capture.gpu import machine_of
 
 MAX_ROWS = 40
 
@@ -118,6 +119,6 @@ def run_line(prov: dict) -> str:
     stack = ", ".join(f"{k} {pk[k]}" for k in STACK if k in pk) or "no stack recorded"
     git = prov.get("git") or {}
     commit = f"{git.get('commit', '?')}{' (dirty)' if git.get('dirty') else ''}"
-    fields = (f"{prov.get('gpu_count') or 0}x {prov.get('gpu') or 'no GPU'}", stack, f"commit {commit}",
+    fields = (machine_of(prov), stack, f"commit {commit}",
               str(prov.get("date_utc", "?"))[:10])
     return f"<!-- run: {' · '.join(_hidden(f) for f in fields)} -->"

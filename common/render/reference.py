@@ -19,7 +19,8 @@ from pathlib import Path
 
 from common import REPO_ROOT, SYSTEMS
 from common.base.story import fmt
-from common.capture.store import machine_of, read_summary, SUMMARY
+from common.capture.gpu import machine_of
+from common.capture.store import read_summary, SUMMARY
 from common.judge import noise
 from common.render.markdown import md_table, run_line
 
@@ -181,7 +182,7 @@ def _cell(q: dict | None) -> str:
     return f"**{q['verdict']}**{fig}"
 
 
-def render(system: str, root: Path, summaries: list, machine_now: str | None = None) -> tuple[str | None, str]:
+def render(system: str, root: Path, summaries: list) -> tuple[str | None, str]:
     """The ``reference`` block: this run against the committed reference run; (None, why) when there is no run."""
     summaries = [s for s in summaries if s]
     if not summaries:

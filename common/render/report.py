@@ -54,7 +54,8 @@ from pathlib import Path
 from common import REPO_ROOT, SYSTEMS
 from common.base.story import fmt, fold, section
 from common.capture.gpu import provenance_line
-from common.capture.store import failed_dir, machine_of, read_summary, recover, SUMMARY
+from common.capture.gpu import machine_of
+from common.capture.store import failed_dir, read_summary, recover, SUMMARY
 from common.render import crossview, glossary, reference
 from common.render.markdown import _md_row, _num, md_table, read_table, run_line, Skip
 
@@ -395,7 +396,7 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = R
             elif r is None:
                 body, why = None, "a page outside the systems holds glossary and cross/ blocks only"
             elif key == "reference":
-                body, why = reference.render(r.sys_dir.name, root, [r.summary(s) for s in r.stems()], machine)
+                body, why = reference.render(r.sys_dir.name, root, [r.summary(s) for s in r.stems()])
             else:
                 body, why = r.render(key, old)
                 if body is None and switched and _stem_of(key):

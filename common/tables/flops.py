@@ -218,15 +218,6 @@ def roofline_s(nbytes, flops, read_tb_s: float, bf16_tflops: float) -> tuple[flo
 
 # the parts of a step's time above its floor, in the order a reader meets them (step_floor)
 GAP_PARTS = ("below ceiling", "small kernels", "GPU idle in step", "CPU not hidden")
-GAP_WHAT = {"floor": "each kernel's roofline minimum (bytes over the DRAM read ceiling or FLOPs over the bf16 "
-                     "ceiling, whichever is longer), summed",
-            "below ceiling": "GEMM, logits and attention kernels (with their split-K reduce and merge): time above "
-                             "their own floor",
-            "small kernels": "norms, RoPE, KV store, activation, embedding, sampling: time above their floor (their "
-                             "work is tiny, their time is mostly launch and ramp-up)",
-            "GPU idle in step": "gaps between the step's kernels (launches, host work inside the step)",
-            "CPU not hidden": "from the step's last kernel to the next step's first: CPU work the overlap scheduler "
-                              "does not hide"}
 
 
 def step_floor(kernels, period_us: float | None, read_tb_s: float, bf16_tflops: float) -> dict:

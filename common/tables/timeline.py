@@ -30,9 +30,9 @@ import re
 from pathlib import Path
 
 from common.base.story import fmt
-from common.capture.ceilings import l2_bytes, STREAM_FACTOR
+from common.capture.ceilings import kind_ceiling, l2_bytes, STREAM_FACTOR
 from common.tables import kernels
-from common.tables.flops import step_floor
+from common.tables.flops import GAP_PARTS, step_floor
 from common.tables.trace import assign_layers, kernel_class, TraceError
 
 GEMM_ROLES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -138,7 +138,7 @@ def add_work(kt, cfg: dict, steps: dict, ceilings: dict | None = None, tp: int =
     kt["pct_bf16_ceiling"] = 100 * kt["tflop_s"] / ceilings["bf16_tflops"] if (ceilings or {}).get("bf16_tflops") \
         else math.nan
     kt["stream_pct"] = math.nan
-    read = (ceilings or {}).get("dram_read_tb_s") or (ceilings or {}).get("dram_tb_s")
+    read = kind_ceiling(ceilings or {}, "read")
     l2 = (ceilings or {}).get("l2_mb")
     if read and l2:
         gemm = kt["role"].isin(GEMM_ROLES + ("lm_head",))
@@ -294,8 +294,7 @@ TREE_COLUMNS = tuple(kernels.names("work", "counters", "joined"))
 # ------------------------------------------------------------------ the floor of a step (the time it cannot beat)
 
 MAIN_ROLES = GEMM_ROLES + ("lm_head", "attention")     # the kernels that carry a step's work
-FLOOR_PARTS = {"below ceiling": "below_ceiling_ms", "small kernels": "small_kernels_ms",
-               "GPU idle in step": "gpu_idle_ms", "CPU not hidden": "cpu_not_hidden_ms"}
+FLOOR_PARTS = dict(zip(GAP_PARTS, ("below_ceiling_ms", "small_kernels_ms", "gpu_idle_ms", "cpu_not_hidden_ms")))
 FLOOR_WORDS = {"below ceiling": "GEMM and attention kernels running below their ceiling",
                "small kernels": "small kernels (norms, RoPE, KV store, activation, sampling)",
                "GPU idle in step": "the GPU idle between the step's kernels",
@@ -339,7 +338,7 @@ def pick_step(kt, prefill: bool) -> tuple[int, float | None] | None:
 def floor_row(kt, step: int, period_us, pk: dict, label: str, extra: dict | None = None) -> dict:
     """One step's floor and the parts of its period (common.tables.flops.step_floor over the step's kernels, their
     work from add_work) as a row in ms: floor, period, what binds it (read or compute), the FLOOR_PARTS."""
-    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
+    read = kind_ceiling(pk, "read")
     g = kt[kt["step"] == step]
     ks = [{"ts_us": r.ts_us, "end_us": r.end_us, "dur_us": r.dur_us, "bytes": r.bytes, "flops": r.flops,
            "main": r.role in MAIN_ROLES} for r in g.itertuples()]

@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from _sgl01_batch import batch_figure, batch_findings, batch_items, batch_sweep, itl_rows, with_floors  # noqa: E402,F401
 from _sgl01_pressure import (  # noqa: E402
-    PRESSURE_TABLES, at_plateau, line_floor_ms, load_shape, load_text, pressure_events, pressure_figure,
+    PRESSURE_TABLES, at_plateau, line_floor_ms, load_shape, pressure_events, pressure_figure,
     pressure_findings, pressure_items, pressure_run, read_pressure, record_pressure, retractions, step_classes,
     top_usage, write_pressure
 )

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common.base import story  # noqa: E402
+from common.capture import ceilings  # noqa: E402
 from common.tables import flops  # noqa: E402
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -103,7 +104,7 @@ def batch_sweep(srv, P, run, quick: bool) -> list[dict]:
 def with_floors(rows: list[dict], cfg: dict, pk: dict) -> list[dict]:
     """Each row with the read floor and the compute floor of its decode step (ms): model_work at its batch and KV over
     the measured DRAM read and bf16 ceilings."""
-    read, comp = pk.get("dram_read_tb_s") or pk.get("dram_tb_s"), pk["bf16_tflops"]
+    read, comp = ceilings.kind_ceiling(pk, "read"), pk["bf16_tflops"]
     out = []
     for r in rows:
         b, kv = int(r["batch"]), float(r.get("kv_tokens") or 0)

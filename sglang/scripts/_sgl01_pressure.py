@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from common.base import story  # noqa: E402
-from common.capture import clocks  # noqa: E402
+from common.capture import ceilings, clocks  # noqa: E402
 from common.tables import flops  # noqa: E402
 
 CHUNK = 8192      # SGLang's default chunked_prefill_size on H100/H200 (a run records /server_info's own)
@@ -175,7 +175,7 @@ def line_floor_ms(row: dict, cfg: dict | None, pk: dict | None) -> float | None:
     longer (common.tables.flops.model_work, roofline_s). None without a config, ceilings or the line's fields."""
     if not cfg or not pk or not pk.get("bf16_tflops"):
         return None
-    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
+    read = ceilings.kind_ceiling(pk, "read")
     try:
         if row["kind"] == "decode" and row.get("running_req"):
             b = int(row["running_req"])

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from _sgl08_stories import ENV, SP, known  # noqa: E402
+from _sgl08_stories import ENV, known, SP, spans_by_step  # noqa: E402
 from common.base import story  # noqa: E402
 from common.capture import ncu  # noqa: E402
 from common.tables import kernels, timeline, trace  # noqa: E402
@@ -104,7 +104,7 @@ def prefill_paths(kt, spans=None) -> dict:
     of analyse_story, in step order), or where the log says nothing, from a merge kernel in the step."""
     out = {}
     steps = sorted(int(s) for s in kt[kt["mode"] == "EXTEND"]["step"].unique())
-    by_step = dict(zip(sorted(int(s) for s in kt["step"].unique()), spans or []))
+    by_step = spans_by_step(kt, spans)
     for s in steps:
         cached = (by_step.get(s) or {}).get("cached_token")
         if cached is None:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
 from _sgl01_pressure import load_shape, plateau  # noqa: E402
-from _sgl08_stories import SP  # noqa: E402
+from _sgl08_stories import SP, spans_by_step  # noqa: E402
 from common.base import story  # noqa: E402
 from common.tables import timeline  # noqa: E402
 
@@ -68,11 +68,6 @@ def loaded_window(srv, P, quick: bool, prof_dir) -> dict:
 
 # ------------------------------------------------------------------ the floors of the traced steps
 
-def _spans_by_step(kt, spans) -> dict:
-    """{step: its span record (analyse_story: kv_tokens, tokens, the log's fields)} (spans are in step order)."""
-    return dict(zip(sorted(int(s) for s in kt["step"].unique()), spans or []))
-
-
 def floor_rows(data, pk: dict) -> list[dict]:
     """floors.csv: the one-request prefill and decode, the batch story's decode, the loaded window's decode (each
     where its story has such a step)."""
@@ -87,7 +82,7 @@ def floor_rows(data, pk: dict) -> list[dict]:
         if got is None:
             continue
         step, per = got
-        sp = _spans_by_step(kt, data.get(f"spans_{name}")).get(step) or {}
+        sp = spans_by_step(kt, data.get(f"spans_{name}")).get(step) or {}
         rows.append({"story": name, **timeline.floor_row(kt, step, per, pk, label, {
             "tokens": sp.get("tokens"), "kv_tokens": sp.get("kv_tokens")})})
     return rows

@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sglang as sg  # noqa: E402
-from common.capture import clocks  # noqa: E402
+from common.capture import ceilings, clocks  # noqa: E402
 from common.tables import timeline, trace  # noqa: E402
 
 ENV = dict(sg.SERVING_ENV)     # 08's servers: ms log time stamps, traces without stacks and shapes (the shared server's too)
-SP = {"temperature": 0, "ignore_eos": True}     # greedy, and every request generates all its max_new_tokens
+SP = sg.GREEDY     # greedy, and every request generates all its max_new_tokens
 
 
 def one_request(srv, seed, P):
@@ -150,7 +150,7 @@ def gemm_efficiency(kt, pk) -> list[dict]:
     ceiling (common.tables.kernels stream_pct); the ncu counters where they ran (DRAM % from ncu's bytes)."""
     rows = []
     gem = kt[kt["role"].isin(timeline.GEMM_ROLES + ("lm_head",)) & kt["flops"].notna()]
-    read = pk.get("dram_read_tb_s") or pk.get("dram_tb_s")
+    read = ceilings.kind_ceiling(pk, "read")
     for (mode, bs, role), g in gem.groupby(["mode", "bs", "role"], sort=False):
         intensity = float((g["flops"] / g["bytes"]).median())
         ridge = pk["bf16_tflops"] / read if read else math.nan
@@ -236,6 +236,12 @@ def perfetto_extras(data, name) -> tuple:
     marks = [(us(x["t"]), x["kind"], {"what": x["text"]}) for x in data.get("transitions", [])
              if lo <= us(x["t"]) <= hi]
     return reqs, spans, marks
+
+
+def spans_by_step(kt, spans) -> dict:
+    """{step: its span record (analyse_story: kv_tokens, tokens, cached_token, the log's fields)} (spans are in step
+    order)."""
+    return dict(zip(sorted(int(s) for s in kt["step"].unique()), spans or []))
 
 
 def known(v) -> bool:

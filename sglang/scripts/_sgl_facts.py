@@ -122,7 +122,6 @@ SERVING_ENV = dict(TRACE_ENV)                # ms time stamps in the log; torch-
 QUICK_POOL_TOKENS = 32768                    # --quick: --max-total-tokens (02's eviction and 01's pressure load fill it)
 # --quick keeps SGLang's own decode CUDA-graph sizes (256 on an 80-141 GB GPU, 36 sizes): 01's decode sweep runs to
 # batch 256 and every point replays a graph (a cap of 64 sent the batches above it to eager launches)
-QUICK_DECODE_GRAPH_BS = None
 
 
 def serving_flags(args, *, quick: bool, backend: str | None = "flashinfer", pool: int | None = None,
@@ -136,7 +135,7 @@ def serving_flags(args, *, quick: bool, backend: str | None = "flashinfer", pool
     model_dir, base = model_and_flags(args, write=write)
     fl = base + flags(attention_backend=backend, random_seed=0, enable_metrics=True, log_level="info",
                       decode_log_interval=1, max_total_tokens=pool or (QUICK_POOL_TOKENS if quick else None),
-                      cuda_graph_max_bs_decode=QUICK_DECODE_GRAPH_BS if quick else None, **extra)
+                      **extra)
     return model_dir, fl
 
 
@@ -164,8 +163,6 @@ CHANGE_WHY = {
     "SGLANG_FLASHINFER_USE_TENSOR_CORE": "FlashInfer's decode kernel on CUDA cores, not tensor cores",
 }
 QUICK_CHANGES = {"--max-total-tokens": str(QUICK_POOL_TOKENS)}
-if QUICK_DECODE_GRAPH_BS:
-    QUICK_CHANGES["--cuda-graph-max-bs-decode"] = str(QUICK_DECODE_GRAPH_BS)
 
 
 def parse_flags(server_flags) -> dict:

@@ -68,13 +68,13 @@ from _sgl_logs import (  # noqa: E402,F401
     parse_batch_log, parse_metrics, startup_breakdown, startup_memory
 )
 from _sgl_bench import (  # noqa: E402,F401
-    _bench_worker, bench_cmd, bench_headline, bench_timing, BenchWorker, latency_summary, read_bench_jsonl,
+    bench_cmd, bench_headline, bench_timing, BenchWorker, latency_summary, read_bench_jsonl,
     run_bench, tool_env
 )
 from _sgl_stamps import (  # noqa: E402,F401
     OUTER_RANGE, STEP_RANGE, TTFT_CHAIN, decode_split, itl_waterfall, join_steps, parse_step_name, prefill_split,
     request_stamps, steps, ttft_waterfall
 )
-from _sgl_server import _gpu_pids_left, Server  # noqa: E402,F401
-from _sgl_shared import PIPELINE_STEM, _record_start, _sglang_env, flag_diff, server, SharedServer, why_not_shared  # noqa: E402,F401
+from _sgl_server import Server  # noqa: E402,F401
+from _sgl_shared import PIPELINE_STEM, _sglang_env, flag_diff, server, SharedServer, why_not_shared  # noqa: E402,F401
 from _sgl_gate import Gate, GateError  # noqa: E402,F401
