@@ -439,6 +439,12 @@ def resident(r: dict, peaks: dict | None = None) -> bool:
 
 # ------------------------------------------------------------------ a kernel as a story node
 
+def flag(r: dict, col: str) -> bool:
+    """A yes/no column of a kernel row (l2_resident, one_cta_per_sm): NaN (a table read back from CSV where no ncu
+    pass set it; NaN is truthy) and None are no."""
+    return _ok(r.get(col)) and bool(r[col])
+
+
 _FIRST_LINE = next(i for i, c in enumerate(COUNTERS) if c.name == "sm_pct") + 1   # time, bytes, caches, SM
 
 
@@ -449,7 +455,7 @@ def node(r: dict, head: str | None = None) -> tuple[str, list]:
     label = head or f"{r.get('kernel', '?')} {_f(r.get('dur_us'))} us"
     kids = []
     work = [s for s in (c.show(r) for c in WORK if c.show) if s]
-    if _ok(r.get("l2_resident")) and bool(r["l2_resident"]):      # NaN (a table read back from CSV) is no flag
+    if flag(r, "l2_resident"):
         work.append("L2-resident: its data came from L2")
     if work:
         kids.append(("work: " + " · ".join(work), []))
@@ -457,7 +463,7 @@ def node(r: dict, head: str | None = None) -> tuple[str, list]:
     if ncu1:
         kids.append((" · ".join(ncu1), []))
     ncu2 = [s for s in (c.show(r) for c in COUNTERS[_FIRST_LINE:] if c.show) if s]
-    if _ok(r.get("one_cta_per_sm")) and bool(r["one_cta_per_sm"]):
+    if flag(r, "one_cta_per_sm"):
         ncu2.append("one CTA per SM by design")
     if ncu2:
         kids.append((" · ".join(ncu2), []))

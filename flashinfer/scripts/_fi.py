@@ -306,7 +306,7 @@ def occupancy_text(r: dict) -> str:
     from common.tables import kernels
     parts = [kernels.COLUMNS[c].show(r) for c in ("occupancy_pct", "ctas_per_sm")]
     text = "; ".join(p for p in parts if p) or "occupancy not collected"
-    return text + ("; one CTA per SM by design" if r.get("one_cta_per_sm") else "")
+    return text + ("; one CTA per SM by design" if kernels.flag(r, "one_cta_per_sm") else "")
 
 
 # ------------------------------------------------------------------ calls: what one FlashInfer call launched

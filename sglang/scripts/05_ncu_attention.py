@@ -250,7 +250,7 @@ def verdicts(run, s, args, pk) -> None:
         run.judge(H["occ"], list(pre["occupancy_pct"]), evidence="attention_kernels.csv",
                   detail=f"theoretical {story.fmt(p['theoretical_occupancy_pct'])}%, limiter {p['limiter']}, "
                   f"{story.fmt(p['warps_per_cta'])} warps/CTA, {story.fmt(p['regs_per_thread'])} regs/thread, "
-                  f"{story.fmt(p['smem_kb_per_cta'])} KB smem/CTA" + ("; one CTA per SM by design" if p.get("one_cta_per_sm")
+                  f"{story.fmt(p['smem_kb_per_cta'])} KB smem/CTA" + ("; one CTA per SM by design" if kernels.flag(p, "one_cta_per_sm")
                                                                       else ""))
 
 
