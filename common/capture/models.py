@@ -87,6 +87,17 @@ def kv_bytes_per_token(preset_or_config, dtype_bytes: int = 2) -> int:
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * d * dtype_bytes
 
 
+def random_text(n_chars: int, seed: int) -> str:
+    """ASCII words of exactly ``n_chars`` characters: as many tokens with the presets' byte-level tokenizer (+ BOS),
+    the same text for the same seed."""
+    import random
+    rng = random.Random(seed)
+    words = []
+    while sum(len(w) + 1 for w in words) < n_chars:
+        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))))
+    return " ".join(words)[:n_chars]
+
+
 def default_dir(preset: str) -> Path:
     return cache_dir() / "models" / preset
 

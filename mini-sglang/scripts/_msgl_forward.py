@@ -11,7 +11,7 @@ from pathlib import Path
 
 import _msgl
 from _msgl import REPEATS
-from _msgl_waterfall import random_text, WATERFALL_REPS, waterfall_of
+from _msgl_waterfall import WATERFALL_REPS, waterfall_of
 from common.base.checks import require_module
 from common.capture import models
 from common.capture.ranges import nvtx_range
@@ -183,7 +183,7 @@ def measure(run, fwd, args, s) -> dict:
             f"{v} {statistics.median(x['gpu_ms'] for x in now if x['variant'] == v):.2f} ms" for v in s.variants)
             + " per decode step (GPU)")
     fwd.use("graph" if "graph" in s.variants else s.variants[0])
-    wf = [fwd.clocked(random_text(args.prompt_len, 50 + rep), 9) for rep in range(WATERFALL_REPS)]
+    wf = [fwd.clocked(models.random_text(args.prompt_len, 50 + rep), 9) for rep in range(WATERFALL_REPS)]
     run.log("waterfall: " + ", ".join(f"TTFT {waterfall_of(w)['total_ms']:.1f} ms" for w in wf) + " (offline engine)")
     fwd.use(s.variants[0])
     prefix = []

@@ -3,21 +3,11 @@ common.tables.waterfall parts, TTFT and one decode step; the story's block and t
 from __future__ import annotations
 
 import math
-import random
 import statistics
 
 from common.tables import waterfall
 
 WATERFALL_REPS = 5
-
-
-def random_text(n_chars: int, seed: int) -> str:
-    """ASCII words of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer, + BOS)."""
-    rng = random.Random(seed)
-    words = []
-    while sum(len(w) + 1 for w in words) < n_chars:
-        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))))
-    return " ".join(words)[:n_chars]
 
 
 def _first(ev, name, after=-math.inf, info=None):

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.base.checks import SetupError  # noqa: E402
 from common.capture import procs  # noqa: E402
+from common.capture.models import random_text  # noqa: E402,F401 - re-exported by _sglang
 from common.run import cli  # noqa: E402
 
 SERVER_ENV = {"PYTHONUNBUFFERED": "1", "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
@@ -287,16 +288,6 @@ def random_ids(n: int, seed: int, lo: int = 1000, hi: int = 120000) -> list[int]
     import random
     r = random.Random(seed)
     return [r.randrange(lo, hi) for _ in range(n)]
-
-
-def random_text(n_chars: int, seed: int) -> str:
-    """ASCII text of exactly ``n_chars`` characters (= tokens with the presets' byte-level tokenizer)."""
-    import random
-    r = random.Random(seed)
-    words = []
-    while sum(len(w) + 1 for w in words) < n_chars:
-        words.append("".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randint(2, 9))))
-    return " ".join(words)[:n_chars]
 
 
 def _last_stop(owner) -> None:
