@@ -36,7 +36,7 @@ def _num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _finish(wf: dict, tol: float = TOL) -> dict:
+def finish(wf: dict, tol: float = TOL) -> dict:
     """sum, remainder, negative parts and the verdict of a waterfall (in place; returns it)."""
     parts = [p for p in wf["parts"] if _num(p.get("ms"))]
     s = sum(p["ms"] for p in parts)
@@ -78,12 +78,12 @@ def build(stamps: dict, chain: list, total_ms: float | None = None, label: str =
     last = prev[1] if prev else None
     if total_ms is None and first is not None and last is not None:
         total_ms = (last - first) * 1e3
-    return _finish({"label": label, "total_ms": total_ms, "parts": parts, "source": source}, tol)
+    return finish({"label": label, "total_ms": total_ms, "parts": parts, "source": source}, tol)
 
 
 def check(wf: dict, tol: float | None = None, what: str = "waterfall") -> dict:
     """``wf`` when its parts add up to its total within ``tol`` and none is negative; WaterfallError otherwise."""
-    wf = _finish(dict(wf), wf.get("tol", TOL) if tol is None else tol)
+    wf = finish(dict(wf), wf.get("tol", TOL) if tol is None else tol)
     if not wf["ok"]:
         why = []
         if not _num(wf.get("total_ms")) or not wf["total_ms"] > 0:
@@ -107,7 +107,7 @@ def median(wfs: list[dict], total_ms: float | None = None, label: str = "median"
     the client measured (default: the median repetition's own total); the remainder says what is left over."""
     wfs = [w for w in wfs if w and w.get("parts")]
     if not wfs:
-        return _finish({"label": label, "total_ms": total_ms, "parts": [], "n": 0, "median_rep": None}, tol)
+        return finish({"label": label, "total_ms": total_ms, "parts": [], "n": 0, "median_rep": None}, tol)
     totals = [w["total_ms"] for w in wfs if _num(w.get("total_ms"))]
     order = sorted(range(len(wfs)), key=lambda i: wfs[i]["total_ms"] if _num(wfs[i].get("total_ms")) else math.inf)
     mid = order[(len(totals) - 1) // 2] if totals else 0
@@ -118,7 +118,7 @@ def median(wfs: list[dict], total_ms: float | None = None, label: str = "median"
                       "median_ms": statistics.median(vals) if vals else math.nan, "min_ms": min(vals, default=math.nan),
                       "max_ms": max(vals, default=math.nan), "n": len(vals), "start": None, "end": None, "split": None})
     tot = total_ms if total_ms is not None else wfs[mid].get("total_ms", math.nan)
-    return _finish({"label": label, "total_ms": tot, "parts": parts, "n": len(wfs), "median_rep": mid if totals else None,
+    return finish({"label": label, "total_ms": tot, "parts": parts, "n": len(wfs), "median_rep": mid if totals else None,
                     "median_rep_label": wfs[mid].get("label") if totals else None,
                     "totals_ms": totals, "source": wfs[0].get("source")}, tol)
 
@@ -142,7 +142,7 @@ def with_split(wf: dict, part: str, sub: dict, tol: float = TOL) -> dict:
         next((p for p in wf["parts"] if part in p["name"]), None)
     if hit is None:
         raise KeyError(f"no part {part!r} in waterfall {wf.get('label')!r}: {[p['name'] for p in wf['parts']]}")
-    hit["split"] = _finish(dict(sub), tol)
+    hit["split"] = finish(dict(sub), tol)
     return wf
 
 
@@ -168,7 +168,7 @@ def align(a: dict, b: dict) -> tuple[dict, dict]:
                                 "what": "; ".join(q["what"] for q in acc if q.get("what")), "min_ms": None,
                                 "max_ms": None})
                 acc = []
-        return _finish({**wf, "parts": out}, wf.get("tol", TOL))
+        return finish({**wf, "parts": out}, wf.get("tol", TOL))
     return regroup(a), regroup(b)
 
 

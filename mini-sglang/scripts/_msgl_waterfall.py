@@ -64,7 +64,7 @@ def decode_iteration(rec: dict) -> dict:
         ms = sum(max(0.0, min(e[2], b[1]) - max(e[1], a[1])) for e in ev if e[0] == name) * 1e3   # clipped to it
         parts.append({"name": label, "ms": ms, "start": None, "end": None, "from": None, "to": None,
                       "source": "untraced", "what": "", "split": None})
-    wf = waterfall._finish({"label": f"one decode step (median of {len(its)})", "total_ms": (b[1] - a[1]) * 1e3,
+    wf = waterfall.finish({"label": f"one decode step (median of {len(its)})", "total_ms": (b[1] - a[1]) * 1e3,
                             "parts": parts, "source": "untraced"})
     gpu = [r["gpu_ms"] for r in rec.get("steps") or [] if r["phase"] == "decode"]
     wf.update(decode_gpu_ms=statistics.median(gpu) if gpu else math.nan)
@@ -112,7 +112,7 @@ def judge_waterfall(run, w) -> None:
 
 def waterfall_from_rows(df, key: str, label: str) -> dict | None:
     """A waterfall of waterfall.csv again (common.tables.waterfall.rows inverted): its parts, its total (the parts plus the
-    unattributed remainder) and its add-up verdict (common.tables.waterfall._finish)."""
+    unattributed remainder) and its add-up verdict (common.tables.waterfall.finish)."""
     d = df[(df["waterfall"] == key) & (df["level"] == 0)]
     if not len(d):
         return None
@@ -121,4 +121,4 @@ def waterfall_from_rows(df, key: str, label: str) -> dict | None:
               "to": None, "split": None} for r in d.to_dict("records") if r["part"] != "(unattributed)"]
     rest = d[d["part"] == "(unattributed)"]["ms"]
     total = sum(p["ms"] for p in parts) + (float(rest.iloc[0]) if len(rest) else 0.0)
-    return waterfall._finish({"label": label, "total_ms": total, "parts": parts, "source": "untraced"})
+    return waterfall.finish({"label": label, "total_ms": total, "parts": parts, "source": "untraced"})

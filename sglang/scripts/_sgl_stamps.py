@@ -263,7 +263,7 @@ def decode_split(ev, bs: int | None = None) -> dict:
     j = trace.kernels_in_ranges(ev, OUTER_RANGE, empty_rows=False)
     k = j[(j["range_ts_us"] == a.ts_us) & (j["gpu_kind"] == "kernel")]
     span = float(k["end_us"].max() - k["ts_us"].min()) / 1e3 if len(k) else math.nan
-    wf = waterfall._finish({"label": f"traced decode step bs {want} (median of {len(its)} iterations)",
+    wf = waterfall.finish({"label": f"traced decode step bs {want} (median of {len(its)} iterations)",
                             "total_ms": (hi - lo) / 1e3, "parts": parts, "source": "traced"})
     wf.update(bs=want, iterations=len(its), periods_ms=[p / 1e3 for p in periods], gpu_span_ms=span,
               kernel_ms=float(k["dur_us"].sum()) / 1e3, kernels=int(len(k)),
@@ -280,6 +280,6 @@ def itl_waterfall(itl_ms: float, step_ms: float, label: str = "", source: str = 
     """A decode step's ITL at the client (median) against the scheduler's decode step (``step_from``: a key of
     STEP_FROM, --decode-log-interval 1): the step is the one part, the rest is delivery (the remainder)."""
     from common.tables import waterfall
-    return waterfall._finish({"label": label, "total_ms": itl_ms, "source": source, "parts": [
+    return waterfall.finish({"label": label, "total_ms": itl_ms, "source": source, "parts": [
         {"name": "scheduler decode step", "ms": step_ms, "start": None, "end": None, "from": None, "to": None,
          "source": source, "what": STEP_FROM[step_from], "split": None}]})
