@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -437,7 +438,7 @@ def test_jit_cli_on_a_machine_without_a_gpu(tmp_path):
         return subprocess.run([sys.executable, "-m", "common", "jit", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=60)
     h = jit_cli("--help")
-    assert h.returncode == 0 and "--list" in h.stdout and "spec.build()" in h.stdout
+    assert h.returncode == 0 and "--list" in h.stdout and "build_jit_specs" in h.stdout
     ls = jit_cli("--list", "--system", "sglang")
     assert ls.returncode == 0 and "fi:cascade" in ls.stdout and "msgl:" not in ls.stdout
     assert "steps: 01_baseline_perf" in ls.stdout
@@ -471,3 +472,69 @@ def test_an_nsys_step_without_nsys_is_ok_skipped(tmp_path):
     assert "[skip] Nsight Systems is not usable here" in out.stdout
     assert {r["step"]: r["status"] for r in last_table(root)} == {"timeline": "ok (skipped)"}
     assert not (root / SYS / "scripts" / "marker.txt").exists()
+
+
+# ------------------------------------------------------------------ the combined JIT build's hand-over, on a toy ninja build
+
+def _toy_modules(root: Path) -> list[tuple[Path, Path]]:
+    """Two gcc 'modules' laid out as FlashInfer lays out its JIT folder: absolute output paths, deps = gcc."""
+    src = root / "src"
+    src.mkdir()
+    out = []
+    for m in ("a", "b"):
+        (src / f"{m}.c").write_text(f'#include "h_{m}.h"\nint f_{m}(void) {{ return X; }}\n')
+        (src / f"h_{m}.h").write_text("#define X 1\n")
+        d = root / "jit" / m
+        d.mkdir(parents=True)
+        (d / "build.ninja").write_text(
+            "ninja_required_version = 1.3\ncc = gcc\n"
+            "rule compile\n  command = $cc -MMD -MF $out.d -I" + str(src) + " -c $in -o $out\n"
+            "  depfile = $out.d\n  deps = gcc\n"
+            "rule link\n  command = $cc -shared $in -o $out\n"
+            f"build {d}/{m}.o: compile {src}/{m}.c\nbuild {d}/{m}.so: link {d}/{m}.o\ndefault {d}/{m}.so\n")
+        out.append((d, d / "build.ninja"))
+    return out
+
+
+@pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("gcc")), reason="needs ninja and gcc")
+def test_combined_build_hands_its_ninja_logs_to_each_module_folder(tmp_path):
+    mods = _toy_modules(tmp_path)
+    root = tmp_path / "jit"
+    (root / "all.ninja").write_text("ninja_required_version = 1.3\n"
+                                    + "".join(f"subninja {f}\n" for _, f in mods))
+    subprocess.run(["ninja", "-C", str(root), "-f", str(root / "all.ninja")], check=True, capture_output=True)
+    # without the hand-over, a module's own ninja (a wrapper's first call) would rebuild it: the guard sees that
+    assert not any(jit.dry_run_clean(d, f) for d, f in mods)
+    for d, _ in mods:
+        jit.hand_over_logs(root, d)
+    assert all(jit.dry_run_clean(d, f) for d, f in mods)
+    (tmp_path / "src" / "h_a.h").write_text("#define X 2\n")        # a changed header is still seen
+    assert not jit.dry_run_clean(*mods[0]) and jit.dry_run_clean(*mods[1])
+
+
+def test_a_warm_machine_knows_its_built_modules_without_torch(tmp_path, monkeypatch):
+    """The stamp a complete warm-up leaves: the next warm-up with the same GPU and versions says "cached" from the
+    files alone; a missing file, another GPU or a module it never built sends it the slow way (None)."""
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path / "tvm"))
+    key = {"gpu": "NVIDIA H200, GPU-1"}
+    monkeypatch.setattr(jit, "stamp_key", lambda: dict(key))
+    mods = [jit.MODULES["msgl:radix"], jit.MODULES["msgl:store_256"]]
+    for m in mods:
+        d = tmp_path / "tvm" / f"{m.uri}_abc"
+        d.mkdir(parents=True)
+        (d / f"{m.uri}.so").write_bytes(b"\x7fELF")
+    assert jit.cached_by_stamp(mods) is None                      # no stamp yet
+    jit.write_stamp(mods, [jit.Result(m.name, m.kind, "built", 1.0) for m in mods])
+    hit = jit.cached_by_stamp(mods)
+    assert [r.status for r in hit] == ["cached", "cached"]
+    assert jit.cached_by_stamp(mods[:1]) is not None
+    assert jit.cached_by_stamp(mods + [jit.MODULES["msgl:store_2048"]]) is None   # never built
+    key["gpu"] = "NVIDIA H100 80GB HBM3, GPU-2"
+    assert jit.cached_by_stamp(mods) is None                      # another GPU
+    key["gpu"] = "NVIDIA H200, GPU-1"
+    next((tmp_path / "tvm").glob("minisgl__radix*/*.so")).unlink()
+    assert jit.cached_by_stamp(mods) is None                      # a file gone
+    # a warm-up with a failed module keeps no stamp for it
+    jit.write_stamp(mods, [jit.Result(mods[0].name, "tvm-ffi", "failed", None)])
+    assert jit.cached_by_stamp(mods) is None

@@ -136,11 +136,18 @@ def child_env() -> dict:
     return env
 
 
-def run_child(argv, log: Path, cwd: Path, env: dict, name: str) -> tuple[int | None, bool]:
-    """Run ``argv`` in its own process group, its output into ``log`` and onto the console.
-    Returns (exit code, interrupted); Ctrl-C/SIGTERM stops the child's whole process tree."""
+def run_child(argv, log: Path, cwd: Path, env: dict, name: str, forks=None) -> tuple[int | None, bool]:
+    """Run ``argv`` in its own process group, its output into ``log`` and onto the console; a Python step through
+    the fork server ``forks`` when there is one (common.run.forkserver: the same process group, environment and
+    exit code, without paying the imports again). Returns (exit code, interrupted); Ctrl-C/SIGTERM stops the
+    child's whole process tree."""
     from common.capture.procs import Group, ProcError
-    g = Group(argv, log, env=env, cwd=cwd, name=name, echo=lambda m: print(m, flush=True))
+    from common.run.forkserver import ForkGroup, step_script
+    echo = lambda m: print(m, flush=True)  # noqa: E731
+    if forks is not None and step_script(argv):
+        g = ForkGroup(forks, argv, log, env=env, cwd=cwd, name=name, echo=echo)
+    else:
+        g = Group(argv, log, env=env, cwd=cwd, name=name, echo=echo)
     try:
         g.start()
     except ProcError as e:
@@ -485,10 +492,14 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
     os.environ[STARTS_ENV] = str(run.dir / "server_starts.jsonl")    # the steps inherit it (child_env)
     services = _Services(handles or {}, sinks or {}, plan, run, width, held)
     env, rows, t0, between = child_env(), [], time.time(), False
+    from common.run.forkserver import ForkServer, step_script
+    forks, told = None, False
     try:
         reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         services.reap()                     # what a killed run of this pipeline left behind
         services.launch()                   # the held services: their imports overlap the steps before their rows
+        if ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
+            forks = ForkServer(env=env, log=run.path("logs/forkserver.log")).start()   # imports during the warm-up
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             row = {"step": p.name, "status": "", "seconds": 0.0, "kind": p.kind, "command": p.shown,
@@ -509,7 +520,10 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
                 continue
             argv = p.argv + (["--csv", str(run.path("warmup.csv"))] if p.kind == "warmup" else [])
             log, ts = run.path(f"logs/{p.name}.log"), time.time()
-            rc, interrupted = run_child(argv, log, root, step_env, p.name)
+            rc, interrupted = run_child(argv, log, root, step_env, p.name, forks)
+            if forks is not None and forks.why and not told:
+                told = True
+                print(f"fork server: not used ({forks.why}); the steps run as fresh processes", flush=True)
             row.update(status=status_of(rc, interrupted, log), seconds=round(time.time() - ts, 1),
                        rc="" if rc is None else rc)
             why = f" (exit {rc})" if row["status"] in ("failed", "setup-error") and rc is not None else ""
@@ -526,6 +540,8 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
             services.stop_all()
         except KeyboardInterrupt:
             between = True
+        if forks is not None:
+            forks.close()
     measured = [r for r in rows if r["kind"] == "measure"]
     status = overall([r["status"] for r in measured] + [r["status"] for r in rows if r["status"] == "interrupted"]
                      + (["interrupted"] if between else []))

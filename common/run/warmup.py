@@ -76,6 +76,15 @@ def main(argv=None) -> int:
     jobs = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
     print(f"warm-up: {len(mods)} JIT module(s) on {jobs} CPU cores: {', '.join(names)}", flush=True)
     t0 = time.perf_counter()
+    known = jit.cached_by_stamp(mods)             # all built before on this GPU, these versions: no torch needed
+    if known is not None:
+        for r in known:
+            print(jit.format_line(r, max(len(n) for n in names)), flush=True)
+        print(format_total(known, time.perf_counter() - t0, jobs) + " [files known from the last warm-up: "
+              f"{jit.STAMP} in the workbook's cache; torch not imported]", flush=True)
+        if a.csv:
+            _try_csv(a.csv, known)
+        return 0
     try:
         _require_cuda()                            # no GPU or no torch: one [setup] line, nothing to build
     except SetupError as e:
@@ -96,6 +105,11 @@ def main(argv=None) -> int:
         print(f"[setup] {msg}", file=sys.stderr)
     if a.csv:
         _try_csv(a.csv, results)
+    if exit_code(results) == 0:
+        try:
+            jit.write_stamp(mods, results)
+        except Exception as e:  # noqa: BLE001 - the next warm-up then looks the slow way
+            print(f"  note: could not keep the modules' files for the next warm-up: {e}", flush=True)
     return exit_code(results)
 
 

@@ -353,6 +353,19 @@ def floor_row(kt, step: int, period_us, pk: dict, label: str, extra: dict | None
     return row
 
 
+def floor_node(r: dict, kv: str = "") -> tuple:
+    """A floor row as a story node: period, floor and what binds it (both bounds' figures), then the parts above
+    the floor -- the block a floor_sentence finding cites (SGLang 08 and mini-SGLang 08)."""
+    def ms(v) -> str:
+        return f"{v:.2f}" if v == v else "-"
+    parts = "; ".join(f"{p} {ms(r[c])}" for p, c in FLOOR_PARTS.items())
+    return (f"{r['step_kind']} (step {r['step']}, bs {r['bs']}{kv}): period {ms(r['period_ms'])} ms, floor "
+            f"{ms(r['floor_ms'])} ms = {fmt(r['floor_pct_of_period'])}% of it ({r['bound']}-bound: "
+            f"{fmt(r['gbytes'])} GB over the read ceiling {ms(r['read_ms'])} ms, "
+            f"{fmt(r['gflops'])} GFLOP over the bf16 ceiling {ms(r['compute_ms'])} ms)",
+            [(f"above the floor, ms: {parts}", [])])
+
+
 def floor_sentence(r: dict) -> str:
     """A floor row in one sentence (a finding): its traced period against its floor, what binds the floor, and the
     largest part of the rest."""

@@ -271,7 +271,7 @@ def variants_figure(steps):
     return fig
 
 
-def tell(a, s, pk, init_s, backend) -> str:
+def tell(a, s, pk, init_s, backend, floor_rows=()) -> str:
     f = story.fmt
     items = [(f"LLM on dummy weights, attention {backend}, init {init_s:.1f} s; variants {', '.join(s.variants)}", [])]
     items += waterfall_items(a.get("waterfall"))
@@ -296,6 +296,9 @@ def tell(a, s, pk, init_s, backend) -> str:
                                            + (f" (x{n_layers} layers)" if r["segment"] == "layer" else ""))
                       for r in rows if r["segment"] != "pre" or r["role"] == "embedding"]))
     items.append((f"{shown}: one layer and the once-per-step kernels", kids))
+    if floor_rows:
+        items.append((f"{shown}: the floor of each step (its kernels' least bytes over the DRAM read ceiling or FLOPs "
+                      "over the bf16 ceiling, summed) beside its traced period", [timeline.floor_node(r) for r in floor_rows]))
     others = [v for v in s.variants if v != shown]
     if others:
         items.append((f"the other variants, the same kernels: their per-role kernel time beside {shown}'s "
@@ -367,7 +370,7 @@ def findings(run, a, shown: str) -> None:
                                                    "time" if t > 2 * n else "") + ".")
 
 
-def floors(run, kt, pk) -> None:
+def floors(run, kt, pk) -> list[dict]:
     """The floor of the shown variant's prefill and median decode step (common.tables.timeline.floor_row: each kernel's
     minimum bytes over the DRAM read ceiling or its FLOPs over the bf16 ceiling, summed) beside the traced period
     (first kernel to the next step's first): floors.csv and one finding per step, as SGLang 08 states them."""
@@ -380,6 +383,7 @@ def floors(run, kt, pk) -> None:
         run.table("floors", rows)
     for r in rows:
         run.finding(timeline.floor_sentence(r))
+    return rows
 
 
 # ------------------------------------------------------------------ figures, verdicts, headline, story (GPU run and --reanalyse)
@@ -408,7 +412,7 @@ def report(run, x: Record) -> None:
     if a.get("waterfall"):
         judge_waterfall(run, a["waterfall"])
     findings(run, a, show)
-    floors(run, a["kt"][show], pk)
+    floor_rows = floors(run, a["kt"][show], pk)
     st = a["steps"]
     run.headline(init_s=init_s, **{f"decode_step_ms_{v.replace('-', '_')}": statistics.median(per_generate(st, v, "gpu_ms"))
                                    for v in s.variants}, **x.observer,
@@ -416,7 +420,7 @@ def report(run, x: Record) -> None:
                                                .median()),
                  shared_prefix_cached_len=int(a["prefix"]["cached_len"].min()))
     # ---- the story
-    run.story(tell(a, s, pk, init_s, s.backend), echo=True)
+    run.story(tell(a, s, pk, init_s, s.backend, floor_rows), echo=True)
 
 
 def read_csv(src: Path, name: str):

@@ -88,10 +88,6 @@ def floor_rows(data, pk: dict) -> list[dict]:
     return rows
 
 
-def _ms(v) -> str:
-    return f"{v:.2f}" if v == v else "-"
-
-
 def floor_items(rows: list[dict], data: dict) -> list:
     """The story's section: one line per step (period, floor and what binds it, the parts), and how the floor is
     made."""
@@ -101,12 +97,7 @@ def floor_items(rows: list[dict], data: dict) -> list:
     for r in rows:
         kv = f", KV {r['kv_tokens']:,.0f} tokens" if r.get("kv_tokens") == r.get("kv_tokens") and r.get("kv_tokens") \
             else ""
-        parts = "; ".join(f"{p} {_ms(r[c])}" for p, c in timeline.FLOOR_PARTS.items())
-        kids.append((f"{r['step_kind']} (step {r['step']}, bs {r['bs']}{kv}): period {_ms(r['period_ms'])} ms, floor "
-                     f"{_ms(r['floor_ms'])} ms = {story.fmt(r['floor_pct_of_period'])}% of it ({r['bound']}-bound: "
-                     f"{story.fmt(r['gbytes'])} GB over the read ceiling {_ms(r['read_ms'])} ms, "
-                     f"{story.fmt(r['gflops'])} GFLOP over the bf16 ceiling {_ms(r['compute_ms'])} ms)", [
-                         (f"above the floor, ms: {parts}", [])]))
+        kids.append(timeline.floor_node(r, kv))
     lw = data.get("loaded_info") or {}
     if lw:
         kids.append((f"the pressure load's batch: {lw['batch']} requests of {lw['prompt']} in / {lw['new']} out on a "
