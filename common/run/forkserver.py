@@ -28,12 +28,15 @@ import json
 import os
 import queue
 import select
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from common.capture.procs import Group
 
 PRELOAD = ("torch", "numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 READY_TIMEOUT_S = 180.0
@@ -310,30 +313,28 @@ class ForkServer:
         self.proc = None
 
 
-class ForkGroup:
+class ForkGroup(Group):
     """procs.Group whose child is forked by ``server`` (a fresh process when the server is not usable)."""
 
-    def __new__(cls, server: ForkServer, cmd, log_path, **kw):
-        import shlex
-        from common.capture.procs import Group
+    def __init__(self, server: ForkServer, cmd, log_path, **kw):
+        super().__init__(cmd, log_path, **kw)
+        self.server = server
 
-        class _Forked(Group):
-            def start(self):
-                if server.why:
-                    return super().start()
-                self.log_path.parent.mkdir(parents=True, exist_ok=True)
-                self._log = open(self.log_path, "ab")
-                self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
-                self._log.flush()
-                self._install_handlers()
-                proc = server.spawn(self.cmd[1:], env=self.env if self.env is not None else dict(os.environ),
-                                    cwd=self.cwd or os.getcwd(), log=self.log_path)
-                if proc is None:                 # not usable: a fresh process, as without the server
-                    self._close()
-                    return super().start()
-                self.proc = proc
-                return self
-        return _Forked(cmd, log_path, **kw)
+    def start(self) -> "ForkGroup":
+        if self.server.why:
+            return super().start()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"$ {shlex.join(self.cmd)}\n".encode())
+        self._log.flush()
+        self._install_handlers()
+        proc = self.server.spawn(self.cmd[1:], env=self.env if self.env is not None else dict(os.environ),
+                                 cwd=self.cwd or os.getcwd(), log=self.log_path)
+        if proc is None:                         # not usable: a fresh process, as without the server
+            self._close()
+            return super().start()
+        self.proc = proc
+        return self
 
 
 def _alive(pid: int) -> bool:
