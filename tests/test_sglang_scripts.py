@@ -629,10 +629,14 @@ def test_07_merge_keeps_earlier_rows_marked_and_replaces_remeasured(tmp_path, fi
     src.mkdir()
     shutil.copy(fixture_path("sglang_tp_runs_4xh200.csv"), src / "tp_runs.csv")
     shutil.copy(fixture_path("sglang_tp_allreduce_kernels_4xh200.csv"), src / "allreduce_kernels.csv")
-    (src / "summary.json").write_text(json.dumps({"provenance": {"date_utc": "2026-11-21T13:40:00Z", "git": {"commit": "fea9650"}}}))
+    (src / "summary.json").write_text(json.dumps({"provenance": {"date_utc": "2026-11-21T13:40:00Z", "git": {"commit": "fea9650"},
+                                                                 "gpu_count": 4, "gpu": "NVIDIA H200"}}))
     m = load("07_tp_scaling.py")
-    old, akd, prev = m.load_merge(src, pd)
-    assert set(old["measured"]) == {"2026-11-21T13:40 @ fea9650"} and len(akd) and prev["provenance"]["git"]
+    tables, prev = m.load_merge(src, pd)
+    old, akd = tables["tp_runs"], tables["allreduce_kernels"]
+    tag = "2026-11-21T13:40 on 4x NVIDIA H200 @ fea9650"            # when, on which machine, at which commit
+    assert set(old["measured"]) == {tag} and len(akd) and prev["provenance"]["git"]
+    assert not len(tables["ttft_parts"])                            # a table an older run did not write: empty
     now = old[(old["model"] == "llama-3.1-8b") & (old["tp"] == 4) & old["custom_allreduce"]].copy()
     now["itl_b1_ms"] = 1.0
     now["measured"] = "this run"
@@ -643,8 +647,8 @@ def test_07_merge_keeps_earlier_rows_marked_and_replaces_remeasured(tmp_path, fi
     assert list(tp4["measured"]) == ["this run"] and list(tp4["itl_b1_ms"]) == [1.0]
     assert (both[both["measured"] != "this run"]["tp"] != 2).all()
     both.to_csv(src / "tp_runs.csv", index=False)              # merging a merged run: its own rows get its tag
-    again, _, _ = m.load_merge(src, pd)
-    assert "this run" not in set(again["measured"]) and set(again["measured"]) == {"2026-11-21T13:40 @ fea9650"}
+    again = m.load_merge(src, pd)[0]["tp_runs"]
+    assert "this run" not in set(again["measured"]) and set(again["measured"]) == {tag}
     with pytest.raises(m.SetupError, match="no tp_runs.csv"):
         m.load_merge(tmp_path / "none", pd)
 

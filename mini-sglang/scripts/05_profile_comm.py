@@ -329,8 +329,12 @@ def analyse(run, x) -> None:
 
 def tell(x) -> str:
     df = x.df
+    links = {k: v for k, v in (getattr(x, "links", None) or {}).items()}
+    pairs = {tuple(sorted(k.split("-"))): v for k, v in links.items()}          # topo -m lists each pair twice
+    link = "; ".join(f"{a}-{b} {v}" for (a, b), v in sorted(pairs.items())) or "not recorded"
     items = [(f"{len(x.tps)} TP size(s) on {x.ngpu} x {x.name}; measured GPU0->GPU1 copy "
-              f"{x.p2p and round(x.p2p)} GB/s; NVLink multicast off", [])]
+              f"{x.p2p and round(x.p2p)} GB/s; NVLink multicast off", []),
+             (f"topology (nvidia-smi topo -m, the GPUs this run saw): {link}", [])]
     if x.launches is not None:
         first = x.launches[x.launches["call"] == 0]
         items.append(("one call on rank 0 (engine stream, GPU order)", [
@@ -347,6 +351,16 @@ def tell(x) -> str:
             (f"{r['impl']} {r['step']}: {r['message_bytes']:,} B each -> {r['per_forward_us']:.0f} us per forward", [])
             for r in x.est]))
     return story.tree(f"ALL-REDUCE — PyNCCL vs torch NCCL on {x.name}", items)
+
+
+def seen_links(path: Path, tps, visible: list) -> dict:
+    """{"GPU0-GPU1": "NV18", ...} between the GPUs the largest TP size used: the first of ``visible`` (the run's GPUs
+    as provenance lists them, each with its host index: `nvidia-smi topo -m` numbers the host's GPUs, which
+    CUDA_VISIBLE_DEVICES may pick a few of)."""
+    if not path.is_file():
+        return {}
+    used = {f"GPU{g['index']}" for g in (visible or [])[:max(tps, default=0)] if "index" in g}
+    return {k: v for k, v in gpu.parse_topo(path.read_text()).get("links", {}).items() if set(k.split("-")) <= used}
 
 
 def main_reanalyse(args) -> int:
@@ -368,14 +382,16 @@ def main_reanalyse(args) -> int:
     x = SimpleNamespace(df=df, p2p=head.get("p2p_gb_s"), link_ds=(gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2
                         or None, nvlink=None, name=name, ngpu=prov.get("gpu_count") or max(tps), tps=tps,
                         analyze=bool((prev.get("args") or {}).get("analyze")), dram_tb_s=dram,
-                        launches=launch_table(pd.read_csv(src / "launches.csv")) if (src / "launches.csv").exists() else None)
+                        launches=launch_table(pd.read_csv(src / "launches.csv")) if (src / "launches.csv").exists() else None,
+                        links=seen_links(src / "topology.txt", tps, prov.get("gpus") or []))
     with Run(__file__, args, out=args.out) as run:
         run.reanalysis_of(prev, src)
         for n in prev.get("notes", []):
             if not n.startswith("re-analysed"):
                 run.note(n)
-        for f in src.glob("trace_rank0_tp*.json"):
-            run.path(f.name).write_bytes(f.read_bytes())
+        for f in [*src.glob("trace_rank0_tp*.json"), src / "topology.txt"]:
+            if f.is_file():
+                run.path(f.name).write_bytes(f.read_bytes())
         analyse(run, x)
     return 0
 
@@ -405,6 +421,9 @@ def main(argv=None) -> int:
                         link_ds=(gpu.device_spec(name) or {}).get("nvlink_gb_s", 0) / 2 or None)   # per direction
     with Run(__file__, args, out=args.out) as run:
         run.note("NVLink multicast off: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+        topo = gpu.topology()
+        run.path("topology.txt").write_text(topo.get("text") or "nvidia-smi topo -m unavailable")
+        x.links = seen_links(run.path("topology.txt"), tps, gpu.gpus())
         pk = ceilings.peaks()
         x.dram_tb_s, x.nvlink = pk["dram_tb_s"], pk.get("nvlink_busbw_gb_s")
         x.p2p = p2p_bandwidth(torch, run)

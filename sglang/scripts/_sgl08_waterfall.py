@@ -20,7 +20,6 @@ the remainder, judged within 5%.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -45,14 +44,6 @@ H = declare("""
 WATERFALL_REPS = 5       # untraced requests of each kind in the waterfall phase (text, input_ids), one at a time
 
 
-_STAGE_LINE = re.compile(r"^sglang:per_stage_req_latency_seconds_(?:sum|count)\{")
-
-
-def _stage_lines(metrics_text: str) -> str:
-    """The /metrics lines the waterfall needs (per-stage latency sums and counts): what the recording keeps."""
-    return "\n".join(ln for ln in metrics_text.splitlines() if _STAGE_LINE.match(ln))
-
-
 def waterfall_phase(srv, run, P) -> dict:
     """One request at a time, untraced, before any profiler ran: WATERFALL_REPS text prompts (SGLang's tokenizer)
     and as many input_ids prompts (no tokenizer, no cached BOS), each between two /metrics scrapes (its
@@ -61,12 +52,12 @@ def waterfall_phase(srv, run, P) -> dict:
     srv.generate(text=sg.random_text(P["prompt"], 800), sampling_params={**SP, "max_new_tokens": 2})   # the text path once
     for rep in range(max(WATERFALL_REPS, P["reps"])):
         for kind in ("text", "ids"):
-            before = _stage_lines(srv.get_text("/metrics"))
+            before = sg.stage_lines(srv.get_text("/metrics"))
             kw = ({"text": sg.random_text(P["prompt"], 820 + rep)} if kind == "text" else
                   {"input_ids": sg.random_ids(P["prompt"], 840 + rep)})
             r = srv.generate(stream=True, sampling_params={**SP, "max_new_tokens": P["new"]}, **kw)
             out[kind].append({"result": {"meta_info": r["meta_info"], "client": r["client"]},
-                              "metrics_before": before, "metrics_after": _stage_lines(srv.get_text("/metrics"))})
+                              "metrics_before": before, "metrics_after": sg.stage_lines(srv.get_text("/metrics"))})
     for kind, recs in out.items():
         run.log(f"waterfall {kind}: TTFT " + ", ".join(f"{r['result']['client']['ttft_s'] * 1e3:.1f}" for r in recs)
                 + " ms (untraced)")

@@ -340,6 +340,15 @@ def parse_metrics(text: str) -> Metrics:
     return Metrics(samples, types)
 
 
+_STAGE_LINE = re.compile(r"^sglang:per_stage_req_latency_seconds_(?:sum|count)\{")
+
+
+def stage_lines(metrics_text: str) -> str:
+    """The /metrics lines a request's waterfall needs (per-stage latency sums and counts): what a recording keeps of
+    a scrape (request_stamps reads them)."""
+    return "\n".join(ln for ln in metrics_text.splitlines() if _STAGE_LINE.match(ln))
+
+
 def hit_rate(before: Metrics, after: Metrics) -> dict:
     """Prefix-cache hit rate between two scrapes, from the counters (never the cache_hit_rate gauge,
     which every decode report resets to 0): cached/prompt of finished requests (tokenizer side) and

@@ -65,7 +65,7 @@ from _sgl_facts import (  # noqa: E402,F401
 )
 from _sgl_logs import (  # noqa: E402,F401
     START_PHASES, breakdown_lines, breakdown_row, decode_step_ms, hit_rate, is_probe, memory_lines,
-    parse_batch_log, parse_metrics, startup_breakdown, startup_memory
+    parse_batch_log, parse_metrics, stage_lines, startup_breakdown, startup_memory
 )
 from _sgl_bench import (  # noqa: E402,F401
     bench_cmd, bench_headline, bench_timing, BenchWorker, latency_summary, read_bench_jsonl,
