@@ -87,10 +87,23 @@ class RenderError(Exception):
 # ---------------------------------------------------------------- reading results
 
 
-def refresh_machine(systems, root: Path) -> str | None:
+def needs_gpus(hints: dict | None, stem: str) -> int:
+    """GPUs a stem needs (its step's min_gpus, common.run.steps.measure_hints), 1 when not said."""
+    return int(((hints or {}).get(stem) or {}).get("gpus") or 1)
+
+
+def gpu_count(machine: str | None) -> int:
+    """The GPU count of a machine as machine_of names it ('4x NVIDIA H200' -> 4)."""
+    m = re.match(r"(\d+)x ", machine or "")
+    return int(m.group(1)) if m else 0
+
+
+def refresh_machine(systems, root: Path, hints: dict | None = None) -> str | None:
     """The machine this refresh renders pages for: that of the newest usable run in the systems' results/ (by its
-    date), or None when there is none (a fresh clone: every page stays as committed, the reference run)."""
-    newest = None
+    date), or None when there is none (a fresh clone: every page stays as committed, the reference run). Runs of
+    stems that need several GPUs (``hints``: {system: {stem: {"gpus": n}}}) choose it only when no other run is
+    there: a multi-GPU experiment run on a bigger machine does not take the pages of the one-GPU runs away."""
+    newest, multi = None, None
     for system in systems:
         for p in (root / system / "results").glob(f"*/{SUMMARY}"):
             if p.parent.name.startswith("."):
@@ -98,7 +111,11 @@ def refresh_machine(systems, root: Path) -> str | None:
             s, _ = read_summary(p)
             if s is not None:
                 key = (str(s["provenance"].get("date_utc")), machine_of(s["provenance"]))
-                newest = max(newest or key, key)
+                if needs_gpus((hints or {}).get(system), p.parent.name) > 1:
+                    multi = max(multi or key, key)
+                else:
+                    newest = max(newest or key, key)
+    newest = newest or multi
     return newest[1] if newest else None
 
 
@@ -119,6 +136,7 @@ class Renderer:
         self.skipped: dict[str, str] = {}          # path -> what is wrong (one line each)
         self.copies: dict[Path, Path] = {}         # reports/figures/<stem>-<name>.png -> source
         self.accept_mixed = os.environ.get(ACCEPT_MIXED, "") not in ("", "0")
+        self.elsewhere: dict[str, str] = {}        # stem -> the bigger machine its run is from (it needs more GPUs)
         self._cache: dict = {}
 
     def _rel(self, p: Path) -> str:
@@ -147,7 +165,12 @@ class Renderer:
         if not p.is_file():
             return None
         s, why = read_summary(p)
-        if s is not None and self.machine and not self.accept_mixed and machine_of(s["provenance"]) != self.machine:
+        theirs = machine_of(s["provenance"]) if s is not None else None
+        need = needs_gpus(self.hints, stem)
+        if s is not None and self.machine and theirs != self.machine and need > 1 and \
+                gpu_count(self.machine) < need <= gpu_count(theirs):
+            self.elsewhere[stem] = theirs       # this machine cannot run it: its run on a bigger one, said so
+        elif s is not None and self.machine and not self.accept_mixed and theirs != self.machine:
             why = (f"its run on {machine_of(s['provenance'])} is not this refresh's machine ({self.machine}, that of the "
                    f"newest run): a page shows one machine's runs (`make reports {ACCEPT_MIXED}=1` puts them beside)")
             s = None
@@ -194,7 +217,11 @@ class Renderer:
             return None, (f"skipped: {why}" if why else
                           f"no finished run in {self._rel(self._dir(stem))}")
         body, why = self._body(stem, what, s)
-        return (None, why) if body is None else (run_line(s["provenance"]) + "\n" + body, "")
+        need = needs_gpus(self.hints, stem)
+        line = run_line(s["provenance"])
+        if need > 1:                  # the page's runs header tells a bigger machine's run from a mix by this
+            line = line.replace(" -->", f" · needs {need} GPUs -->")
+        return (None, why) if body is None else (line + "\n" + body, "")
 
     def _body(self, stem: str, what: str, s: dict) -> tuple[str | None, str]:
         if what == "story" or what.startswith("story:"):
@@ -322,9 +349,14 @@ def _stem_of(key: str) -> str | None:
     return None if stem in (None, "glossary", "cross", "reference") else stem
 
 
+NEEDS = re.compile(r" · needs (\d+) GPUs$")    # the end of a run line of a stem that needs several GPUs
+
+
 def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
     """(body of the page's ``runs`` block, the one-line warning when the page mixes machines), from the hidden run
-    lines of the page's blocks ``[(key, body), ...]``. (None, None): no block carries a run line."""
+    lines of the page's blocks ``[(key, body), ...]``. (None, None): no block carries a run line. A run line that ends
+    " · needs N GPUs" (a stem whose step needs several, Renderer.render) on a machine with more GPUs than every
+    other run's machine has is said in one bold line of its own, not counted as a mix."""
     runs: dict[str, list[str]] = {}
     unmeasured = 0
     for key, body in blocks:
@@ -340,14 +372,25 @@ def runs_header(blocks: list[tuple[str, str]]) -> tuple[str | None, str | None]:
         return None, None
     rows = []
     for run, stems in runs.items():
-        gpu, stack, commit, date = _fields(run)
+        m = NEEDS.search(run)
+        gpu, stack, commit, date = _fields(NEEDS.sub("", run))
         rows.append({"GPU": gpu, "stack": stack, "commit": commit.removeprefix("commit "), "date": date,
-                     "results of": ", ".join(stems)})
-    machines = list(dict.fromkeys(r["GPU"] for r in rows))
-    mixed = (f"This page mixes runs from {len(machines)} machines: {'; '.join(machines)}" if len(machines) > 1 else None)
+                     "results of": ", ".join(stems), "needs": int(m.group(1)) if m else 1})
+    need = lambda r: r["needs"]  # noqa: E731
+    own = list(dict.fromkeys(r["GPU"] for r in rows if need(r) <= 1))
+    big = [r for r in rows if need(r) > 1 and own and r["GPU"] not in own
+           and all(gpu_count(m) < need(r) for m in own)]
+    counted = list(dict.fromkeys(r["GPU"] for r in rows if r not in big))
+    mixed = (f"This page mixes runs from {len(counted)} machines: {'; '.join(counted)}" if len(counted) > 1 else None)
     out = [f"**{mixed}; compare their figures with care.**\n"] if mixed else []
+    if big:
+        stems = ", ".join(st for r in big for st in r["results of"].split(", "))
+        where = "; ".join(f"{r['GPU']}, {r['date']}" for r in big)
+        mine = f" ({own[0]})" if len(own) == 1 else ""
+        out.append(f"**{stems}: {where} — {'it needs' if len(big) == 1 else 'they need'} more GPUs than this page's "
+                   f"machine{mine} has; the rest of the page is that machine's.**\n")
     out.append("Runs behind this page (from the run line each block below carries):\n")
-    out.append(md_table(rows, max_rows=100))
+    out.append(md_table([{k: v for k, v in r.items() if k != "needs"} for r in rows], max_rows=100))
     if unmeasured:
         out.append(f"\n_{unmeasured} block(s) carry no run: this run did not measure them (each says which command does)._")
     return "\n".join(out) + "\n", mixed
@@ -396,7 +439,8 @@ def render_page(text: str, r: Renderer, label: str, out: Outcome, root: Path = R
             elif r is None:
                 body, why = None, "a page outside the systems holds glossary and cross/ blocks only"
             elif key == "reference":
-                body, why = reference.render(r.sys_dir.name, root, [r.summary(s) for s in r.stems()])
+                body, why = reference.render(r.sys_dir.name, root, [r.summary(s) for s in r.stems()
+                                                                    if s not in r.elsewhere])
             else:
                 body, why = r.render(key, old)
                 if body is None and switched and _stem_of(key):
@@ -450,7 +494,7 @@ def refresh(systems=SYSTEMS, root: Path = REPO_ROOT, echo=print, hints: dict | N
     out = Outcome()
     pages: list[tuple[Path, str]] = []
     renderers = []
-    machine = refresh_machine(systems, root)
+    machine = refresh_machine(systems, root, hints)
     for system in systems:
         rdir = root / system / "reports"
         if not rdir.is_dir():

@@ -294,7 +294,7 @@ def eta_text(rest: list[Planned]) -> str:
 
 def measure_hints(root: Path = REPO_ROOT, systems=SYSTEMS) -> dict:
     """{system: {stem: {"run": the command that measures the stem, "ncu" / "nsys" / "all": the command for the parts a
-    run without that flag leaves out}}}, from each system's steps: what a page says a block this run did not measure
+    run without that flag leaves out, "gpus": the GPUs it needs where more than one}}}, from each system's steps: what a page says a block this run did not measure
     needs (common.render.report). A system whose steps cannot be read gets none (the page then names the script)."""
     out: dict = {}
     for system in systems:
@@ -310,6 +310,8 @@ def measure_hints(root: Path = REPO_ROOT, systems=SYSTEMS) -> dict:
             flag = "--ncu" if s.ncu == ONLY else "--nsys" if s.nsys == ONLY else ""
             mode = "--all" if s.only_all else "--quick"
             h = {"run": f"{pipe} {mode}{' ' + flag if flag else ''} --only {s.name}{where}"}
+            if s.min_gpus > 1:
+                h["gpus"] = s.min_gpus
             if s.ncu and s.ncu != ONLY:
                 h["ncu"] = f"{pipe} --quick --ncu --only {s.name}{where}"
             if s.nsys and s.nsys != ONLY:

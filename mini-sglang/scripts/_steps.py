@@ -1,7 +1,7 @@
 """The mini-SGLang pipeline's steps, as data (run by common/run/pipeline.py behind 06_full_pipeline.sh).
 
-Default (--quick / --all): 00 01 02 03 04 05 07 08. 05_profile_comm needs 2 GPUs for its measurement and
-says so with a [skip] line on one. --all runs every script's full experiment, whose ncu passes are part of
+Default (--quick / --all): 00 01 02 03 04 05 07 08. 05_profile_comm needs 2 GPUs: on one the runner leaves it
+out with a note (run alone, the script says so with a [skip] line). --all runs every script's full experiment, whose ncu passes are part of
 it; --ncu adds them to --quick (02, 03, 04) and the counters pass of 08. --nsys runs 08_forward_timeline's eager case under Nsight
 Systems too (its torch-profiler timeline where nsys is not usable).
 """
@@ -23,7 +23,7 @@ STEPS = [
          jit_all=("msgl:store_1024", "msgl:store_512")),
     Step("04_profile_attention", "04_profile_attention.py", ncu=("--ncu",),
          jit=(STORE, "fi:prefill_fa2", "fi:decode")),     # "fi": tensor-core decode = the fa2 prefill module
-    Step("05_profile_comm", "05_profile_comm.py", jit=("msgl:pynccl",)),
+    Step("05_profile_comm", "05_profile_comm.py", min_gpus=2, jit=("msgl:pynccl",)),
     Step("07_profile_radix", "07_profile_radix.py", jit=("msgl:radix",)),
     Step("08_forward_timeline", "08_forward_timeline.py", ncu=("--ncu",), nsys=("--nsys",),
          jit=(INDEX, STORE, "msgl:radix", "fi:prefill_fa2", "fi:norm", "fi:rope", "fi:silu_and_mul")),
