@@ -512,6 +512,16 @@ def test_combined_build_hands_its_ninja_logs_to_each_module_folder(tmp_path):
     assert not jit.dry_run_clean(*mods[0]) and jit.dry_run_clean(*mods[1])
 
 
+def test_the_stamp_key_reads_the_gpu_where_the_rest_of_the_workbook_does(monkeypatch):
+    """jit.stamp_key takes the GPU from common.capture.gpu.gpus (the visible GPUs, CUDA_VISIBLE_DEVICES honoured), not
+    a query of its own: no GPU, no key; the first visible GPU's model and UUID otherwise."""
+    from common.capture import gpu
+    monkeypatch.setattr(gpu, "gpus", lambda: [])
+    assert jit.stamp_key() is None
+    monkeypatch.setattr(gpu, "gpus", lambda: [{"index": 3, "name": "NVIDIA H200", "uuid": "GPU-abc"}])
+    assert jit.stamp_key()["gpu"] == "NVIDIA H200, GPU-abc"
+
+
 def test_a_warm_machine_knows_its_built_modules_without_torch(tmp_path, monkeypatch):
     """The stamp a complete warm-up leaves: the next warm-up with the same GPU and versions says "cached" from the
     files alone; a missing file, another GPU or a module it never built sends it the slow way (None)."""

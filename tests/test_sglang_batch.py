@@ -37,7 +37,8 @@ def test_a_point_is_the_schedulers_step_at_the_full_batch():
     assert p51["kv_tokens"] == pytest.approx(28736.5)
     assert bt.point(lines, 200) is None
     eager = [{**r, "cuda_graph": False} if r.get("running_req") == 51 and i % 2 else r for i, r in enumerate(lines)]
-    assert bt.point(eager, 51)["cuda_graph"] is False and 0 < bt.point(eager, 51)["graph_steps"] < 154
+    # every other batch-51 line made eager: some steps still replayed a graph, fewer than when all of them did
+    assert bt.point(eager, 51)["cuda_graph"] is False and 0 < bt.point(eager, 51)["graph_steps"] < p51["graph_steps"]
 
 
 def test_two_real_steps_against_their_floors():

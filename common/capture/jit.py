@@ -400,16 +400,14 @@ STAMP = "jit-warm.json"
 
 
 def stamp_key() -> dict | None:
-    """What decides a module's file: the GPU (nvidia-smi, no CUDA context) and the builders' versions."""
-    import subprocess
+    """What decides a module's file: the first visible GPU (common.capture.gpu.gpus: NVML or nvidia-smi, no CUDA
+    context; its model and UUID) and the builders' versions. None without a GPU."""
     from importlib.metadata import PackageNotFoundError, version
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    from common.capture.gpu import gpus
+    seen = gpus()
+    if not seen:
         return None
-    if not gpu:
-        return None
+    gpu = f"{seen[0]['name']}, {seen[0].get('uuid') or '?'}"
 
     def ver(dist):
         try:
