@@ -137,3 +137,92 @@ def test_mini_sglang_05_names_the_links_between_the_gpus_it_used():
     assert m.seen_links(topo, [2], [{"index": 2}, {"index": 3}]) == {"GPU2-GPU3": "NV18", "GPU3-GPU2": "NV18"}
     assert set(m.seen_links(topo, [2, 4], [{"index": i} for i in range(4)])) >= {"GPU0-GPU3", "GPU1-GPU2"}
     assert m.seen_links(topo.parent / "none.txt", [2], [{"index": 0}]) == {}
+
+
+class _Events(list):
+    pass
+
+
+def _overlap_world(monkeypatch, fail=(), budget=None):
+    """07's measure_all with its servers, gates and measurement replaced by recorders (no GPU, no SGLang): the
+    order of what happens to each configuration's server."""
+    import importlib.util
+    import types
+    spec = importlib.util.spec_from_file_location("sgl07", ROOT / "sglang" / "scripts" / "07_tp_scaling.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    ev = _Events()
+
+    class Srv:
+        def __init__(self, tag, held):
+            self.tag, self.held, self.startup_s, self.start_timeout = tag, held, 1.0, 10.0
+
+        def launch(self):
+            ev.append(f"launch {self.tag}{' (held)' if self.held else ''}")
+
+        def start(self):
+            ev.append(f"start {self.tag}")
+
+        def wait_ready(self):
+            ev.append(f"ready {self.tag}")
+
+        def stop(self):
+            ev.append(f"stop {self.tag}")
+
+    class Gate:
+        def __init__(self, folder):
+            self.folder = Path(folder)
+
+        def env(self):
+            return {}
+
+        def release(self, srv):
+            ev.append(f"release {srv.tag}")
+
+        def verify(self, srv):
+            return 0.5
+
+    def server_for(args, run, preset, tp, no_car, gate=None):
+        return Srv(m.names(preset, tp, no_car)[1], gate is not None), "model"
+
+    clock = [1000.0]                              # a configuration takes 200 s of this clock
+
+    def measure(srv, tp, run, prof, quick, key, hidden):
+        ev.append(f"measure {srv.tag}")
+        clock[0] += 200.0
+        if srv.tag in fail:
+            raise RuntimeError("a rank died")
+        return {"ttft_first_ms": 1.0, "ttft_b1_ms": 1.0, "itl_b1_ms": 1.0, "decode_step_gpu_ms": 1.0,
+                "allreduce_share_pct": 0.0, "allreduce_kernels": "-", "output_throughput": 1.0}, {}
+    monkeypatch.setattr(m, "server_for", server_for)
+    monkeypatch.setattr(m, "measure", measure)
+    monkeypatch.setattr(m, "time", types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: None))
+    monkeypatch.setattr(m.sg, "Gate", Gate)
+    monkeypatch.setattr(m.sg, "model_shape", lambda d: {"config": {"hidden_size": 4096}})
+    errors, notes = [], []
+    run = types.SimpleNamespace(dir=Path("/nonexistent"), log=lambda *a: None, note=notes.append,
+                                point_error=lambda k, e: errors.append((k, str(e))))
+    args = types.SimpleNamespace(no_overlap=False, port=None, time_budget=budget, quick=True)
+    return m, ev, run, args, errors, notes
+
+
+def test_07_launches_the_next_server_held_and_releases_it_only_after_the_last_one_stopped(monkeypatch):
+    m, ev, run, args, errors, _ = _overlap_world(monkeypatch, fail=("llama-3.1-8b_tp2",))
+    plan = [("llama-3.1-8b", 1, False), ("llama-3.1-8b", 2, False), ("llama-3.1-8b", 2, True)]
+    runs, _ = m.measure_all(args, plan, run)
+    assert ev == ["start llama-3.1-8b_tp1", "launch llama-3.1-8b_tp2 (held)", "measure llama-3.1-8b_tp1",
+                  "stop llama-3.1-8b_tp1", "release llama-3.1-8b_tp2", "ready llama-3.1-8b_tp2",
+                  "launch llama-3.1-8b_tp2_nccl (held)", "measure llama-3.1-8b_tp2", "stop llama-3.1-8b_tp2",
+                  "release llama-3.1-8b_tp2_nccl", "ready llama-3.1-8b_tp2_nccl", "measure llama-3.1-8b_tp2_nccl",
+                  "stop llama-3.1-8b_tp2_nccl"]
+    # the failed configuration is one point error; its server stopped; the next one still ran, after its release
+    assert [e[0]["tp"] for e in errors] == [2] and len(runs) == 2 and runs[1]["held_s"] == 0.5
+
+
+def test_07_drops_a_held_server_whose_configuration_is_skipped(monkeypatch):
+    m, ev, run, args, errors, notes = _overlap_world(monkeypatch, budget=3)
+    plan = [("llama-3.1-8b", 1, False), ("llama-3.1-8b", 2, False)]
+    m.measure_all(args, plan, run)               # 3 minutes: the first fits the first guess (120 s), the second not
+    assert "launch llama-3.1-8b_tp2 (held)" in ev and ev[-1] == "stop llama-3.1-8b_tp2"
+    assert not any(e.startswith(("release", "ready", "measure")) and "tp2" in e for e in ev)
+    assert any("skipped, the --time-budget" in n for n in notes) and errors == []
