@@ -27,9 +27,10 @@ A100 = "NVIDIA A100-SXM4-80GB"
 NUM = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
 
 
-def world(tmp_path: Path, gpu: str | None = None, reference: bool = True, fixture: Path = FIXTURE) -> Path:
+def world(tmp_path: Path, gpu: str | None = None, reference: bool = True, fixture: Path = FIXTURE,
+          relabel: dict | None = None) -> Path:
     """The repository's pages (and its steps, for the 'measures it' lines) beside the fixture's results; ``gpu``:
-    every run relabelled to that model."""
+    every run relabelled to that model; ``relabel``: provenance fields every run gets (e.g. {"gpu_count": 4})."""
     for system in SYSTEMS:
         shutil.copytree(ROOT / system / "reports", tmp_path / system / "reports")
         if not reference:
@@ -38,10 +39,11 @@ def world(tmp_path: Path, gpu: str | None = None, reference: bool = True, fixtur
         shutil.copy(ROOT / name, tmp_path / name)
     with tarfile.open(fixture) as tf:
         tf.extractall(tmp_path)
-    if gpu:
+    fields = {**({"gpu": gpu} if gpu else {}), **(relabel or {})}
+    if fields:
         for p in tmp_path.glob("*/results/*/summary.json"):
             s = json.loads(p.read_text())
-            s["provenance"]["gpu"] = gpu
+            s["provenance"].update(fields)
             p.write_text(json.dumps(s))
     return tmp_path
 

@@ -6,7 +6,6 @@ and the pages of a one-GPU run show that run on its bigger machine, said so, whi
 does not take it."""
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,6 +16,7 @@ import pytest
 from common import SYSTEMS
 from common.render import report
 from common.run.steps import measure_hints
+from test_pages_one_machine import world as pages_world
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures"
@@ -72,19 +72,11 @@ def test_the_anomalies_are_explained_from_the_figures_the_story_shows(again):
 
 
 def world(tmp_path: Path, gpus: int | None = None) -> Path:
-    for system in SYSTEMS:
-        shutil.copytree(ROOT / system / "reports", tmp_path / system / "reports")
-    for name in ("CROSS-SYSTEM.md", "GLOSSARY.md"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    with tarfile.open(FIX / "results_h100_make_quick.tar.xz") as tf:
-        tf.extractall(tmp_path)
-    if gpus:
-        for p in tmp_path.glob("*/results/*/summary.json"):
-            s = json.loads(p.read_text())
-            s["provenance"]["gpu_count"] = gpus
-            p.write_text(json.dumps(s))
-    unpack(tmp_path / "sglang" / "results")
-    return tmp_path
+    """The pages beside the H100 run (test_pages_one_machine.world; ``gpus``: its runs relabelled to that GPU count)
+    and this fixture's 07 run."""
+    root = pages_world(tmp_path, relabel={"gpu_count": gpus} if gpus else None)
+    unpack(root / "sglang" / "results")
+    return root
 
 
 def test_a_one_gpu_page_shows_the_multi_gpu_run_said_so(tmp_path):

@@ -333,7 +333,7 @@ def figure(run, df) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from common.render import plots
-    car = df[df["custom_allreduce"]]
+    car = df[df["custom_allreduce"].map(parts.is_true)]
     sty = plots.styles(sorted(set(car["model"])))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     for m, g in car.groupby("model"):
@@ -355,7 +355,7 @@ def mine(h, where: str):
 
 
 def verdicts(run, df, t: dict, links: dict) -> None:
-    car = df[df["custom_allreduce"].map(parts._true)]
+    car = df[df["custom_allreduce"].map(parts.is_true)]
     for m, g in car.groupby("model"):
         rows = g.sort_values("tp").to_dict("records")
         if len(rows) < 2:
@@ -376,7 +376,7 @@ def verdicts(run, df, t: dict, links: dict) -> None:
                     "(kernel names: observed, not judged; the logits all-gather is a different collective)",
                     f"all-reduce kernels in decode steps: {', '.join(ar) or '-'}; all-gather: {', '.join(ag) or '-'}",
                     "confirmed" if ar and not any("nccl" in k.lower() for k in ar) else "refuted", "allreduce_kernels.csv")
-    for n in df[~df["custom_allreduce"].map(parts._true)].to_dict("records"):
+    for n in df[~df["custom_allreduce"].map(parts.is_true)].to_dict("records"):
         c = car[(car["model"] == n["model"]) & (car["tp"] == n["tp"])].to_dict("records")
         if not c:
             continue
@@ -433,8 +433,8 @@ def report(run, df, t: dict, links: dict, have: int, gpu_name: str) -> None:
         sg.table(run, "collectives_summary", summ)
     runs = df.to_dict("records")
     for r in runs:
-        run.headline(**{f"itl_b1_ms_{r['model']}_tp{r['tp']}{'' if parts._true(r['custom_allreduce']) else '_nccl'}": r["itl_b1_ms"]})
-    car = df[df["custom_allreduce"].map(parts._true)].sort_values("tp")
+        run.headline(**{f"itl_b1_ms_{r['model']}_tp{r['tp']}{'' if parts.is_true(r['custom_allreduce']) else '_nccl'}": r["itl_b1_ms"]})
+    car = df[df["custom_allreduce"].map(parts.is_true)].sort_values("tp")
     if len(car) and car["tp"].iloc[-1] >= 2:
         top = car.iloc[-1]
         run.headline(**{f"allreduce_share_pct_{top['model']}_tp{top['tp']}": top["allreduce_share_pct"]})
@@ -459,7 +459,7 @@ def report(run, df, t: dict, links: dict, have: int, gpu_name: str) -> None:
         held = r.get("held_s")
         return (f"start {r['start_s']:.0f} s" + (f" after its release, held {held:.0f} s while the one before measured"
                                                  if isinstance(held, float) and held > 0 else ""))
-    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if parts._true(r['custom_allreduce']) else 'NCCL only'} "
+    items = [(f"{r['model']} TP={r['tp']} {'custom AR' if parts.is_true(r['custom_allreduce']) else 'NCCL only'} "
               f"({start(r)}{when(r)})",
               [(f"batch 1: TTFT {r['ttft_b1_ms']:.1f} ms, ITL {iv_of(r, 'itl_b1_ms').fmt(3, 'ms')}", []),
                (f"decode bs {r['decode_bs']}: step {story.fmt(r['decode_step_gpu_ms'])} ms GPU, all-reduce "

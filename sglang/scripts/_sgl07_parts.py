@@ -166,10 +166,11 @@ def ttft_rows(rec: dict, key: dict, hidden: int, read=trace.read_chrome_trace) -
 # ------------------------------------------------------------------ across TP sizes: tables, verdicts, lines
 
 def label(r: dict) -> str:
-    return f"{r['model']} TP {int(r['tp'])}{'' if _true(r['custom_allreduce']) else ' NCCL'}"
+    return f"{r['model']} TP {int(r['tp'])}{'' if is_true(r['custom_allreduce']) else ' NCCL'}"
 
 
-def _true(v) -> bool:
+def is_true(v) -> bool:
+    """The custom_allreduce column as a run wrote it (a bool) or a CSV gave it back ("True", "False")."""
     return v is True or str(v).lower() in ("true", "1")
 
 
@@ -178,7 +179,7 @@ def _of(df, r: dict):
     if df is None or not len(df):
         return df
     m = (df["model"] == r["model"]) & (df["tp"].astype(int) == int(r["tp"]))
-    return df[m & (df["custom_allreduce"].map(_true) == _true(r["custom_allreduce"]))]
+    return df[m & (df["custom_allreduce"].map(is_true) == is_true(r["custom_allreduce"]))]
 
 
 def ttft_lines(runs: list[dict], parts) -> list:
@@ -266,8 +267,8 @@ def per_call_pairs(colls) -> list[dict]:
         return out
     ar = colls[colls["collective"] == "all-reduce"]
     for (m, tp, phase), g in ar.groupby(["model", "tp", "phase"], sort=True):
-        c = g[g["custom_allreduce"].map(_true)]
-        n = g[~g["custom_allreduce"].map(_true)]
+        c = g[g["custom_allreduce"].map(is_true)]
+        n = g[~g["custom_allreduce"].map(is_true)]
         if len(c) and len(n):
             msg = g["msg_bytes"].dropna()
             out.append({"model": m, "tp": int(tp), "phase": phase, "custom": list(c["dur_us"]), "nccl": list(n["dur_us"]),
@@ -331,9 +332,9 @@ def wait_findings(run, colls) -> None:
     """Where a configuration ran with both all-reduces: the prefill all-reduce's median call against its shortest one
     (a call lasts the transfer plus the wait for the slowest rank) and against NCCL's at the same size."""
     summ = [c for c in collective_summary(colls) if c["collective"] == "all-reduce" and c["phase"] == "prefill"]
-    for c in (c for c in summ if _true(c["custom_allreduce"])):
+    for c in (c for c in summ if is_true(c["custom_allreduce"])):
         n = next((x for x in summ if x["model"] == c["model"] and int(x["tp"]) == int(c["tp"])
-                  and not _true(x["custom_allreduce"])), None)
+                  and not is_true(x["custom_allreduce"])), None)
         if n is None or not c["msg_bytes"]:
             continue
         run.finding(f"{c['model']} TP {int(c['tp'])}: a prefill all-reduce of {size_text(c['msg_bytes'])} takes "
