@@ -855,7 +855,7 @@ def test_a_warmed_bench_worker_pays_only_what_is_left_of_its_import(tmp_path):
         assert cold.run(["--output-file", tmp_path / "a.jsonl"], tmp_path / "a.log") == 0
         assert cold.last["start_s"] >= 0.9 and cold.last["wall_s"] >= cold.last["start_s"]     # waited for it
         assert cold.run(["--output-file", tmp_path / "b.jsonl"], tmp_path / "b.log") == 0
-        assert cold.last["start_s"] == 0.0                                                     # paid once
+        assert cold.last["start_s"] == 0.0 and cold.last["import_s"] is None                   # paid once
     finally:
         cold.stop()
     warm = _worker(tmp_path, import_s=1.0).warm()
@@ -863,6 +863,7 @@ def test_a_warmed_bench_worker_pays_only_what_is_left_of_its_import(tmp_path):
         time.sleep(1.6)                                         # other work while it imports
         assert warm.run(["--output-file", tmp_path / "c.jsonl"], tmp_path / "c.log") == 0
         assert warm.last["start_s"] < 0.3 and warm.last["wall_s"] < 0.9                      # the import was done
+        assert 0.9 <= warm.last["import_s"] < 1.6                  # ... and still counted whole (spawn -> import)
     finally:
         warm.stop()
 

@@ -303,6 +303,17 @@ def test_01_says_what_the_bench_worker_saves():
         "bench_own_process_overhead_s": 19.0}
 
 
+def test_01_counts_the_whole_import_of_a_worker_started_early():
+    # BenchWorker.warm(): the first run waited 1.5 s of a 21 s import; every extra process would pay all 21 s
+    rows = [{"name": "r0", "how": "worker", "worker_run": 1, "wall_s": 5.0, "duration_s": 3.0, "start_s": 1.5,
+             "import_s": 21.0, "run_s": 3.4, "overhead_s": 2.0},
+            *({"name": f"r{i}", "how": "worker", "worker_run": i + 1, "wall_s": 3.6, "duration_s": 3.0,
+               "start_s": 0.0, "import_s": None, "run_s": 3.5, "overhead_s": 0.6} for i in range(1, 4))]
+    assert load("01_baseline_perf.py").bench_summary(rows) == {
+        "bench_runs": 4, "bench_worker_start_s": 1.5, "bench_worker_import_s": 21.0, "bench_saved_s": 63.0,
+        "bench_worker_overhead_s": 0.6}
+
+
 def test_linear_fit_and_rise():
     m = load("01_baseline_perf.py")
     s, b, r2 = m.linear_fit([1, 2, 3, 4], [3, 5, 7, 9])

@@ -337,6 +337,10 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
         if not (mi["prompt_tokens"] == 16 and mi["completion_tokens"] == 8 and len(out.get("output_ids", [])) == 8):
             raise RuntimeError(f"sanity request came back wrong: {mi}")
         run.log("sanity: 16-token prompt, 8 tokens back ✅  All results match. Starting benchmarks.")
+        if not args.skip_load and not args.bench_control:
+            # the bench_serving worker imports sglang (~20 s of one CPU core, 2026-11-23 and 11-28 H200 runs) while
+            # parts 1-3 measure; it touches no GPU and sends nothing until the first load run
+            srv.bench_worker(run.log).warm()
         d["requests"] = [one_request(srv, P, prof, rep) for rep in range(P["reps"])]
         mark = srv.log_mark()
         d["batch"] = srv.generate_many([{"text": sg.random_text(P["prompt"], 100 + i), "sampling_params":
@@ -364,16 +368,23 @@ def measure(args, P, rates, model_dir, fl, run) -> dict:
 
 def bench_summary(rows: list[dict]) -> dict:
     """What the one-process bench_serving worker saves (issue #22 item 4), from this run's own timings:
-    each separate process would have paid the worker's start (spawn + import) again, so saved = (runs - 1)
-    x start_s; with --bench-control, the own-process run's overhead (wall - its benchmark duration) is the
-    measured cost of one run the old way, next to the worker runs' median overhead."""
+    each separate process would have paid the worker's import (spawn + import sglang) again, so saved =
+    (runs - 1) x its import (import_s; start_s where a recording predates it); start_s is the part of it the
+    first run waited for (less than the import when the worker was started early, BenchWorker.warm); with
+    --bench-control, the own-process run's overhead (wall - its benchmark duration) is the measured cost of one
+    run the old way, next to the worker runs' median overhead."""
     work = [r for r in rows if r["how"] == "worker" and r["wall_s"] is not None]
     own = [r for r in rows if r["how"] == "own process" and r["overhead_s"] is not None]
-    start = next((r["start_s"] for r in work if r["start_s"]), None)
-    later = [r["overhead_s"] for r in work if not r["start_s"] and r["overhead_s"] is not None]
+    first = next((r for r in work if r.get("worker_run") == 1), None) or \
+        next((r for r in work if r["start_s"]), None)
+    later = [r["overhead_s"] for r in work if r is not first and r["overhead_s"] is not None]
     out = {"bench_runs": len(work)}
-    if start is not None:
-        out.update(bench_worker_start_s=round(start, 2), bench_saved_s=round(start * (len(work) - 1), 1))
+    if first is not None and first["start_s"] is not None:
+        imp = first.get("import_s")
+        out["bench_worker_start_s"] = round(first["start_s"], 2)
+        if imp is not None:
+            out["bench_worker_import_s"] = round(imp, 2)
+        out["bench_saved_s"] = round((imp if imp is not None else first["start_s"]) * (len(work) - 1), 1)
     if later:
         out["bench_worker_overhead_s"] = round(statistics.median(later), 2)
     if own:

@@ -187,12 +187,14 @@ class BenchWorker:
         self._proc_runs += 1
         rep = json.loads(done.read_text())
         done.unlink(missing_ok=True)
-        paid = 0.0
+        paid, imp = 0.0, None
         if first and rep.get("ready_at"):           # the import still running when this run was asked for
             paid = round(max(0.0, float(rep["ready_at"]) - t0), 3)
             self.start_s = paid
+            if self.started_at is not None:         # spawn -> import done, whether or not a run waited for it
+                imp = round(max(0.0, float(rep["ready_at"]) - self.started_at), 3)
         self.last = {"run": self.runs, "wall_s": round(time.time() - t0, 3), "run_s": rep.get("run_s"),
-                     "start_s": paid}
+                     "start_s": paid, "import_s": imp}
         return int(rep["rc"])
 
     def stop(self) -> None:
@@ -238,13 +240,14 @@ def run_bench(srv, out_dir, name: str, timeout: float = 900, echo=print, own_pro
 def bench_timing(rec: dict, name: str) -> dict:
     """One row of where a bench_serving run's wall time went: wall_s (here), duration_s (its own
     "Benchmark duration"), start_s (the worker's start this run paid: spawn + import; 0 for the worker's
-    later runs; None for an own process, whose wall includes its start), run_s (cli_main in the worker),
-    overhead_s = wall - duration."""
+    later runs, and less than the import for a worker started early with BenchWorker.warm(); None for an own
+    process, whose wall includes its start), import_s (the worker's spawn -> import done, on its first run),
+    run_s (cli_main in the worker), overhead_s = wall - duration."""
     t = rec.get("_bench") or {}
     wall, dur = rec.get("_wall_s"), rec.get("duration")
     return {"name": name, "how": "own process" if t.get("run") == 0 else "worker", "worker_run": t.get("run"),
             "wall_s": round(wall, 3) if wall is not None else None, "duration_s": dur, "start_s": t.get("start_s"),
-            "run_s": t.get("run_s"), "overhead_s": round(wall - dur, 3) if wall is not None and dur is not None else None}
+            "import_s": t.get("import_s"), "run_s": t.get("run_s"), "overhead_s": round(wall - dur, 3) if wall is not None and dur is not None else None}
 
 
 def latency_summary(results: list[dict]) -> dict:
