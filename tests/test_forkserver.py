@@ -31,7 +31,7 @@ import atexit, json, os, sys, threading, time
 import helper                                    # a module beside the script: sys.path[0] is its folder
 out = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": os.environ.get("FS_TEST"), "name": __name__,
        "helper": helper.X, "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
-       "preloaded": "fs_preload" in sys.modules}
+       "preloaded": "fs_preload" in sys.modules, "extras": sorted(m for m in sys.modules if m.startswith("fs_x"))}
 if "fs_preload" in sys.modules:
     out["loaded_by"] = sys.modules["fs_preload"].LOADED_BY
 atexit.register(lambda: print("atexit ran", flush=True))
@@ -63,8 +63,11 @@ def world(tmp_path):
     pre.mkdir()
     (pre / "fs_preload.py").write_text(PRELOAD_SRC)
     (pre / "fs_threads.py").write_text(THREADS_SRC)
+    (pre / "fs_x_ok.py").write_text(PRELOAD_SRC)
+    (pre / "fs_x_after.py").write_text(PRELOAD_SRC)
+    (pre / "fs_x_threads.py").write_text(THREADS_SRC)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(pre)]), "PYTHONUNBUFFERED": "1",
-           "HANDS_ON_PRELOAD": "fs_preload,not_a_module_xyz"}
+           "HANDS_ON_PRELOAD": "fs_preload,not_a_module_xyz", "HANDS_ON_PRELOAD_EXTRA": ""}
     return tmp_path, scripts / "NN_step.py", env
 
 
@@ -171,3 +174,27 @@ def test_a_pipeline_runs_its_steps_through_the_server_and_without_it(tmp_path):
     assert (logs / "forkserver.log").exists()
     off = run({"HANDS_ON_FORKSERVER": "0"})
     assert off.returncode == 0 and not (logs / "forkserver.log").exists()
+
+
+def test_an_optional_preload_that_is_unsafe_is_dropped_and_the_server_still_forks(world):
+    """HANDS_ON_PRELOAD_EXTRA: tried one by one after the base list; one that starts a thread (or initialises CUDA)
+    cannot be undone in that process, so the server starts over (exec, same pid and pipes) without it and the ones
+    after it, says which in its ready line, and forks the steps with the extras that were safe."""
+    tmp_path, script, env = world
+    env = {**env, "HANDS_ON_PRELOAD_EXTRA": "fs_x_ok,fs_x_threads,fs_x_after"}
+    server = _server(tmp_path, env)
+    try:
+        rc, _, info = _run(server, script, [], tmp_path, env)
+        assert rc == 0 and server.why is None
+        assert info["preloaded"] and info["loaded_by"] == server.proc.pid       # forked from the restarted server
+        assert info["extras"] == ["fs_x_ok"]
+        assert server.ready["preloaded"] == ["fs_preload", "fs_x_ok"]
+        assert server.ready["dropped"].startswith("fs_x_threads (") and "threads" in server.ready["dropped"]
+    finally:
+        server.close()
+    ok = _server(tmp_path, {**env, "HANDS_ON_PRELOAD_EXTRA": "fs_x_ok,fs_x_after"})
+    try:
+        rc, _, info = _run(ok, script, [], tmp_path, env, name="step2")
+        assert rc == 0 and info["extras"] == ["fs_x_after", "fs_x_ok"] and "dropped" not in ok.ready
+    finally:
+        ok.close()

@@ -39,6 +39,11 @@ from pathlib import Path
 from common.capture.procs import Group
 
 PRELOAD = ("torch", "numpy", "pandas", "matplotlib", "matplotlib.pyplot")
+# Optional preloads, tried after PRELOAD one by one: what the steps import next (mini-SGLang's steps pull in
+# transformers and torch._dynamo through minisgl and flashinfer; each fresh step paid them again). One that
+# initialises CUDA or starts a thread is dropped: the server starts over without it (and those after it) and its
+# ready line names it. HANDS_ON_PRELOAD_EXTRA replaces the list ("" for none).
+PRELOAD_EXTRA = ("torch._dynamo", "transformers")
 READY_TIMEOUT_S = 180.0
 
 
@@ -62,6 +67,30 @@ def _cuda_started() -> bool:
         return bool(torch is not None and torch.cuda.is_initialized())
     except Exception:  # noqa: BLE001
         return False
+
+
+def _unsafe() -> str | None:
+    """Why forking this process now would give steps an unusable GPU or a broken lock (None: safe)."""
+    if _cuda_started():
+        return "a preloaded module initialised CUDA: a fork could not use the GPU"
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} threads after the imports: forking them is unsafe"
+    return None
+
+
+def _extra_names() -> list[str]:
+    raw = os.environ.get("HANDS_ON_PRELOAD_EXTRA")
+    return [n.strip() for n in (",".join(PRELOAD_EXTRA) if raw is None else raw).split(",") if n.strip()]
+
+
+def _restart_without(stdout, keep: list[str], dropped: str) -> None:
+    """exec this server again with only ``keep`` as the optional preloads (stdin and the protocol kept)."""
+    os.environ["HANDS_ON_PRELOAD_EXTRA"] = ",".join(keep)
+    os.environ["HANDS_ON_PRELOAD_DROPPED"] = "; ".join(
+        x for x in (os.environ.get("HANDS_ON_PRELOAD_DROPPED"), dropped) if x)
+    stdout.flush()
+    os.dup2(stdout.fileno(), 1)                         # the protocol back on fd 1: main() takes it again
+    os.execv(sys.executable, [sys.executable, "-m", "common.run.forkserver"])
 
 
 def _send(out, obj) -> None:
@@ -123,14 +152,22 @@ def serve(names=None, stdin=None, stdout=None) -> int:
     names = names if names is not None else [n for n in (os.environ.get("HANDS_ON_PRELOAD") or ",".join(PRELOAD))
                                              .split(",") if n.strip()]
     done, missing = _preload(names)
-    if _cuda_started():
-        _send(stdout, {"ready": False, "why": "a preloaded module initialised CUDA: a fork could not use the GPU"})
+    why = _unsafe()
+    if why:
+        _send(stdout, {"ready": False, "why": why})
         return 3
-    if threading.active_count() > 1:
-        _send(stdout, {"ready": False, "why": f"{threading.active_count()} threads after the imports: forking "
-                                              f"them is unsafe"})
-        return 3
-    _send(stdout, {"ready": True, "preloaded": done, "missing": missing, "s": round(time.perf_counter() - t0, 2)})
+    extra = _extra_names()
+    for i, n in enumerate(extra):
+        d, m = _preload([n])
+        why = _unsafe()
+        if why:                       # this import cannot be undone: start over without it and the ones after it
+            _restart_without(stdout, extra[:i], f"{n} ({why})")
+        done += d
+        missing += m
+    ready = {"ready": True, "preloaded": done, "missing": missing, "s": round(time.perf_counter() - t0, 2)}
+    if os.environ.get("HANDS_ON_PRELOAD_DROPPED"):
+        ready["dropped"] = os.environ["HANDS_ON_PRELOAD_DROPPED"]
+    _send(stdout, ready)
     children: set[int] = set()
     fd = stdin.fileno()
     buf = b""
