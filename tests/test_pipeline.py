@@ -352,7 +352,9 @@ def test_real_steps_name_the_jit_modules_they_load():
     assert set(fi["03_profile_decode"].jit) == {"fi:decode", "fi:prefill_fa2"}      # tensor-core decode = fa2 prefill
     assert fi["00_check_env"].jit == ()
     sg, _ = _steps("sglang")
-    assert set(sg["01_baseline_perf"].jit) == {"fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm"}
+    assert set(sg["01_baseline_perf"].jit) == {"fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm",
+                                               "sgl:activation", "sgl:clamp_position", "sgl:fused_rope",
+                                               "sgl:kvcache_2048"}
     needs = warmup.system_modules("mini-sglang")
     assert "08_forward_timeline" in needs["msgl:index_8192_s4"] and needs["msgl:pynccl"] == ["05_profile_comm"]
     chosen, _ = steps.choose(_steps("mini-sglang")[0].values(), "quick", False, False, ["02_profile_index"], 1)
@@ -548,3 +550,34 @@ def test_a_warm_machine_knows_its_built_modules_without_torch(tmp_path, monkeypa
     # a warm-up with a failed module keeps no stamp for it
     jit.write_stamp(mods, [jit.Result(mods[0].name, "tvm-ffi", "failed", None)])
     assert jit.cached_by_stamp(mods) is None
+
+
+def test_sglang_jit_modules_are_built_through_sglangs_own_builders_with_a_tp1_llama_servers_arguments(
+        monkeypatch, tmp_path):
+    """The sgl:* modules call the builder functions SGLang's ops call (stand-ins here record the arguments), with
+    the dtypes of a bf16 Llama-3.1-8B server at TP 1; a module whose .so is already in the cache says "cached"."""
+    import types
+    calls = []
+    torch = types.SimpleNamespace(bfloat16="BF16", int64="I64", int32="I32",
+                                  cuda=types.SimpleNamespace(is_available=lambda: True))
+    stubs = {"torch": torch, "sglang": types.ModuleType("sglang")}
+    for mod, fn in (("sglang.kernels.ops.activation.activation", "activation_module"),
+                    ("sglang.kernels.ops.attention.clamp_position", "_jit_clamp_position_module"),
+                    ("sglang.kernels.ops.attention.rope", "_jit_fused_rope_module"),
+                    ("sglang.kernels.ops.kvcache.kvcache", "_jit_kvcache_module")):
+        m = types.ModuleType(mod)
+        setattr(m, fn, lambda *a, _fn=fn: calls.append((_fn, a)))
+        stubs[mod] = m
+    for name, m in stubs.items():
+        monkeypatch.setitem(sys.modules, name, m)
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(tmp_path))
+    built = tmp_path / "sgl_kernel_jit_kvcache_2048_2048_true_ab12__arch_sm90a__tvmffi_0.1.11"
+    built.mkdir()
+    (built / "sgl_kernel_jit_kvcache_2048_2048_true_ab12.so").write_bytes(b"")
+    mods = [jit.MODULES[n] for n in ("sgl:activation", "sgl:clamp_position", "sgl:fused_rope", "sgl:kvcache_2048")]
+    res = {r.name: r.status for r in jit.warm(mods, echo=lambda *a, **k: None)}
+    assert sorted(calls) == sorted([("activation_module", ("BF16",)), ("_jit_clamp_position_module", ("I64",)),
+                                    ("_jit_fused_rope_module", (True, 128, "BF16", "BF16")),
+                                    ("_jit_kvcache_module", (2048, 2048))])
+    assert res == {"sgl:activation": "built", "sgl:clamp_position": "built", "sgl:fused_rope": "built",
+                   "sgl:kvcache_2048": "cached"}

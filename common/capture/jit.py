@@ -14,6 +14,8 @@ CPU cores, and reported apart from the measurements:
   is the one they look for), all in one ninja build over every core (FlashInfer's ``build_jit_specs``); its
   ninja logs are then handed to each module's folder, where a wrapper's first call runs ninja, and a dry run
   there proves the module is up to date. A module whose .so already exists is "cached".
+* SGLang: its own JIT kernels (``sglang/kernels/ops``) through the builder functions its ops call, with the
+  arguments a Llama-3.1-8B server passes, likewise in a thread pool.
 * mini-SGLang: each module's own builder (``minisgl.kernel.index._jit_index_module(row, num_splits=)``,
   ``store._jit_store_module(row)``, ``radix._load_radix_module()``, ``pynccl._load_nccl_module()``) in a
   thread pool, at the same time as the FlashInfer build.
@@ -49,7 +51,7 @@ _SINGLE_URI = "single_prefill_with_kv_cache_" + _ATTN.format(idx="") + "_f16qk_F
 @dataclass(frozen=True)
 class Module:
     name: str            # what _steps.py and --modules use
-    kind: str            # "flashinfer" | "tvm-ffi" (which builder)
+    kind: str            # "flashinfer" | "tvm-ffi" | "sgl-jit" (which builder)
     uri: str             # the cache folder's name: FlashInfer's uri, tvm-ffi's module name
     what: str            # which calls load it
     args: tuple = ()     # what the builder needs to make it
@@ -104,6 +106,20 @@ CATALOGUE = [
       for r, tp in ((2048, "TP1"), (1024, "TP2"), (512, "TP4"), (256, "TP8"))),
     Module("msgl:radix", "tvm-ffi", "minisgl__radix", "fast_compare_key (the radix cache; host C++, g++)", ("radix",)),
     Module("msgl:pynccl", "tvm-ffi", "minisgl__pynccl", "PyNCCL all-reduce (nvcc + -lnccl)", ("pynccl",)),
+    # SGLang's own JIT kernels (sglang/kernels/ops, tvm-ffi load_jit, cached as sgl_kernel_jit_<args>_<source hash>
+    # in TVM_FFI_CACHE_DIR, make_cpp_args spelling: bf16_t, int64_t, true): a server compiled them one after another inside its first prefill CUDA graph capture
+    # (33.6 s of a cold start on an H200, 2026-11-28). The arguments are the ones a Llama-3.1-8B bf16 server at TP 1
+    # passes: activation_module(input.dtype) for SiluAndMul; clamp_position on ForwardBatch.seq_lens (int64,
+    # schedule_batch.py); the fused RoPE with is_neox (Llama's rope_is_neox_style), rope_dim = head_dim 128, k and
+    # q dtype; store_cache with K and V rows of num_kv_heads x head_dim x 2 bytes (8 x 128 x 2 at TP 1).
+    Module("sgl:activation", "sgl-jit", "sgl_kernel_jit_activation_bf16_t", "SiluAndMul (the MLP's activation)",
+           ("activation", "bfloat16")),
+    Module("sgl:clamp_position", "sgl-jit", "sgl_kernel_jit_clamp_position_int64_t",
+           "decode positions from seq_lens (ForwardBatch)", ("clamp_position", "int64")),
+    Module("sgl:fused_rope", "sgl-jit", "sgl_kernel_jit_fused_rope_true_128",
+           "the fused rotary embedding (NeoX style, rope_dim 128, bf16)", ("fused_rope", True, 128, "bfloat16")),
+    Module("sgl:kvcache_2048", "sgl-jit", "sgl_kernel_jit_kvcache_2048_2048",
+           "store_cache(): 2048-B K and V rows (Llama-3.1-8B at TP 1)", ("kvcache", 2048, 2048)),
 ]
 MODULES = {m.name: m for m in CATALOGUE}
 
@@ -386,7 +402,31 @@ def build_tvm_ffi(mods, done) -> None:
     build_each(mods, done, one)
 
 
-BUILDERS = {"flashinfer": build_flashinfer, "tvm-ffi": build_tvm_ffi}
+def build_sglang(mods, done) -> None:
+    """SGLang's own JIT modules, each through the builder function its op calls, in a thread pool (nvcc only: the
+    builders compile and load a module, they launch nothing)."""
+    torch = _require_cuda()
+    require_module("sglang", "pip install -r requirements.txt")
+    from sglang.kernels.ops.activation.activation import activation_module
+    from sglang.kernels.ops.attention.clamp_position import _jit_clamp_position_module
+    from sglang.kernels.ops.attention.rope import _jit_fused_rope_module
+    from sglang.kernels.ops.kvcache.kvcache import _jit_kvcache_module
+    dt = {"bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+    call = {"activation": lambda d: activation_module(dt[d]),
+            "clamp_position": lambda d: _jit_clamp_position_module(dt[d]),
+            "fused_rope": lambda neox, dim, d: _jit_fused_rope_module(neox, dim, dt[d], dt[d]),
+            "kvcache": _jit_kvcache_module}
+
+    def one(m):
+        cached = module_file(m) is not None
+        call[m.args[0]](*m.args[1:])
+        return "cached" if cached else "built"
+    print(f"  building {len(mods)} SGLang JIT module(s) in a pool of {min(len(mods), os.cpu_count() or 1)} "
+          f"thread(s) ...", flush=True)
+    build_each(mods, done, one)
+
+
+BUILDERS = {"flashinfer": build_flashinfer, "tvm-ffi": build_tvm_ffi, "sgl-jit": build_sglang}
 
 
 # ------------------------------------------------------------------ a warm machine: known-built modules, no torch
@@ -432,6 +472,8 @@ def module_file(m: Module) -> Path | None:
         f = Path(jit_env.FLASHINFER_JIT_DIR) / m.uri / f"{m.uri}.so"
         return f if f.exists() else None
     cache = Path(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")).expanduser()
+    if m.kind == "sgl-jit":           # <cache>/<build dir>/<uri>[_<more args>]_<source hash>.so
+        return next(iter(sorted(cache.glob(f"*/{m.uri}_*.so"))), None)
     return next(iter(sorted(cache.glob(f"{m.uri}_*/*.so"))), None)
 
 

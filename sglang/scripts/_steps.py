@@ -24,8 +24,10 @@ ones.
 from common.run.steps import ONLY, Service, Step
 
 # what an SGLang server with the flashinfer backend compiles for Llama head_dim 128, bf16, int32 indices:
-# paged prefill and tensor-core decode (fa2), the ragged prefill (backend "auto": fa3 on sm90), merge_state, norm
-SERVER = ("fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm")
+# paged prefill and tensor-core decode (fa2), the ragged prefill (backend "auto": fa3 on sm90), merge_state, norm;
+# and SGLang's own JIT kernels (common.capture.jit: activation, decode positions, fused RoPE, KV store at TP 1)
+SERVER = ("fi:prefill_fa2", "fi:prefill_fa3", "fi:cascade", "fi:norm",
+          "sgl:activation", "sgl:clamp_position", "sgl:fused_rope", "sgl:kvcache_2048")
 
 SERVERS = {
     "default": Service("_sglang:SharedServer", modes=("quick",), held=True,
