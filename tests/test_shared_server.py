@@ -74,7 +74,8 @@ run_main(main)
 '''
 
 
-def make_system(tmp_path: Path, steps: list[str], launcher_extra=(), held=(), lpm=False, lpm_launcher=None) -> Path:
+def make_system(tmp_path: Path, steps: list[str], launcher_extra=(), held=(), lpm=False, lpm_launcher=None,
+                gpu_gb=None) -> Path:
     """A fake system whose SERVERS are 'default' (FLAGS) and, with ``lpm``, 'lpm' (FLAGS + --schedule-policy lpm);
     the names in ``held`` are held services (launched when the run begins, released at their row)."""
     sd = write_fake_system(tmp_path, SYS, [])
@@ -83,7 +84,7 @@ def make_system(tmp_path: Path, steps: list[str], launcher_extra=(), held=(), lp
 
     def service(name, flags, launch):
         opts = {"model_path": "dummy-model", "flags": flags, "launcher": launch, "start_timeout": 30,
-                "stop_timeout": 3, "check_timeout": 1}
+                "stop_timeout": 3, "check_timeout": 1, **({"gpu_gb": gpu_gb} if gpu_gb else {})}
         return f"{name!r}: Service('_sglang:SharedServer', held={name in held}, options={opts!r})"
     servers = [service("default", FLAGS, launcher)]
     if lpm:
@@ -333,6 +334,42 @@ def test_held_servers_import_while_earlier_steps_run_and_touch_the_gpu_only_at_t
     log = (root / SYS / "results" / "exp_other" / "log.txt").read_text()
     assert re.search(r"runs on the pipeline's shared server 'lpm' \(pid \d+, .*, started by the runner in \d+ s, "
                      r"\d+ s of it held at its gate while earlier steps ran", log)
+
+
+def test_held_servers_that_fit_together_start_at_the_first_row_and_no_step_measures_meanwhile(tmp_path, tracked):
+    """Where the GPU holds them all (SharedServer.together_ok: 141 GB here, an H200's), the first
+    server row releases every held server and waits for all of them: their GPU parts overlap each other, none
+    overlaps a step, and the later server row only confirms. The step that needs LPM still runs on its server."""
+    root = make_system(tmp_path, [exp("a", "wait"), exp("b", "other", ("default", "lpm")), exp("c", "ok")],
+                       launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=141)
+    out = pipeline(root)
+    assert out.returncode == 0, out.stdout + out.stderr
+    u, t = used(out.stdout), ended(out.stdout)
+    tracked += [pid for _how, pid in u.values()]
+    assert u["wait"][1] == u["ok"][1] != u["other"][1]
+    o = out.stdout
+    assert re.search(r"server:default\s+with server:lpm: released together", o)
+    assert re.search(r"server:lpm\s+ok, with server:default: ready", o)
+    assert o.index("ok, with server:default") < o.index("[2/5] a ")                  # waited for before step a
+    assert re.search(r"\[3/5\] server:lpm\s+ok  \(up since server:default's row\)", o)
+    logs = root / SYS / "results" / "06_full_pipeline" / "logs"
+    first = t["wait"]
+    for name in ("default", "lpm"):
+        log = logs / f"server-{name}.sglang.log"
+        gpu = stamps(log, r"Init torch distributed begin")[0]
+        ready = stamps(log, r"The server is fired up")[0]
+        assert gpu < first and ready < first, (name, gpu, ready, first)             # all of it before step a ended
+    steps = {r["step"]: r for r in rows_of(root, "steps.csv")}
+    assert float(steps["server:lpm"]["seconds"]) == 0.0 and steps["server:lpm"]["status"] == "ok"
+    starts = {r["server"]: r for r in rows_of(root, "server_starts.csv")}
+    assert float(starts["shared server 'lpm'"]["waited_s"]) >= 0                    # its start, recorded as any
+    assert not any(procs.alive(p) for _h, p in u.values()) and not shared_pidfiles(root)
+    # a GPU that does not hold two (2 x 23 GB over 0.8 x 50 GB): one at a time, as before
+    root2 = make_system(tmp_path / "small", [exp("a", "wait"), exp("b", "other", ("default", "lpm"))],
+                        launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=50)
+    out2 = pipeline(root2)
+    assert out2.returncode == 0 and "released together" not in out2.stdout, out2.stdout + out2.stderr
+    tracked += [pid for _how, pid in used(out2.stdout).values()]
 
 
 @pytest.mark.parametrize("how", ["killed-while-held", "cannot-start"])

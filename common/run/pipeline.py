@@ -356,6 +356,7 @@ class _Services:
         self.launched: set = set()             # launched and held, their row not reached yet
         self.launch_errors: dict = {}          # name -> what its launch raised (raised again at its row)
         self.down: dict = {}                   # name -> why it is not offered
+        self.early: dict = {}                  # name -> the row it was started at, before its own (together())
 
     def reap(self) -> None:
         for n, h in self.handles.items():
@@ -383,19 +384,48 @@ class _Services:
                 continue
             print(f"[launch] {server_row(n):<{self.width}}  held until its row (its imports run meanwhile)", flush=True)
 
+    def together(self, name: str) -> list[str]:
+        """The held services still waiting for their rows that start at ``name``'s row too: where every handle
+        says that many of them fit on the GPU at once (``together_ok(n)``) and can be released without waiting
+        (``release()``). They then load and capture while no step measures, and their own rows only confirm."""
+        if name not in self.launched:
+            return []
+        rest = [n for n in self.held if n != name and n in self.launched and n not in self.launch_errors]
+        if not rest or not all(hasattr(self.handles[n], "release") for n in rest):
+            return []
+        k = len(self.up) + 1 + len(rest)
+        ok = all(getattr(self.handles[n], "together_ok", lambda _k: False)(k) for n in (name, *rest))
+        return rest if ok else []
+
     def start(self, name: str, row: dict, tag: str) -> None:
         """Start ``name`` (a held one: release it), filling its row (status, seconds); its steps start their own
-        when it does not."""
+        when it does not. Held services that fit beside it (:meth:`together`) are released with it and waited for
+        in this row; at their own rows they are already up."""
         from common.base.checks import SetupError
         h, sink = self.handles[name], self.sinks[name]
         sink.path = self.run.path(f"logs/server-{name}.log")
         t0 = time.time()
+        if name in self.early and name in self.up:
+            row["status"], row["seconds"] = "ok", 0.0
+            print(f"{tag}  ok  (up since {server_row(self.early[name])}'s row)", flush=True)
+            return
+        partners = self.together(name)
+        for n in list(partners):
+            try:
+                self.handles[n].release()
+            except Exception:  # noqa: BLE001 - not released: it starts at its own row, as without this
+                partners.remove(n)
+        if partners:
+            print(f"{tag}  with {', '.join(map(server_row, partners))}: released together (they fit on the GPU "
+                  f"at once); this row waits for all of them", flush=True)
         try:
             if name in self.launch_errors:
                 raise self.launch_errors.pop(name)
             h.start(sink.path.parent)
             row["status"] = "ok"
             self.up.add(name)
+            for n in partners:
+                self._start_early(n, name, t0)
         except ServiceSkipped as e:
             row["status"], self.down[name] = "ok (skipped)", str(e)
             sink(f"{server_row(name)}: not started: {e}; its steps start their own servers")
@@ -412,7 +442,31 @@ class _Services:
         finally:
             row["seconds"] = round(time.time() - t0, 1)
             self.launched.discard(name)
+            for n in partners:                  # released with a row that failed: stopped (their rows start them)
+                if n not in self.up:
+                    self._stop(n, quiet=True)
         print(f"{tag}  {row['status']}  in {fmt_s(row['seconds'])}", flush=True)
+
+    def _start_early(self, name: str, by: str, t0: float) -> None:
+        """Wait for a service released with ``by`` (whose row began at ``t0``); a failure is said, and its own row
+        starts it anew."""
+        sink = self.sinks[name]
+        sink.path = self.run.path(f"logs/server-{name}.log")
+        try:
+            self.handles[name].start(sink.path.parent)
+        except KeyboardInterrupt:
+            self._stop(name, quiet=True)
+            raise
+        except Exception as e:  # noqa: BLE001 - said; its own row starts it again
+            self._stop(name, quiet=True)
+            sink(f"{server_row(name)}: did not start with {server_row(by)} ({e.__class__.__name__}: "
+                 f"{str(e).splitlines()[0][:200] if str(e) else ''}); its own row starts it")
+            return
+        self.up.add(name)
+        self.launched.discard(name)
+        self.early[name] = by
+        print(f"         {server_row(name):<{self.width}}  ok, with {server_row(by)}: ready {fmt_s(time.time() - t0)} "
+              f"after that row began", flush=True)
 
     def ready(self, name: str, step: str) -> list[dict]:
         """Before ``step``: the service is usable, or it is restarted (the new rows)."""

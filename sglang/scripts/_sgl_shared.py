@@ -200,20 +200,27 @@ class SharedServer:
     flags runs its server beside the shared one, and two Llama-3.1-8B servers with a 32768-token pool take
     ~46 GB. ``model_path``/``flags``/``launcher``: tests (a stand-in server)."""
     MIN_GPU_GB = 70.0
+    # GPU memory one --quick server holds once it serves: 139.13 -> 116.30 GB free ("avail mem" lines of its log)
+    # on an H200, 2026-11-28 (weights 15.02 GB, KV pool 4.00 GB, CUDA graphs and buffers the rest)
+    FOOTPRINT_GB = 23.0
+    MEM_FRACTION = 0.8      # its --mem-fraction-static (serving_flags): what SGLang lets its static memory take
 
     def __init__(self, name: str = SHARED, mode: str = "quick", echo=print, *, model_path=None, flags=None,
                  env: dict | None = None, launcher=None, start_timeout: float = 900, stop_timeout: float = 30,
-                 check_timeout: float = 30, min_gpu_gb: float | None = None, settings: dict | None = None):
+                 check_timeout: float = 30, min_gpu_gb: float | None = None, settings: dict | None = None,
+                 gpu_gb: float | None = None):
         self.name, self.mode, self.echo = name, mode, echo
         self.model_path, self.flags, self.settings = model_path, flags, dict(settings or {})
         self.server_env = dict(SERVING_ENV if env is None else env)
         self.launcher, self.start_timeout, self.stop_timeout = launcher, start_timeout, stop_timeout
         self.check_timeout = check_timeout                # how long a check waits for a step's requests to end
         self.min_gpu_gb = self.MIN_GPU_GB if min_gpu_gb is None else min_gpu_gb
+        self.gpu_gb = gpu_gb                              # GPU 0's memory when the caller knows it (else nvidia-smi)
         self.srv: Server | None = None
         self.gate: Gate | None = None                     # launch(): the gate its scheduler waits at
         self.gate_dir: Path | None = None                 # ... and its folder (removed with the server)
         self.launched_at: float | None = None
+        self.released_at: float | None = None             # release(): its gate opened before its row
         self._lines: list[str] = []
 
     def config(self, write: bool = True) -> tuple[str, list[str]]:
@@ -265,19 +272,34 @@ class SharedServer:
             self.stop()
             raise
 
+    def together_ok(self, n: int) -> bool:
+        """Whether ``n`` such servers fit on GPU 0 at once with room to spare: n x FOOTPRINT_GB within the share
+        SGLang's static memory may take (MEM_FRACTION of the GPU). 3 servers: yes on a 141 GB H200, no on 80 GB."""
+        gb = self.gpu_gb if self.gpu_gb is not None else gpu_total_gb()
+        return gb is not None and n * self.FOOTPRINT_GB <= self.MEM_FRACTION * gb
+
+    def release(self) -> None:
+        """Open a held server's gate now, without waiting for it: it loads its weights and captures its graphs
+        beside the server started at this row (no step is measuring); :meth:`start` then only waits for it."""
+        if self.srv is None or self.gate is None or self.released_at is not None:
+            return
+        self.gate.release(self.srv)
+        self.released_at = time.time()
+        self.srv.start_timeout += self.released_at - self.launched_at     # the time it was held is no start time
+
     def start(self, log_dir) -> None:
         """Start it and wait until it serves, idle; a launched one is released (it touches the GPU from now on),
-        one that died while held is started anew."""
+        one that died while held is started anew; one released early (:meth:`release`) is only waited for."""
         held = self.srv is not None and self.gate is not None
-        t0 = time.time()
+        t0 = self.released_at or time.time()
         if held and not self.srv.alive():
             rc = self.srv.group.poll() if self.srv.group else None
             self.echo(f"shared server '{self.name}': gone while held (exit code {rc}; log {self.srv.log_path}: "
                       f"{self.srv.last_lines()}); starting it anew")
             self.stop()
-            held = False
+            held, t0 = False, time.time()
         try:
-            if held:
+            if held and self.released_at is None:
                 self.gate.release()
                 self.srv.start_timeout += t0 - self.launched_at      # the time it was held is no start time
             else:
@@ -331,6 +353,7 @@ class SharedServer:
         if self.gate_dir is not None:                     # its plugin and release file: of no use any more
             shutil.rmtree(self.gate_dir, ignore_errors=True)
         self.gate = self.gate_dir = None
+        self.released_at = None
 
     def lines(self) -> list[str]:
         return list(self._lines)
