@@ -16,7 +16,9 @@ variant and 08 compute with their default options) before 01, stopped after 08; 
 Triton variant) before 03, stopped after it. All three are held services: launched when the run begins, their
 schedulers held by a gate (_sgl_gate) after their imports and before they touch the GPU, each released at its own
 row, when the step before it has ended and the servers still up are idle; so their imports overlap the warm-up and
-the steps before their rows, and no server's GPU work overlaps a step's measurement. An experiment whose flags
+the steps before their rows, and no server's GPU work overlaps a step's measurement. Where the GPU holds all three at
+once (_sgl_shared.SharedServer.together_ok: a 141 GB H200 does, an 80 GB H100 does not), the first row releases all
+three and waits for all of them (their GPU parts overlap each other, before any step); the later rows only confirm. An experiment whose flags
 are none of these (08 where FA3 runs, or any --server-arg) starts its own and says why. With --all each script
 starts its own servers, as when run alone: 01's full sweep needs SGLang's own pool size, 02 and 08 their smaller
 ones.
