@@ -352,13 +352,15 @@ def test_held_servers_that_fit_together_start_at_the_first_row_and_no_step_measu
     assert re.search(r"server:lpm\s+ok, with server:default: ready", o)
     assert o.index("ok, with server:default") < o.index("[2/5] a ")                  # waited for before step a
     assert re.search(r"\[3/5\] server:lpm\s+ok  \(up since server:default's row\)", o)
+    assert o.count("shared server 'lpm': starting on port") == 1 and "left behind" not in o    # the held one, once
     logs = root / SYS / "results" / "06_full_pipeline" / "logs"
     first = t["wait"]
     for name in ("default", "lpm"):
         log = logs / f"server-{name}.sglang.log"
+        (held,), (freed,) = stamps(log, r"hands-on gate: holding"), stamps(log, r"hands-on gate: released after")
         gpu = stamps(log, r"Init torch distributed begin")[0]
         ready = stamps(log, r"The server is fired up")[0]
-        assert gpu < first and ready < first, (name, gpu, ready, first)             # all of it before step a ended
+        assert held <= freed <= gpu < first and ready < first, (name, gpu, ready, first)   # all before step a ended
     steps = {r["step"]: r for r in rows_of(root, "steps.csv")}
     assert float(steps["server:lpm"]["seconds"]) == 0.0 and steps["server:lpm"]["status"] == "ok"
     starts = {r["server"]: r for r in rows_of(root, "server_starts.csv")}

@@ -299,9 +299,10 @@ class SharedServer:
             self.stop()
             held, t0 = False, time.time()
         try:
-            if held and self.released_at is None:
-                self.gate.release()
-                self.srv.start_timeout += t0 - self.launched_at      # the time it was held is no start time
+            if held:
+                if self.released_at is None:                          # else release() opened it already
+                    self.gate.release()
+                    self.srv.start_timeout += t0 - self.launched_at  # the time it was held is no start time
             else:
                 self.srv = self._server(log_dir, {})
                 self.srv.launch()
