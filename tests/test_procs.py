@@ -41,6 +41,21 @@ def test_free_port_is_chosen_by_the_os_and_differs():
         assert not procs.port_free("127.0.0.1", s.getsockname()[1])
 
 
+def test_a_lasting_port_is_outside_the_oss_ephemeral_range_and_free(tmp_path):
+    """A held server binds its port minutes after it was chosen: a lasting port is one the OS never hands out
+    meanwhile (outside ip_local_port_range), and nothing listens on it."""
+    lo, hi = procs.ephemeral_range()
+    if lo - 10000 < 1000 and 65535 - hi < 1000:
+        pytest.skip(f"this machine's ephemeral range {lo}-{hi} leaves no room outside it")
+    ports = [procs.free_port(lasting=True) for _ in range(20)]
+    assert all(not lo <= p <= hi and 10000 <= p <= 65535 for p in ports), (lo, hi, ports)
+    assert all(procs.port_free("127.0.0.1", p) for p in ports) and len(set(ports)) >= 15
+    f = tmp_path / "range"
+    f.write_text("1024\t65000\n")
+    assert procs.ephemeral_range(str(f)) == (1024, 65000)
+    assert procs.ephemeral_range(str(tmp_path / "none")) == (32768, 60999)
+
+
 def test_group_stops_the_whole_tree_even_a_grandchild_in_another_session(tmp_path):
     log = tmp_path / "tree.log"
     with procs.Group([sys.executable, "-c", TREE], log, name="tree") as g:

@@ -63,11 +63,35 @@ def apply_nccl_env(log=print) -> dict:
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, chosen by the OS (bind to port 0). Two runs at once get two ports."""
+def free_port(host: str = "127.0.0.1", lasting: bool = False) -> int:
+    """A port nothing listens on, chosen by the OS (bind to port 0). Two runs at once get two ports.
+
+    ``lasting``: for a port that is bound only minutes later (a held server's HTTP port): one outside the OS's
+    ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), which the OS never hands to a bind(0) or an outgoing
+    connection meanwhile. A cold pipeline run on an H200 (2026-11-28) lost a held server to EADDRINUSE when its
+    port, picked by bind(0) at launch, was handed to another process before the server bound it."""
+    if lasting:
+        import random
+        lo, hi = ephemeral_range()
+        ranges = [r for r in ((10000, lo - 1), (hi + 1, 65535)) if r[1] - r[0] >= 1000]
+        rng = random.Random()
+        for _ in range(200):
+            a, b = rng.choice(ranges) if ranges else (10000, 65535)
+            port = rng.randint(a, b)
+            if port_free(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The OS's range of ports for bind(0) and outgoing connections (Linux's default 32768-60999 elsewhere)."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def port_free(host: str, port: int) -> bool:

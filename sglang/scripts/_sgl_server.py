@@ -61,7 +61,7 @@ class Server:
                              f"keeps it off. Set {procs.ALLOW_NVLS}=1 if your machine allows it.")
         self.model_path, self.args, self.host = str(model_path), args, host
         self.port_fixed = port is not None
-        self.port = port if port is not None else procs.free_port(host)
+        self.port = port if port is not None else procs.free_port(host, lasting=True)   # bound once it serves
         self.log_path = Path(log_path)
         nccl, self.env_notes = procs.nccl_env()
         offline = OFFLINE_ENV if Path(self.model_path).is_dir() else {}
