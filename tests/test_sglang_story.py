@@ -337,3 +337,24 @@ def test_a_reanalysis_reads_the_decode_step_from_the_recorded_logs(tmp_path):
     assert _script().main(["--reanalyse", str(_copy_recording(tmp_path / "rec_old")), "--out", str(old)]) == 0
     ms, what = itl_step(old)                                       # the recorded mean gap of whole-ms stamps
     assert ms == pytest.approx(5.0, abs=0.01) and what.startswith("mean gap between the scheduler's Decode lines")
+
+
+def test_08_reads_its_traces_side_by_side_before_the_analysis_and_the_analysis_reads_none_again(tmp_path,
+                                                                                                   monkeypatch):
+    """prefetch(): the traces an analysis will use are read in spawned worker processes, side by side, into the
+    store story_events serves from; afterwards no trace is read here (a read now would raise), and what the store
+    holds is what a read here gives. Fixtures: two real traces (a served H200 step trace, an H100 request trace)."""
+    st = _stories()
+    st._EVENTS.clear()
+    a = tmp_path / "a.json.gz"
+    b = tmp_path / "b.json.gz"
+    shutil.copy(FIX / "sglang_story_trace_graphs_llama8b_h200_cut.json.gz", a)
+    shutil.copy(FIX / "sglang_trace_one_text_request_h100.json.gz", b)
+    want = {p: st._read_story(p) for p in (a, b)}
+    assert st.prefetch([a, b, a, None]) == 2
+    monkeypatch.setattr(st, "_read_story", lambda p: (_ for _ in ()).throw(AssertionError(f"read again: {p}")))
+    for p in (a, b):
+        ev, kt = st.story_events(p)
+        assert ev.equals(want[p][0]) and kt.equals(want[p][1]) and ev.attrs == want[p][0].attrs
+    assert st.prefetch([a, b]) == 0                          # already there: nothing to do
+    st._EVENTS.clear()

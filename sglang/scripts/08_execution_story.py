@@ -90,7 +90,7 @@ from _sgl08_floors import floor_findings, floor_items, floor_rows, loaded_window
 from _sgl08_lanes import lanes_figure  # noqa: E402
 from _sgl08_stories import (  # noqa: E402
     ENV, SP, analyse_story, batch_requests, gemm_efficiency, known, layer_trees, median_traced, one_request,
-    serve_story, story_events, story_findings, write_story
+    prefetch, serve_story, story_events, story_findings, write_story
 )
 from _sgl08_waterfall import waterfall_phase, waterfall_text, waterfalls, wrapped, write_waterfalls  # noqa: E402
 from common.base import story  # noqa: E402
@@ -204,13 +204,16 @@ def trace_tables(data, cfg) -> dict:
     thread while the counters run (main)."""
     pk = ceilings.complete(data["pk"])
     out = {"pk": pk}
+    lw = data.get("traced_loaded")
+    batch = data["traced_batch"]
+    prefetch([t["trace"] for t in data["traced_one"]] + ([batch[median_traced(batch)]["trace"]] if batch else [])
+             + ([lw["trace"]] if lw else []))              # every trace read below, read side by side
     for name in ("one", "batch"):
         out[f"pick_{name}"] = pick = median_traced(data[f"traced_{name}"])
         last = data[f"traced_{name}"][pick]
         kt, spans, base_us, info = analyse_story(last["trace"], last["log"], cfg, pk)
         out.update({f"kt_{name}": kt, f"spans_{name}": spans, f"base_{name}": base_us,
                     f"results_{name}": last["results"], f"join_{name}": info})
-    lw = data.get("traced_loaded")
     if lw:
         out["kt_loaded"], out["spans_loaded"], _b, _i = analyse_story(lw["trace"], lw["log"], cfg, pk)
         out["loaded_info"] = {k: lw[k] for k in ("batch", "pool", "prompt", "new")}
