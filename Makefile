@@ -57,12 +57,10 @@ check: ## --help of every numbered script and shell wrapper works on this (CPU-o
 	  if bash -n $$s && bash $$s --help >/dev/null 2>&1; then echo "ok   $$s --help"; \
 	  else echo "FAIL $$s --help"; fail=1; fi; done; exit $$fail
 
-# every system's pipeline in mode $(1); `make reports` only when all three ended ok; Ctrl-C stops the loop
+# every system's pipeline in mode $(1), in order (common/run/pipelines.py: one with held servers is launched at the
+# start and waits for its turn); `make reports` only when all three ended ok; Ctrl-C stops the run
 define pipelines
-	@fail=0; for s in $(SYSTEMS); do PYTHON=$(PYTHON) ./$$s/scripts/06_full_pipeline.sh $(1); rc=$$?; \
-	  if [ $$rc -eq 130 ]; then echo "make: $$s pipeline interrupted; reports not refreshed"; exit 130; fi; \
-	  if [ $$rc -ne 0 ]; then fail=1; fi; done; \
-	if [ $$fail -ne 0 ]; then echo "make: a pipeline did not end ok; reports not refreshed"; exit 1; fi; \
+	@PYTHON=$(PYTHON) $(PYTHON) -m common pipelines $(1) $(SYSTEMS); rc=$$?; if [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	$(MAKE) --no-print-directory reports PYTHON=$(PYTHON)
 endef
 

@@ -3,6 +3,7 @@
     python -m common report [--system S]          refresh the auto blocks of every page (make reports)
     python -m common reference [--write]          the reference run each final page compares with
     python -m common pipeline --system S [...]    the runner behind every 06_full_pipeline.sh
+    python -m common pipelines --quick S1 S2 ...  make quick / make all: the systems' pipelines in order
     python -m common jit --system S | --modules M  build the JIT modules a system's steps load
     python -m common ceilings measure | show      this GPU's measured ceilings (the cached record)
     python -m common ncu profile ... | summarize   a command under Nsight Compute, as a kernel table
@@ -14,6 +15,7 @@ import importlib
 import sys
 
 TOOLS = {"report": "common.run.steps:report_main", "reference": "common.render.reference:main", "pipeline": "common.run.pipeline:main",
+         "pipelines": "common.run.pipelines:main",
          "jit": "common.run.warmup:main", "ceilings": "common.capture.probes:ceilings_main",
          "ncu": "common.tables.kernels:ncu_main", "models": "common.capture.models:main",
          "noise": "common.judge.noise:main", "crossview": "common.render.crossview:main"}

@@ -498,7 +498,8 @@ def test_make_quick_without_a_gpu_stops_in_one_line_before_installing(tmp_path, 
     assert not (root / ".venv").exists()
     gpu = env_for(tmp_path, smi="h200")                    # with a GPU it goes on (-n: prints, runs nothing)
     ok = run([make, "--no-print-directory", "-n", "-C", root, goal, *extra], gpu)
-    assert ok.returncode == 0 and "06_full_pipeline.sh" in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and f"-m common pipelines --{goal} flashinfer mini-sglang sglang" in ok.stdout, \
+        ok.stdout + ok.stderr
     assert ("python3 -m venv .venv" in ok.stdout) == (not extra)
     for other in ("test", "check", "reports"):             # need no GPU: not even asked
         assert run([make, "--no-print-directory", "-n", "-C", root, other], env).returncode == 0

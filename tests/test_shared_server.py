@@ -432,3 +432,45 @@ def test_a_held_server_goes_with_an_interrupted_pipeline_or_the_next_run(tmp_pat
         assert p.returncode == 130 and "server:lpm: stopped in" in out, out       # by the runner, before its row
     assert procs.wait_gone(everything, 15), [q for q in everything if procs.alive(q)]
     assert not shared_pidfiles(root)
+
+
+def _with_runner(root: Path, system: str) -> None:
+    """<root>/<system>/scripts/06_full_pipeline.sh for a fake system (what `python -m common pipelines` runs)."""
+    (root / system / "scripts" / "06_full_pipeline.sh").write_text(
+        f'#!/usr/bin/env bash\ncd {str(REPO)!r}\nexec {sys.executable!r} -m common pipeline --root {str(root)!r} '
+        f'--system {system} "$@"\n')
+
+
+def test_make_quick_launches_a_later_pipelines_held_servers_at_the_start_and_lets_it_begin_at_its_turn(
+        tmp_path, tracked):
+    """`python -m common pipelines` (make quick): the SGLang-like pipeline, whose servers are held services, starts
+    with the run: its servers import and wait at their gate while the pipeline before it runs, none touches the GPU
+    before that pipeline has ended, its output comes after the earlier one's, and its own clock starts at its turn.
+    HANDS_ON_EARLY=0: it starts only at its turn."""
+    root = make_system(tmp_path, [exp("a", "ok")], launcher_extra=("--sglang-log",), held=("default",))
+    write_fake_system(root, "first", ['Step("slow", "slow.py")'])
+    (root / "first" / "scripts" / "slow.py").write_text(
+        "import time\ntime.sleep(4)\nprint('FIRST_ENDED', time.time(), flush=True)\n")
+    for s in ("first", SYS):
+        _with_runner(root, s)
+    out = subprocess.run([sys.executable, "-m", "common", "pipelines", "--quick", "--root", str(root), "first", SYS],
+                         cwd=REPO, capture_output=True, text=True, timeout=180, env=env_for(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    o = out.stdout
+    tracked += [pid for _how, pid in used(o).values()]
+    first_end = float(re.search(r"^FIRST_ENDED ([\d.]+)$", o, re.M)[1])
+    assert o.index("first pipeline --quick: ok") < o.index(f"{SYS} pipeline --quick:")     # in order
+    assert "waiting for the pipelines before this one to end; its held servers (server:default) import" in o
+    log = next((root / SYS / "results").rglob("server-default.sglang.log"))
+    (held,), (freed,) = stamps(log, r"hands-on gate: holding"), stamps(log, r"hands-on gate: released after")
+    gpu = stamps(log, r"Init torch distributed begin")[0]
+    assert held < first_end < freed <= gpu, (held, first_end, freed, gpu)       # launched early, GPU at its turn
+    summary = json.loads((root / SYS / "results" / "06_full_pipeline" / "summary.json").read_text())
+    assert summary["duration_s"] < 60 and any("after its launch, when the pipelines before it had ended" in n
+                                              for n in summary["notes"])
+    assert not shared_pidfiles(root)
+    late = subprocess.run([sys.executable, "-m", "common", "pipelines", "--quick", "--root", str(root), "first", SYS],
+                          cwd=REPO, capture_output=True, text=True, timeout=180,
+                          env={**env_for(root), "HANDS_ON_EARLY": "0"})
+    assert late.returncode == 0 and "waiting for the pipelines" not in late.stdout, late.stdout + late.stderr
+    tracked += [pid for _how, pid in used(late.stdout).values()]

@@ -554,6 +554,12 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
         services.launch()                   # the held services: their imports overlap the steps before their rows
         if ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
             forks = ForkServer(env=env, log=run.path("logs/forkserver.log")).start()   # imports during the warm-up
+        waited = wait_turn(os.environ.get(START_AFTER_ENV), services.held)
+        if waited is not None:              # started early by `python -m common pipelines`: its own time from here
+            t0 = time.time()
+            run.restart_clock()
+            notes = [*notes, f"began {fmt_s(waited)} after its launch, when the pipelines before it had ended; its held "
+                             f"servers and fork server imported meanwhile (no GPU work before its first row)"]
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             row = {"step": p.name, "status": "", "seconds": 0.0, "kind": p.kind, "command": p.shown,
@@ -626,6 +632,22 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
               flush=True)
         return 1
     return 0 if refresh_reports(root, a.system) else 1
+
+
+START_AFTER_ENV = "HANDS_ON_START_AFTER"     # a file: the run launches its held services, then waits for it
+
+
+def wait_turn(path: str | None, held=()) -> float | None:
+    """With HANDS_ON_START_AFTER set (``python -m common pipelines`` starts a pipeline with held services early, while
+    the ones before it run): say so once, wait until that file exists, return the seconds waited. None: not set."""
+    if not path:
+        return None
+    t0 = time.time()
+    what = f"its held servers ({', '.join(map(server_row, held))}) import" if held else "its fork server imports"
+    print(f"waiting for the pipelines before this one to end; {what} meanwhile, nothing touches the GPU", flush=True)
+    while not os.path.exists(path):
+        time.sleep(0.2)
+    return time.time() - t0
 
 
 def _tag(i: int, n: int) -> str:

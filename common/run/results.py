@@ -245,6 +245,10 @@ class Run:
             print(text, flush=True)
 
     # ------------------------------------------------------------------ ending
+    def restart_clock(self) -> None:
+        """Count the run's time (log stamps, duration_s) from now: a pipeline that waited for its turn."""
+        self._t0 = time.time()
+
     def finish(self, status: str = "ok") -> Path:
         """Write summary.json and swap this run's folder in as results/<stem>/ (status "ok"). Any other
         status keeps the run under ``.failed/<stem>/`` like :meth:`fail` and leaves results/<stem>/ alone."""
