@@ -84,8 +84,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m common pipelines", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--quick", action="store_const", dest="mode", const="quick")
-    g.add_argument("--all", action="store_const", dest="mode", const="all")
+    g.add_argument("--quick", action="store_const", dest="mode", const="quick", help="each pipeline's --quick run")
+    g.add_argument("--all", action="store_const", dest="mode", const="all", help="each pipeline's full run (hours)")
     p.add_argument("systems", nargs="+", help="in the order they run")
     p.add_argument("--root", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
