@@ -75,20 +75,20 @@ run_main(main)
 
 
 def make_system(tmp_path: Path, steps: list[str], launcher_extra=(), held=(), lpm=False, lpm_launcher=None,
-                gpu_gb=None) -> Path:
+                gpu_gb=None, extra_flags=()) -> Path:
     """A fake system whose SERVERS are 'default' (FLAGS) and, with ``lpm``, 'lpm' (FLAGS + --schedule-policy lpm);
     the names in ``held`` are held services (launched when the run begins, released at their row)."""
     sd = write_fake_system(tmp_path, SYS, [])
-    (sd / "scripts" / "exp.py").write_text(EXP)
+    (sd / "scripts" / "exp.py").write_text(EXP.replace(repr(FLAGS), repr(FLAGS + list(extra_flags))))
     launcher = [sys.executable, str(FAKE), "--spawn-child", *launcher_extra]
 
     def service(name, flags, launch):
         opts = {"model_path": "dummy-model", "flags": flags, "launcher": launch, "start_timeout": 30,
                 "stop_timeout": 3, "check_timeout": 1, **({"gpu_gb": gpu_gb} if gpu_gb else {})}
         return f"{name!r}: Service('_sglang:SharedServer', held={name in held}, options={opts!r})"
-    servers = [service("default", FLAGS, launcher)]
+    servers = [service("default", FLAGS + list(extra_flags), launcher)]
     if lpm:
-        servers.append(service("lpm", FLAGS + ["--schedule-policy", "lpm"], lpm_launcher or launcher))
+        servers.append(service("lpm", FLAGS + list(extra_flags) + ["--schedule-policy", "lpm"], lpm_launcher or launcher))
     (sd / "scripts" / "_steps.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SCRIPTS)!r})\n"
         "from common.run.steps import Service, Step\n\n"
@@ -341,7 +341,8 @@ def test_held_servers_that_fit_together_start_at_the_first_row_and_no_step_measu
     server row releases every held server and waits for all of them: their GPU parts overlap each other, none
     overlaps a step, and the later server row only confirms. The step that needs LPM still runs on its server."""
     root = make_system(tmp_path, [exp("a", "wait"), exp("b", "other", ("default", "lpm")), exp("c", "ok")],
-                       launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=141)
+                       launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=141,
+                       extra_flags=["--mem-fraction-static", "0.8"])
     out = pipeline(root)
     assert out.returncode == 0, out.stdout + out.stderr
     u, t = used(out.stdout), ended(out.stdout)
@@ -368,7 +369,8 @@ def test_held_servers_that_fit_together_start_at_the_first_row_and_no_step_measu
     assert not any(procs.alive(p) for _h, p in u.values()) and not shared_pidfiles(root)
     # a GPU that does not hold two (2 x 23 GB over 0.8 x 50 GB): one at a time, as before
     root2 = make_system(tmp_path / "small", [exp("a", "wait"), exp("b", "other", ("default", "lpm"))],
-                        launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=50)
+                        launcher_extra=("--sglang-log",), held=("default", "lpm"), lpm=True, gpu_gb=50,
+                        extra_flags=["--mem-fraction-static", "0.8"])
     out2 = pipeline(root2)
     assert out2.returncode == 0 and "released together" not in out2.stdout, out2.stdout + out2.stderr
     tracked += [pid for _how, pid in used(out2.stdout).values()]
@@ -474,3 +476,16 @@ def test_make_quick_launches_a_later_pipelines_held_servers_at_the_start_and_let
                           env={**env_for(root), "HANDS_ON_EARLY": "0"})
     assert late.returncode == 0 and "waiting for the pipelines" not in late.stdout, late.stdout + late.stderr
     tracked += [pid for _how, pid in used(late.stdout).values()]
+
+
+def test_servers_fit_together_by_their_own_memory_fraction_and_the_gpus_memory():
+    """together_ok(n): n x 23 GB (one --quick server's measured footprint) within --mem-fraction-static x GPU memory;
+    a server whose flags do not say its fraction is never released together."""
+    sys.path.insert(0, str(SCRIPTS))
+    from _sgl_shared import SharedServer
+
+    def srv(frac, gb):
+        fl = FLAGS + (["--mem-fraction-static", str(frac)] if frac else [])
+        return SharedServer("x", model_path="m", flags=fl, gpu_gb=gb)
+    assert srv(0.8, 141).together_ok(3) and not srv(0.8, 80).together_ok(3) and srv(0.8, 80).together_ok(2)
+    assert not srv(0.4, 141).together_ok(3) and not srv(None, 141).together_ok(2)

@@ -642,10 +642,12 @@ def wait_turn(path: str | None, held=()) -> float | None:
     the ones before it run): say so once, wait until that file exists, return the seconds waited. None: not set."""
     if not path:
         return None
-    t0 = time.time()
+    t0, parent = time.time(), os.getppid()
     what = f"its held servers ({', '.join(map(server_row, held))}) import" if held else "its fork server imports"
     print(f"waiting for the pipelines before this one to end; {what} meanwhile, nothing touches the GPU", flush=True)
     while not os.path.exists(path):
+        if os.getppid() != parent:          # the run that started it is gone: stop as if interrupted
+            raise KeyboardInterrupt("the run that started this pipeline is gone")
         time.sleep(0.2)
     return time.time() - t0
 

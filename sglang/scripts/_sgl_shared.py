@@ -203,7 +203,6 @@ class SharedServer:
     # GPU memory one --quick server holds once it serves: 139.13 -> 116.30 GB free ("avail mem" lines of its log)
     # on an H200, 2026-11-28 (weights 15.02 GB, KV pool 4.00 GB, CUDA graphs and buffers the rest)
     FOOTPRINT_GB = 23.0
-    MEM_FRACTION = 0.8      # its --mem-fraction-static (serving_flags): what SGLang lets its static memory take
 
     def __init__(self, name: str = SHARED, mode: str = "quick", echo=print, *, model_path=None, flags=None,
                  env: dict | None = None, launcher=None, start_timeout: float = 900, stop_timeout: float = 30,
@@ -273,10 +272,13 @@ class SharedServer:
             raise
 
     def together_ok(self, n: int) -> bool:
-        """Whether ``n`` such servers fit on GPU 0 at once with room to spare: n x FOOTPRINT_GB within the share
-        SGLang's static memory may take (MEM_FRACTION of the GPU). 3 servers: yes on a 141 GB H200, no on 80 GB."""
+        """Whether ``n`` such servers fit on GPU 0 at once with room to spare: n x FOOTPRINT_GB within the share of the
+        GPU its --mem-fraction-static lets SGLang's static memory take (0.8 by default: 3 servers fit on a 141 GB
+        H200, not on 80 GB). Without that flag among its flags: no (one at a time, as before)."""
         gb = self.gpu_gb if self.gpu_gb is not None else gpu_total_gb()
-        return gb is not None and n * self.FOOTPRINT_GB <= self.MEM_FRACTION * gb
+        fl = self.config(write=False)[1]
+        frac = next((float(fl[i + 1]) for i, f in enumerate(fl[:-1]) if f == "--mem-fraction-static"), None)
+        return gb is not None and frac is not None and n * self.FOOTPRINT_GB <= frac * gb
 
     def release(self) -> None:
         """Open a held server's gate now, without waiting for it: it loads its weights and captures its graphs
