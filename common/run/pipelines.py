@@ -42,7 +42,7 @@ class Early:
 
     def __init__(self, cmd, env: dict, cwd: Path, start_file: Path):
         self.start_file = start_file
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**env, START_AFTER_ENV: str(start_file)},
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env={**env, START_AFTER_ENV: str(start_file), "PYTHONUNBUFFERED": "1"},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.kept: list[str] = []
         self.live = threading.Event()
