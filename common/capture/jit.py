@@ -391,13 +391,17 @@ def build_tvm_ffi(mods, done) -> None:
     from minisgl.kernel.store import _jit_store_module
     call = {"index": lambda row, s: _jit_index_module(row, num_splits=s), "store": _jit_store_module,
             "radix": _load_radix_module, "pynccl": _load_nccl_module}
-    cache = Path(os.environ.get("TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi")).expanduser()
+    build_calls(mods, done, call, "tvm-ffi")
 
+
+def build_calls(mods, done, call: dict, what: str) -> None:
+    """Each module through ``call[its args[0]](*its other args)`` in a thread pool; "cached" where its file was
+    there before (module_file), else "built"."""
     def one(m):
-        cached = any(cache.glob(f"{m.uri}_*/*.so"))
+        cached = module_file(m) is not None
         call[m.args[0]](*m.args[1:])
         return "cached" if cached else "built"
-    print(f"  building {len(mods)} tvm-ffi module(s) in a pool of {min(len(mods), os.cpu_count() or 1)} "
+    print(f"  building {len(mods)} {what} module(s) in a pool of {min(len(mods), os.cpu_count() or 1)} "
           f"thread(s) ...", flush=True)
     build_each(mods, done, one)
 
@@ -416,14 +420,7 @@ def build_sglang(mods, done) -> None:
             "clamp_position": lambda d: _jit_clamp_position_module(dt[d]),
             "fused_rope": lambda neox, dim, d: _jit_fused_rope_module(neox, dim, dt[d], dt[d]),
             "kvcache": _jit_kvcache_module}
-
-    def one(m):
-        cached = module_file(m) is not None
-        call[m.args[0]](*m.args[1:])
-        return "cached" if cached else "built"
-    print(f"  building {len(mods)} SGLang JIT module(s) in a pool of {min(len(mods), os.cpu_count() or 1)} "
-          f"thread(s) ...", flush=True)
-    build_each(mods, done, one)
+    build_calls(mods, done, call, "SGLang JIT")
 
 
 BUILDERS = {"flashinfer": build_flashinfer, "tvm-ffi": build_tvm_ffi, "sgl-jit": build_sglang}

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from common.run.pipeline import START_AFTER_ENV
+from common.run.pipeline import _raise_interrupt, START_AFTER_ENV
 
 
 def has_held(root: Path, system: str, mode: str) -> bool:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="hands-on-pipelines-"))
     early: dict[str, Early] = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(sig, _raise_interrupt)
     failed, rc = [], 0
     try:
         if env.get("HANDS_ON_EARLY", "1") != "0":

@@ -302,9 +302,7 @@ class SharedServer:
             held, t0 = False, time.time()
         try:
             if held:
-                if self.released_at is None:                          # else release() opened it already
-                    self.gate.release()
-                    self.srv.start_timeout += t0 - self.launched_at  # the time it was held is no start time
+                self.release()                                        # no-op where release() opened it already
             else:
                 self.srv = self._server(log_dir, {})
                 self.srv.launch()
