@@ -8,6 +8,9 @@ successfully!", or answers 400), and can misbehave on purpose:
   --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
   --no-health       never answer /health with 200 (a server that never becomes ready)
   --ignore-term     ignore SIGTERM (forces the SIGKILL path)
+  --crash-sleep S   with --spawn-child, as SGLang 0.5.17's launcher: a SIGTERM only sets a flag that a watchdog reads
+                    every S seconds, and a child that dies of a signal is taken for a crash: S seconds of sleep
+                    ("crash diagnostics") before it exits; the child dies with it (PR_SET_PDEATHSIG, as SGLang's)
   --ready-after S   answer /health with 503 for the first S seconds
   --sglang-log      print SGLang's start-up milestone lines (time-stamped like SGLANG_LOG_MS=1) while it starts
   --gated-scheduler spawn a "scheduler" process that loads SGLang's general plugins (entry points of
@@ -71,6 +74,7 @@ def scheduler():
 
 
 CHILDREN: list = []      # what --spawn-child started (taken down when the scheduler dies)
+TERM: list = []          # --crash-sleep: a SIGTERM came
 
 
 def gated_start(ready, argv=()):
@@ -119,15 +123,35 @@ def main(argv):
     gate = "--gated-scheduler" in argv or bool(os.environ.get("HANDS_ON_GATE"))
     if "--sglang-log" in argv and not gate:        # gated: gated_start logs them around the hold
         threading.Thread(target=start_log, args=(max(ready_after, 0.5),), daemon=True).start()
+    crash_sleep = float(a.get("--crash-sleep") or 0)
     if "--ignore-term" in argv:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif crash_sleep:
+        def watchdog():                            # SGLang's sigterm_watchdog: polls its flag every few seconds
+            while True:
+                time.sleep(crash_sleep)
+                if TERM:
+                    print("fake server: SIGTERM seen by the watchdog", flush=True)
+                    os._exit(0)
+        signal.signal(signal.SIGTERM, lambda *_: TERM.append(1))
+        threading.Thread(target=watchdog, daemon=True).start()
     else:
         signal.signal(signal.SIGTERM, lambda *_: (print("fake server: SIGTERM", flush=True), os._exit(0)))
     scheduled = threading.Event()
     if not gate:
         scheduled.set()
     if "--spawn-child" in argv:
-        CHILDREN.append(subprocess.Popen([sys.executable, "-c", f"import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"]))
+        pdeath = "import ctypes; ctypes.CDLL('libc.so.6').prctl(1, 9)\n" if crash_sleep else ""   # PR_SET_PDEATHSIG
+        CHILDREN.append(subprocess.Popen([sys.executable, "-c",
+                                          f"{pdeath}import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"]))
+        if crash_sleep:
+            def crash():                           # the child died of a signal: a "crash", diagnostics first
+                if CHILDREN[0].wait() < 0:
+                    print(f"fake server: child exited with {CHILDREN[0].returncode}; sleeping {crash_sleep} s "
+                          f"before crash diagnostics", flush=True)
+                    time.sleep(crash_sleep)
+                    os._exit(0)
+            threading.Thread(target=crash, daemon=True).start()
     threading.Timer(MAX_LIFE_S, lambda: os._exit(4)).start()       # bounded: never outlives a test run for long
     if "--die-after" in a:
         def die():
@@ -184,6 +208,11 @@ def main(argv):
             if self.path.startswith("/generate"):
                 ids = body.get("input_ids") or [1] * len(body.get("text") or "x")
                 new = body.get("sampling_params", {}).get("max_new_tokens", 4)
+                if ids and isinstance(ids[0], list) and not body.get("stream"):     # a batch: one result each
+                    log(f"Prefill batch, #new-seq: {len(ids)}, #new-token: {sum(map(len, ids))}, #running-req: 0")
+                    return self._send(200, json.dumps([{"text": "x" * new, "output_ids": list(range(new)),
+                                                        "meta_info": {"prompt_tokens": len(x), "completion_tokens": new}}
+                                                       for x in ids]))
                 hold = float(body.get("sampling_params", {}).get("fake_running_s") or 0)
                 if hold:
                     with lock:

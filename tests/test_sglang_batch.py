@@ -2,7 +2,8 @@
 lines, the read and compute floors of each point, the batch where the step leaves the read floor's scaling, the figure
 and the findings.
 
-No sweep has run on a GPU yet. Real data where there is some: the scheduler's Decode lines of the H200 pressure run
+Real data where there is some: the lines of a sweep point of the warm H200 `make quick` (2026-11-28) whose 128 requests,
+sent from a thread each, did not decode together (sglang_01_batch128_stragglers_h200.log); the scheduler's Decode lines of the H200 pressure run
 recorded by 08 (tests/fixtures/sglang_08_recording_h200/raw.json: steps at batch 1 and at batch 51 on a full pool,
 SGLang's own step clock, each line's CUDA-graph flag) stand for two points. The rest runs on a small made-up table
 (said at each test): the shape of a sweep, not a measurement."""
@@ -21,6 +22,54 @@ import _sgl01_batch as bt  # noqa: E402
 
 CFG = models.config("llama-3.1-8b")
 PK = json.loads((FIX / "sglang_08_recording_h200" / "raw.json").read_text())["pk"]     # the H200's measured ceilings
+
+
+class _Stub:
+    """What batch_sweep asks of a server, with the scheduler's lines of one real sweep point as every point's log."""
+
+    def __init__(self, lines: str):
+        self.lines, self.batches = lines, []
+
+    def server_info(self):
+        return {"max_total_num_tokens": 32768}
+
+    def flush_cache(self):
+        pass
+
+    def log_mark(self):
+        return 0
+
+    def log_since(self, _mark):
+        return self.lines
+
+    def generate_batch(self, input_ids, sampling_params):
+        self.batches.append((len(input_ids), {len(x) for x in input_ids}, sampling_params))
+        return [{} for _ in input_ids]
+
+    def generate_many(self, *a, **k):
+        raise AssertionError("a sweep point is one batched request, not a thread per request")
+
+
+def test_a_sweep_point_is_one_batched_request_and_stragglers_are_said():
+    """Each point sends its batch as one /generate (SGLang hands the batch to its scheduler in one loop): from a thread
+    each, 3 of 128 requests came after 125 had started decoding on the H200, so no step ran at 128 and the point was
+    lost. On those real lines the point is None and the sweep says so as a point error; the requests sent are the
+    batch, PROMPT tokens each, greedy."""
+    text = (FIX / "sglang_01_batch128_stragglers_h200.log").read_text()
+    lines = bt.sg.parse_batch_log(text)
+    assert bt.point(lines, 128) is None and bt.point(lines, 125)["steps"] == 48
+    errors, logged = [], []
+    run = type("R", (), {"log": staticmethod(logged.append),
+                         "point_error": staticmethod(lambda where, e: errors.append((where, str(e))))})
+    srv = _Stub(text)
+    rows = bt.batch_sweep(srv, {"reps": 1}, run, quick=True)
+    sizes = [b for b, _l, _sp in srv.batches]
+    assert sizes == [b for b in bt.BATCHES if b * 112 <= 32768]
+    assert all(lens == {bt.SHAPES["quick"]["prompt"]} and sp["max_new_tokens"] == bt.SHAPES["quick"]["new"]
+               and sp["temperature"] == 0 for _b, lens, sp in srv.batches)
+    assert rows == []                   # those lines hold no step at any batch of the sweep: every point is an error
+    said = {w["batch"]: e for w, e in errors}
+    assert set(said) == set(sizes) and said[128] == "no decode step at batch 128 in the scheduler's lines"
 
 
 def _h200_lines():

@@ -439,6 +439,31 @@ def test_server_starts_serves_and_stops_its_whole_group(tmp_path):
     assert procs.port_free("127.0.0.1", srv.port) and not srv.pidfile.exists()
 
 
+def test_server_stop_does_not_wait_for_sglangs_crash_sleep(tmp_path):
+    """SGLang 0.5.17 takes a child that dies of SIGTERM for a crash and sleeps 5 s before it exits (5.3-5.8 s per stop
+    of the H200 pipeline's servers): the launcher goes first, with SIGKILL, its child with it (PR_SET_PDEATHSIG)."""
+    srv = fake(tmp_path, "--spawn-child", "--crash-sleep", "4", stop_timeout=10)
+    with srv:
+        time.sleep(0.3)
+        members = procs.group_pids(srv.proc.pid)
+        assert len(members) >= 2
+        t0 = time.monotonic()
+    took = time.monotonic() - t0
+    assert took < 2.5, f"the stop waited for the launcher's crash sleep ({took:.1f} s)"
+    assert srv.stop_report["left_over"] == [] and not srv.stop_report["killed"]
+    assert not any(procs.alive(p) for p in members)
+    assert "crash diagnostics" not in srv.log_since(0)
+
+
+def test_generate_batch_is_one_request_with_a_result_each(tmp_path):
+    srv = fake(tmp_path)
+    with srv:
+        out = srv.generate_batch([[1, 2, 3], [4, 5]], {"max_new_tokens": 3})
+        assert [o["meta_info"]["prompt_tokens"] for o in out] == [3, 2]
+        assert all(o["meta_info"]["completion_tokens"] == 3 and o["client"]["e2e_s"] > 0 for o in out)
+        assert srv.log_since(0).count("Prefill batch, #new-seq: 2,") == 1          # one request carried both
+
+
 def test_server_prints_where_its_start_went(tmp_path):
     said = []
     srv = fake(tmp_path, "--sglang-log", "--ready-after", "1.1")

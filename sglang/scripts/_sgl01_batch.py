@@ -1,8 +1,8 @@
 """SGLang 01, part 3b: the decode step against batch size, measured, with the two floors of a decode step beside it
 (01_baseline_perf.py runs it after the ITL-vs-KV sweep; --reanalyse reads it back from itl_vs_batch.csv).
 
-The sweep: batch 1 to 256 (BATCHES), at each batch that many requests sent at once (token IDs, PROMPT tokens in,
-NEW out, greedy), not streamed; the scheduler logs every decode step (--decode-log-interval 1) with its running
+The sweep: batch 1 to 256 (BATCHES), at each batch that many requests sent at once as one batched /generate (token
+IDs, PROMPT tokens in, NEW out, greedy), not streamed; the scheduler logs every decode step (--decode-log-interval 1) with its running
 requests, the KV tokens they hold, whether the step replayed a CUDA graph, and its gen throughput (SGLang's own
 clock), so the decode step at that batch is read from the server (_sgl_logs.decode_step_ms), not from a client that
 would have to keep up with 256 streams. With --quick the pool is the pipeline's 32,768 tokens: 256 x (64 + 48) =
@@ -87,9 +87,8 @@ def batch_sweep(srv, P, run, quick: bool) -> list[dict]:
             try:
                 srv.flush_cache()
                 mark = srv.log_mark()
-                srv.generate_many([{"input_ids": sg.random_ids(shape["prompt"], 200_000 + 1000 * b + 100 * rep + i),
-                                    "sampling_params": {**sg.GREEDY, "max_new_tokens": shape["new"]}}
-                                   for i in range(b)])
+                srv.generate_batch([sg.random_ids(shape["prompt"], 200_000 + 1000 * b + 100 * rep + i) for i in range(b)],
+                                   {**sg.GREEDY, "max_new_tokens": shape["new"]})
                 got = point(sg.parse_batch_log(srv.log_since(mark)), b)
                 if got is None:
                     raise RuntimeError(f"no decode step at batch {b} in the scheduler's lines")
