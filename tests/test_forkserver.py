@@ -66,6 +66,7 @@ def world(tmp_path):
     (pre / "fs_x_ok.py").write_text(PRELOAD_SRC)
     (pre / "fs_x_after.py").write_text(PRELOAD_SRC)
     (pre / "fs_x_threads.py").write_text(THREADS_SRC)
+    (pre / "fs_slow.py").write_text(PRELOAD_SRC + "import time\ntime.sleep(4)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(pre)]), "PYTHONUNBUFFERED": "1",
            "HANDS_ON_PRELOAD": "fs_preload,not_a_module_xyz", "HANDS_ON_PRELOAD_EXTRA": ""}
     return tmp_path, scripts / "NN_step.py", env
@@ -198,3 +199,49 @@ def test_an_optional_preload_that_is_unsafe_is_dropped_and_the_server_still_fork
         assert rc == 0 and info["extras"] == ["fs_x_after", "fs_x_ok"] and "dropped" not in ok.ready
     finally:
         ok.close()
+
+
+def test_a_step_does_not_wait_for_a_server_still_importing(world, capsys):
+    """A warm run's first step came 11-13 s before its fork server had imported torch and the rest (H200,
+    2026-11-28): it runs as a fresh process then, and says so; once the server is ready the next step is forked, and
+    the server's log says what it preloaded."""
+    from common.run.pipeline import run_child
+    tmp_path, script, env = world
+    env = {**env, "HANDS_ON_PRELOAD": "fs_preload,fs_slow"}
+    server = _server(tmp_path, env)
+    try:
+        assert server.ready_now() is None
+        t0 = time.monotonic()
+        rc, interrupted = run_child([sys.executable, str(script)], tmp_path / "a.log", tmp_path, env, "a", server)
+        took = time.monotonic() - t0
+        assert rc == 0 and not interrupted and took < 3.5, took                  # did not wait for the 4 s import
+        first = json.loads(next(x for x in (tmp_path / "a.log").read_text().splitlines() if x.startswith("{")))
+        assert not first["preloaded"]
+        assert "a: runs as a fresh process (the fork server is still importing)" in capsys.readouterr().out
+        assert server._wait_ready() is True and server.ready_now() is True
+        rc, _ = run_child([sys.executable, str(script)], tmp_path / "b.log", tmp_path, env, "b", server)
+        second = json.loads(next(x for x in (tmp_path / "b.log").read_text().splitlines() if x.startswith("{")))
+        assert rc == 0 and second["preloaded"] and second["loaded_by"] == server.proc.pid
+        said = (tmp_path / "forkserver.log").read_text()
+        assert "fork server ready after" in said and "preloaded fs_preload, fs_slow" in said
+    finally:
+        server.close()
+
+
+def test_a_systems_preload_extends_its_fork_servers_optional_imports(tmp_path):
+    """_steps.py PRELOAD: the fork server of that system imports those modules too (after the common optional ones,
+    each dropped if unsafe); a user's HANDS_ON_PRELOAD_EXTRA wins; FlashInfer's and mini-SGLang's declare flashinfer."""
+    from kit import write_fake_system
+    from common.run.pipeline import fork_env
+    from common.run.steps import load_preload
+    write_fake_system(tmp_path, "fakesys", ['Step("a", "ok.py")'])
+    decl = tmp_path / "fakesys" / "scripts" / "_steps.py"
+    env = {"PATH": "/bin"}
+    assert fork_env(tmp_path, "fakesys", env) == env                        # nothing declared: the defaults
+    decl.write_text(decl.read_text() + '\nPRELOAD = ("fs_x_ok", "transformers")\n')
+    got = fork_env(tmp_path, "fakesys", env)["HANDS_ON_PRELOAD_EXTRA"].split(",")
+    assert got == [*forkserver.PRELOAD_EXTRA, "fs_x_ok"] and "transformers" in forkserver.PRELOAD_EXTRA
+    mine = {**env, "HANDS_ON_PRELOAD_EXTRA": ""}
+    assert fork_env(tmp_path, "fakesys", mine) == mine
+    assert load_preload(REPO, "flashinfer") == load_preload(REPO, "mini-sglang") == ("flashinfer",)
+    assert load_preload(REPO, "sglang") == ()         # its 00 times `import sglang`; its steps talk to servers

@@ -478,6 +478,29 @@ def test_make_quick_launches_a_later_pipelines_held_servers_at_the_start_and_let
     tracked += [pid for _how, pid in used(late.stdout).values()]
 
 
+def test_make_quick_starts_a_later_pipeline_without_servers_early_for_its_fork_server(tmp_path):
+    """A later pipeline without held services (mini-SGLang's) is started with the run too: its fork server imports
+    while the pipeline before it runs (its first step of a warm H200 run had waited 11-13 s for it), and it begins at
+    its turn, its clock from then."""
+    from kit import write_fake_system
+    root = tmp_path / "root"
+    write_fake_system(root, "first", ['Step("slow", "slow.py")'])
+    (root / "first" / "scripts" / "slow.py").write_text("import time\ntime.sleep(3)\nprint('FIRST_ENDED', flush=True)\n")
+    write_fake_system(root, "second", ['Step("a", "ok.py")'])
+    for s in ("first", "second"):
+        _with_runner(root, s)
+    out = subprocess.run([sys.executable, "-m", "common", "pipelines", "--quick", "--root", str(root), "first",
+                          "second"], cwd=REPO, capture_output=True, text=True, timeout=180, env=env_for(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    o = out.stdout
+    assert o.index("FIRST_ENDED") < o.index("second pipeline --quick: ok")
+    assert "waiting for the pipelines before this one to end; its fork server imports meanwhile" in o
+    summary = json.loads((root / "second" / "results" / "06_full_pipeline" / "summary.json").read_text())
+    assert any("after its launch, when the pipelines before it had ended; its fork server imported" in n
+               for n in summary["notes"])
+    assert summary["duration_s"] < 3                         # its clock started at its turn, not with the run
+
+
 def test_servers_fit_together_by_their_own_memory_fraction_and_the_gpus_memory():
     """together_ok(n): n x 23 GB (one --quick server's measured footprint) within --mem-fraction-static x GPU memory;
     a server whose flags do not say its fraction is never released together."""

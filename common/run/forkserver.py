@@ -285,21 +285,34 @@ class ForkServer:
         self._lines.put(None)
         self._pids.put(None)
 
-    def _wait_ready(self) -> bool:
+    def _wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool | None:
+        """True: ready; False: not usable (``why``); None: still importing after ``timeout`` (0: do not wait)."""
         if self.ready is not None:
             return self.ready.get("ready") is True
         if self.proc is None:
             return False
         try:
-            msg = self._lines.get(timeout=READY_TIMEOUT_S)
+            msg = self._lines.get(timeout=timeout) if timeout > 0 else self._lines.get_nowait()
         except queue.Empty:
+            if timeout < READY_TIMEOUT_S:
+                return None
             msg = {"ready": False, "why": f"not ready after {READY_TIMEOUT_S:.0f} s"}
         if msg is None:
             msg = {"ready": False, "why": f"it exited (code {self.proc.poll()}) before it was ready"}
         self.ready = msg
         if msg.get("ready") is not True:
             self.why = msg.get("why", "not ready")
+        elif self.log:                                # what it holds, in its log: what a step no longer imports
+            with open(self.log, "a") as f:
+                f.write(f"fork server ready after {msg.get('s')} s: preloaded {', '.join(msg.get('preloaded') or [])}"
+                        + (f"; missing {', '.join(msg['missing'])}" if msg.get("missing") else "")
+                        + (f"; dropped {msg['dropped']}" if msg.get("dropped") else "") + "\n")
         return msg.get("ready") is True
+
+    def ready_now(self) -> bool | None:
+        """Without waiting: True ready, False not usable, None still importing (a step then runs as a fresh
+        process: waiting would cost it the rest of the server's imports, 11-13 s for a warm run's first step)."""
+        return self._wait_ready(0)
 
     def spawn(self, argv, env: dict, cwd, log) -> Forked | None:
         if self.why or not self._wait_ready() or self.proc.poll() is not None:

@@ -136,6 +136,20 @@ def child_env() -> dict:
     return env
 
 
+def fork_env(root: Path, system: str, env: dict) -> dict:
+    """The fork server's environment: the steps' own, its optional preloads extended by the system's PRELOAD
+    (HANDS_ON_PRELOAD_EXTRA set by the user wins). The steps do not inherit it: each gets its own environment."""
+    from common.run.forkserver import PRELOAD_EXTRA
+    from common.run.steps import load_preload
+    if "HANDS_ON_PRELOAD_EXTRA" in env:
+        return env
+    try:
+        more = load_preload(root, system)
+    except Exception:  # noqa: BLE001 - a broken declaration is said by the run itself
+        more = ()
+    return {**env, "HANDS_ON_PRELOAD_EXTRA": ",".join(dict.fromkeys((*PRELOAD_EXTRA, *more)))} if more else env
+
+
 def run_child(argv, log: Path, cwd: Path, env: dict, name: str, forks=None) -> tuple[int | None, bool]:
     """Run ``argv`` in its own process group, its output into ``log`` and onto the console; a Python step through
     the fork server ``forks`` when there is one (common.run.forkserver: the same process group, environment and
@@ -144,7 +158,11 @@ def run_child(argv, log: Path, cwd: Path, env: dict, name: str, forks=None) -> t
     from common.capture.procs import Group, ProcError
     from common.run.forkserver import ForkGroup, step_script
     echo = lambda m: print(m, flush=True)  # noqa: E731
-    if forks is not None and step_script(argv):
+    use = forks is not None and step_script(argv)
+    if use and forks.ready_now() is None:       # still importing: waiting would cost the step the rest of them
+        print(f"{name}: runs as a fresh process (the fork server is still importing)", flush=True)
+        use = False
+    if use:                                     # a server that is not usable: ForkGroup runs it fresh (forks.why)
         g = ForkGroup(forks, argv, log, env=env, cwd=cwd, name=name, echo=echo)
     else:
         g = Group(argv, log, env=env, cwd=cwd, name=name, echo=echo)
@@ -553,13 +571,14 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
         services.reap()                     # what a killed run of this pipeline left behind
         services.launch()                   # the held services: their imports overlap the steps before their rows
         if ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
-            forks = ForkServer(env=env, log=run.path("logs/forkserver.log")).start()   # imports during the warm-up
+            forks = ForkServer(env=fork_env(root, a.system, env), log=run.path("logs/forkserver.log")).start()
         waited = wait_turn(os.environ.get(START_AFTER_ENV), services.held)
         if waited is not None:              # started early by `python -m common pipelines`: its own time from here
             t0 = time.time()
             run.restart_clock()
-            notes = [*notes, f"began {fmt_s(waited)} after its launch, when the pipelines before it had ended; its held "
-                             f"servers and fork server imported meanwhile (no GPU work before its first row)"]
+            what = "its held servers and fork server" if services.held else "its fork server"
+            notes = [*notes, f"began {fmt_s(waited)} after its launch, when the pipelines before it had ended; {what} "
+                             f"imported meanwhile (no GPU work before its first row)"]
         for i, p in enumerate(plan, 1):
             tag = f"{_tag(i, len(plan))} {p.name:<{width}}"
             row = {"step": p.name, "status": "", "seconds": 0.0, "kind": p.kind, "command": p.shown,
@@ -638,8 +657,8 @@ START_AFTER_ENV = "HANDS_ON_START_AFTER"     # a file: the run launches its held
 
 
 def wait_turn(path: str | None, held=()) -> float | None:
-    """With HANDS_ON_START_AFTER set (``python -m common pipelines`` starts a pipeline with held services early, while
-    the ones before it run): say so once, wait until that file exists, return the seconds waited. None: not set."""
+    """With HANDS_ON_START_AFTER set (``python -m common pipelines`` starts a later pipeline early, while the ones
+    before it run): say so once, wait until that file exists, return the seconds waited. None: not set."""
     if not path:
         return None
     t0, parent = time.time(), os.getppid()

@@ -2,9 +2,10 @@
 
     python -m common pipelines --quick flashinfer mini-sglang sglang      # what `make quick` runs, then reports
 
-A later pipeline whose steps share held services (SGLang's three servers in --quick) is started when this begins,
-with HANDS_ON_START_AFTER naming a file: it launches its services, which import (most of a server start) and wait
-at their gate before they touch the GPU, and its fork server; then it waits for that file, which appears when the
+Every later pipeline is started when this begins, with HANDS_ON_START_AFTER naming a file: it launches its held
+services (SGLang's three servers in --quick), which import (most of a server start) and wait at their gate before
+they touch the GPU, and its fork server (torch and the rest its steps import: 11-13 s that its first step waited
+for when it started at its turn, warm H200 run of 2026-11-28); then it waits for that file, which appears when the
 pipelines before it have ended. Its output is kept until then and shown in order; its own clock starts at its turn.
 Nothing of it touches the GPU before its turn, so the earlier pipelines' measurements see only its imports (CPU).
 HANDS_ON_EARLY=0 runs every pipeline only at its turn.
@@ -27,14 +28,16 @@ from pathlib import Path
 from common.run.pipeline import _raise_interrupt, START_AFTER_ENV
 
 
-def has_held(root: Path, system: str, mode: str) -> bool:
-    """Whether ``system``'s pipeline in ``mode`` shares a held service (one worth starting early)."""
+def starts_early(root: Path, system: str, mode: str) -> bool:
+    """Whether ``system``'s pipeline in ``mode`` has something to prepare before its turn: a held service, or steps
+    for its fork server (common.run.forkserver; HANDS_ON_FORKSERVER=0 turns that off)."""
+    from common.run.forkserver import ForkServer
     from common.run.steps import load_system
     try:
-        _steps, _notes, servers = load_system(root, system)
+        steps, _notes, servers = load_system(root, system)
     except Exception:  # noqa: BLE001 - its own run says what is wrong with it
         return False
-    return any(s.held and mode in s.modes for s in servers.values())
+    return any(s.held and mode in s.modes for s in servers.values()) or (ForkServer.enabled() and bool(steps))
 
 
 class Early:
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
     try:
         if env.get("HANDS_ON_EARLY", "1") != "0":
             for s in a.systems[1:]:
-                if has_held(root, s, a.mode):
+                if starts_early(root, s, a.mode):
                     early[s] = Early(cmd[s], env, root, tmp / f"start-{s}")
         for s in a.systems:
             rc = early.pop(s).go() if s in early else subprocess.run(cmd[s], cwd=root, env=env).returncode
