@@ -7,7 +7,9 @@ successfully!", or answers 400), and can misbehave on purpose:
   --spawn-child     start a child process (like SGLang's scheduler) that must be stopped too
   --die-after S     exit with code 3 after S seconds (a server that dies during start-up)
   --no-health       never answer /health with 200 (a server that never becomes ready)
-  --ignore-term     ignore SIGTERM (forces the SIGKILL path)
+  --ignore-term     ignore SIGTERM
+  --child-ignores-term  with --spawn-child: the child ignores SIGTERM (forces the stop's SIGKILL path: the launcher
+                    itself gets SIGKILL first)
   --crash-sleep S   with --spawn-child, as SGLang 0.5.17's launcher: a SIGTERM only sets a flag that a watchdog reads
                     every S seconds, and a child that dies of a signal is taken for a crash: S seconds of sleep
                     ("crash diagnostics") before it exits; the child dies with it (PR_SET_PDEATHSIG, as SGLang's)
@@ -142,6 +144,8 @@ def main(argv):
         scheduled.set()
     if "--spawn-child" in argv:
         pdeath = "import ctypes; ctypes.CDLL('libc.so.6').prctl(1, 9)\n" if crash_sleep else ""   # PR_SET_PDEATHSIG
+        if "--child-ignores-term" in argv:
+            pdeath += "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         CHILDREN.append(subprocess.Popen([sys.executable, "-c",
                                           f"{pdeath}import time\nfor _ in range({MAX_LIFE_S}): time.sleep(1)"]))
         if crash_sleep:

@@ -172,7 +172,8 @@ def test_a_pipeline_runs_its_steps_through_the_server_and_without_it(tmp_path):
     assert on.returncode == 0, on.stdout + on.stderr
     assert "fork server: not used" not in on.stdout
     logs = tmp_path / "fakesys" / "results" / "06_full_pipeline" / "logs"
-    assert (logs / "forkserver.log").exists()
+    assert (logs / "forkserver.log").exists() and "fork server ready after" in (logs / "forkserver.log").read_text()
+    assert not list((tmp_path / "fakesys" / "results").glob(".forkserver-*"))   # started before the run's folder
     off = run({"HANDS_ON_FORKSERVER": "0"})
     assert off.returncode == 0 and not (logs / "forkserver.log").exists()
 

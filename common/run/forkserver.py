@@ -279,11 +279,24 @@ class ForkServer:
             elif "pid" in msg:
                 self._pids.put(msg["pid"])
             else:
+                self._said(msg)
                 self._lines.put(msg)
         with self._cond:                                  # the server is gone: no exit will come any more
             self._cond.notify_all()
         self._lines.put(None)
         self._pids.put(None)
+
+    def _said(self, msg: dict) -> None:
+        """Its ready line in its log, when it comes: how long its imports took and what a step no longer imports."""
+        if not self.log or msg.get("ready") is not True:
+            return
+        try:
+            with open(self.log, "a") as f:
+                f.write(f"fork server ready after {msg.get('s')} s: preloaded {', '.join(msg.get('preloaded') or [])}"
+                        + (f"; missing {', '.join(msg['missing'])}" if msg.get("missing") else "")
+                        + (f"; dropped {msg['dropped']}" if msg.get("dropped") else "") + "\n")
+        except OSError:
+            pass
 
     def _wait_ready(self, timeout: float = READY_TIMEOUT_S) -> bool | None:
         """True: ready; False: not usable (``why``); None: still importing after ``timeout`` (0: do not wait)."""
@@ -302,11 +315,6 @@ class ForkServer:
         self.ready = msg
         if msg.get("ready") is not True:
             self.why = msg.get("why", "not ready")
-        elif self.log:                                # what it holds, in its log: what a step no longer imports
-            with open(self.log, "a") as f:
-                f.write(f"fork server ready after {msg.get('s')} s: preloaded {', '.join(msg.get('preloaded') or [])}"
-                        + (f"; missing {', '.join(msg['missing'])}" if msg.get("missing") else "")
-                        + (f"; dropped {msg['dropped']}" if msg.get("dropped") else "") + "\n")
         return msg.get("ready") is True
 
     def ready_now(self) -> bool | None:
@@ -347,6 +355,18 @@ class ForkServer:
                     return None
                 self._cond.wait(0.2 if left is None else min(left, 0.2))
             return self._exits[pid]
+
+    def move_log(self, path: Path) -> None:
+        """Its log to ``path`` (same file system: the server keeps writing to the file it has open); kept where it
+        was when that cannot be done."""
+        if not self.log or Path(self.log) == Path(path):
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.log, path)
+            self.log = Path(path)
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self.proc is None:

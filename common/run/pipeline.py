@@ -150,6 +150,41 @@ def fork_env(root: Path, system: str, env: dict) -> dict:
     return {**env, "HANDS_ON_PRELOAD_EXTRA": ",".join(dict.fromkeys((*PRELOAD_EXTRA, *more)))} if more else env
 
 
+def start_forks(root: Path, system: str, plan):
+    """The pipeline's fork server, started before the check of what every step needs, so that its imports overlap
+    that check; its log is ``results/.forkserver-<pid>.log`` until the run's folder exists. None: no Python step,
+    HANDS_ON_FORKSERVER=0, or no writable results folder (the run then starts one itself, or says why not)."""
+    from common.run.forkserver import ForkServer, step_script
+    if not (ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan)):
+        return None
+    folder = root / system / "results"
+    made = None if folder.is_dir() else folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / f".forkserver-{os.getpid()}.log"
+        log.touch()
+    except OSError:
+        return None
+    forks = ForkServer(env=fork_env(root, system, child_env()), log=log).start()
+    forks.made_folder = made                # a run that stops before its first step leaves no folder behind
+    return forks
+
+
+def drop_forks(forks) -> None:
+    """Stop a fork server of :func:`start_forks` and remove its log if no run took it (idempotent)."""
+    if forks is None:
+        return
+    forks.close()
+    if forks.log and Path(forks.log).name.startswith(".forkserver-"):
+        Path(forks.log).unlink(missing_ok=True)
+        made = getattr(forks, "made_folder", None)
+        if made is not None:
+            try:
+                made.rmdir()                    # only when empty: nothing else was written there
+            except OSError:
+                pass
+
+
 def run_child(argv, log: Path, cwd: Path, env: dict, name: str, forks=None) -> tuple[int | None, bool]:
     """Run ``argv`` in its own process group, its output into ``log`` and onto the console; a Python step through
     the fork server ``forks`` when there is one (common.run.forkserver: the same process group, environment and
@@ -317,9 +352,12 @@ def main(argv=None) -> int:
         plan.insert(0, warmup_command(a.system, mods))
     prev, prev_dir = previous_table(root, a.system)
     attach_eta(plan, prev)
+    forks = None
     if not a.dry_run and any(p.kind == "measure" for p in plan):
+        forks = start_forks(root, a.system, plan)      # its imports overlap the check (a fresh python, 5-7 s)
         missing = preflight(root, a.system)
         if missing:                        # what every step needs is missing: said once, no step runs
+            drop_forks(forks)
             print(missing, file=sys.stderr)
             return 2
     flags = " ".join(f"--{f}" for f, on in (("ncu", a.ncu), ("nsys", a.nsys)) if on)
@@ -335,6 +373,8 @@ def main(argv=None) -> int:
     if held:
         print(f"note: {', '.join(map(server_row, held))}: launched when the run begins, each held after its imports "
               f"(no GPU work) until its row, so that its start overlaps the steps before it", flush=True)
+    if a.dry_run or not plan:
+        drop_forks(forks)
     if a.dry_run:
         for i, p in enumerate(plan, 1):
             miss = "  (missing: the script does not exist)" if p.script and not p.script.exists() else ""
@@ -345,7 +385,10 @@ def main(argv=None) -> int:
     if not plan:
         print(f"{_prog()}: nothing to run", file=sys.stderr)
         return 2
-    return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks, held)
+    try:
+        return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks, held, forks)
+    finally:
+        drop_forks(forks)                  # idempotent: a run that opened its results folder moved the log there
 
 
 class _Sink:
@@ -544,7 +587,8 @@ def _utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, handles=None, sinks=None, held=()) -> int:
+def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, handles=None, sinks=None, held=(),
+            forks=None) -> int:
     """Run the plan inside a results.Run; write steps.csv and summary.json; refresh reports when ok."""
     from common.base.checks import SetupError
     from common.run.results import Run
@@ -565,12 +609,14 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
     services = _Services(handles or {}, sinks or {}, plan, run, width, held)
     env, rows, t0, between = child_env(), [], time.time(), False
     from common.run.forkserver import ForkServer, step_script
-    forks, told = None, False
+    told = False
+    if forks is not None:                   # started before the check of what every step needs: its log moves in
+        forks.move_log(run.path("logs/forkserver.log"))
     try:
         reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         services.reap()                     # what a killed run of this pipeline left behind
         services.launch()                   # the held services: their imports overlap the steps before their rows
-        if ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
+        if forks is None and ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
             forks = ForkServer(env=fork_env(root, a.system, env), log=run.path("logs/forkserver.log")).start()
         waited = wait_turn(os.environ.get(START_AFTER_ENV), services.held)
         if waited is not None:              # started early by `python -m common pipelines`: its own time from here
