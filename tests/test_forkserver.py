@@ -228,21 +228,3 @@ def test_a_step_does_not_wait_for_a_server_still_importing(world, capsys):
     finally:
         server.close()
 
-
-def test_a_systems_preload_extends_its_fork_servers_optional_imports(tmp_path):
-    """_steps.py PRELOAD: the fork server of that system imports those modules too (after the common optional ones,
-    each dropped if unsafe); a user's HANDS_ON_PRELOAD_EXTRA wins; FlashInfer's and mini-SGLang's declare flashinfer."""
-    from kit import write_fake_system
-    from common.run.pipeline import fork_env
-    from common.run.steps import load_preload
-    write_fake_system(tmp_path, "fakesys", ['Step("a", "ok.py")'])
-    decl = tmp_path / "fakesys" / "scripts" / "_steps.py"
-    env = {"PATH": "/bin"}
-    assert fork_env(tmp_path, "fakesys", env) == env                        # nothing declared: the defaults
-    decl.write_text(decl.read_text() + '\nPRELOAD = ("fs_x_ok", "transformers")\n')
-    got = fork_env(tmp_path, "fakesys", env)["HANDS_ON_PRELOAD_EXTRA"].split(",")
-    assert got == [*forkserver.PRELOAD_EXTRA, "fs_x_ok"] and "transformers" in forkserver.PRELOAD_EXTRA
-    mine = {**env, "HANDS_ON_PRELOAD_EXTRA": ""}
-    assert fork_env(tmp_path, "fakesys", mine) == mine
-    assert load_preload(REPO, "flashinfer") == load_preload(REPO, "mini-sglang") == ("flashinfer",)
-    assert load_preload(REPO, "sglang") == ()         # its 00 times `import sglang`; its steps talk to servers

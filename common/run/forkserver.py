@@ -42,7 +42,8 @@ PRELOAD = ("torch", "numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 # Optional preloads, tried after PRELOAD one by one: what the steps import next (mini-SGLang's steps pull in
 # transformers and torch._dynamo through minisgl and flashinfer; each fresh step paid them again). One that
 # initialises CUDA or starts a thread is dropped: the server starts over without it (and those after it) and its
-# ready line names it. HANDS_ON_PRELOAD_EXTRA replaces the list ("" for none).
+# ready line names it. HANDS_ON_PRELOAD_EXTRA replaces the list ("" for none). Not flashinfer: its import initialises
+# CUDA (tried on an H200, 2026-11-28: dropped, and the server had to start over).
 PRELOAD_EXTRA = ("torch._dynamo", "transformers")
 READY_TIMEOUT_S = 180.0
 

@@ -136,20 +136,6 @@ def child_env() -> dict:
     return env
 
 
-def fork_env(root: Path, system: str, env: dict) -> dict:
-    """The fork server's environment: the steps' own, its optional preloads extended by the system's PRELOAD
-    (HANDS_ON_PRELOAD_EXTRA set by the user wins). The steps do not inherit it: each gets its own environment."""
-    from common.run.forkserver import PRELOAD_EXTRA
-    from common.run.steps import load_preload
-    if "HANDS_ON_PRELOAD_EXTRA" in env:
-        return env
-    try:
-        more = load_preload(root, system)
-    except Exception:  # noqa: BLE001 - a broken declaration is said by the run itself
-        more = ()
-    return {**env, "HANDS_ON_PRELOAD_EXTRA": ",".join(dict.fromkeys((*PRELOAD_EXTRA, *more)))} if more else env
-
-
 def start_forks(root: Path, system: str, plan):
     """The pipeline's fork server, started before the check of what every step needs, so that its imports overlap
     that check; its log is ``results/.forkserver-<pid>.log`` until the run's folder exists. None: no Python step,
@@ -165,7 +151,7 @@ def start_forks(root: Path, system: str, plan):
         log.touch()
     except OSError:
         return None
-    forks = ForkServer(env=fork_env(root, system, child_env()), log=log).start()
+    forks = ForkServer(env=child_env(), log=log).start()
     forks.made_folder = made                # a run that stops before its first step leaves no folder behind
     return forks
 
@@ -617,7 +603,7 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
         services.reap()                     # what a killed run of this pipeline left behind
         services.launch()                   # the held services: their imports overlap the steps before their rows
         if forks is None and ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
-            forks = ForkServer(env=fork_env(root, a.system, env), log=run.path("logs/forkserver.log")).start()
+            forks = ForkServer(env=env, log=run.path("logs/forkserver.log")).start()
         waited = wait_turn(os.environ.get(START_AFTER_ENV), services.held)
         if waited is not None:              # started early by `python -m common pipelines`: its own time from here
             t0 = time.time()

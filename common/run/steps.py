@@ -111,12 +111,6 @@ def load_needs(root: Path, system: str) -> tuple:
     return tuple(getattr(_declaration(root, system), "NEEDS", ()))
 
 
-def load_preload(root: Path, system: str) -> tuple:
-    """``PRELOAD`` of the system's _steps.py: modules its steps import that its fork server imports once, after the
-    common ones (common.run.forkserver: one that initialises CUDA or starts a thread there is dropped, and said)."""
-    return tuple(getattr(_declaration(root, system), "PRELOAD", ()))
-
-
 def load_system(root: Path, system: str) -> tuple[list, dict, dict]:
     """(STEPS, NOTES, SERVERS) of ``<root>/<system>/scripts/_steps.py``, checked: unique step names, JIT
     modules of common.capture.jit's catalogue, every ``Step.server`` a declared service."""

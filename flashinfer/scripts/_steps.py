@@ -11,9 +11,6 @@ from common.run.steps import ONLY, Step
 # what every step checks first (torch with CUDA, a GPU, flashinfer): the runner checks it once, before any step
 NEEDS = ("_fi:require_stack",)
 
-# imported once by its fork server, beside torch and the rest (common.run.forkserver): every step imports it, 0.85-1.23 s
-# of each fresh process (FlashInfer 07, H200, 2026-11-28)
-PRELOAD = ("flashinfer",)
 
 ALL_FI = ("fi:decode", "fi:prefill_fa2", "fi:prefill_fa3", "fi:norm", "fi:rope")
 

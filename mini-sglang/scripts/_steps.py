@@ -10,9 +10,6 @@ from common.run.steps import Step
 # what every step checks first (torch with CUDA, tvm-ffi, mini-SGLang's kernels, a GPU): the runner checks it once
 NEEDS = ("_msgl:require_gpu_stack",)
 
-# imported once by its fork server, beside torch and the rest (common.run.forkserver): its kernel and attention steps import it, 0.85-1.23 s
-# of each fresh process (FlashInfer 07, H200, 2026-11-28)
-PRELOAD = ("flashinfer",)
 
 INDEX, STORE = "msgl:index_8192_s4", "msgl:store_2048"         # Llama-3.1-8B: embedding rows, KV rows (TP1)
 
