@@ -581,3 +581,43 @@ def test_sglang_jit_modules_are_built_through_sglangs_own_builders_with_a_tp1_ll
                                     ("_jit_kvcache_module", (2048, 2048))])
     assert res == {"sgl:activation": "built", "sgl:clamp_position": "built", "sgl:fused_rope": "built",
                    "sgl:kvcache_2048": "cached"}
+
+
+def test_bytecode_home_where_torch_has_no_bytecode_and_none_can_be_written(tmp_path, monkeypatch):
+    """A lent H200's fresh step compiled 1,944 modules (6.8 s) because torch's install had no bytecode and Python
+    wrote none: the run's processes then keep theirs under <cache>/pycache (PYTHONPYCACHEPREFIX), and a child Python
+    really writes there. Nothing changes where the bytecode is there, where Python can write it beside the source,
+    or when the user chose (PYTHONPYCACHEPREFIX set, HANDS_ON_PYCACHE=0); PYTHONDONTWRITEBYTECODE is unset for the
+    children, and said."""
+    from common.base import checks
+    pkg = tmp_path / "site" / "fakepkg_bc"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("HANDS_ON_CACHE", str(tmp_path / "cache"))
+    for v in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE", "HANDS_ON_PYCACHE"):
+        monkeypatch.delenv(v, raising=False)
+    assert checks.bytecode_home("fakepkg_bc") is None                   # writable: its first import writes it
+    real_writes = checks._writes
+    monkeypatch.setattr(checks, "_writes", lambda d: False)              # a read-only install
+    said = checks.bytecode_home("fakepkg_bc")
+    prefix = tmp_path / "cache" / "pycache"
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(prefix) and f"{pkg} cannot be written" in said
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    subprocess.run([sys.executable, "-c", "import fakepkg_bc"], env=env, check=True, timeout=60)
+    assert list(prefix.rglob("fakepkg_bc/__init__.*.pyc")) and not (pkg / "__pycache__").exists()
+    assert checks.bytecode_home("fakepkg_bc") is None                    # set already: once per run
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    monkeypatch.setenv("HANDS_ON_PYCACHE", "0")
+    assert checks.bytecode_home("fakepkg_bc") is None and "PYTHONPYCACHEPREFIX" not in os.environ
+    monkeypatch.delenv("HANDS_ON_PYCACHE")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(checks, "_writes", lambda d: True)
+    said = checks.bytecode_home("fakepkg_bc")
+    assert "PYTHONDONTWRITEBYTECODE is set" in said and "PYTHONDONTWRITEBYTECODE" not in os.environ
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    import py_compile
+    py_compile.compile(str(pkg / "__init__.py"), cfile=importlib.util.cache_from_source(str(pkg / "__init__.py")))
+    monkeypatch.setattr(checks, "_writes", lambda d: False)
+    assert checks.bytecode_home("fakepkg_bc") is None                    # its bytecode is there
+    assert real_writes(tmp_path) and not real_writes(tmp_path / "no-such-folder")

@@ -340,6 +340,10 @@ def main(argv=None) -> int:
     attach_eta(plan, prev)
     forks = None
     if not a.dry_run and any(p.kind == "measure" for p in plan):
+        from common.base.checks import bytecode_home
+        said = bytecode_home()             # before any child: they all inherit it (None under `make quick`: set there)
+        if said:
+            print(said, flush=True)
         forks = start_forks(root, a.system, plan)      # its imports overlap the check (a fresh python, 5-7 s)
         missing = preflight(root, a.system)
         if missing:                        # what every step needs is missing: said once, no step runs

@@ -98,6 +98,10 @@ def main(argv=None) -> int:
     if bad:
         print(f"python -m common pipelines: no {bad[0]}/scripts/06_full_pipeline.sh under {root}", file=sys.stderr)
         return 2
+    from common.base.checks import bytecode_home
+    said = bytecode_home()                  # every pipeline, step and server of the run inherits it
+    if said:
+        print(said, flush=True)
     env = dict(os.environ)
     cmd = {s: ["bash", str(root / s / "scripts" / "06_full_pipeline.sh"), f"--{a.mode}"] for s in a.systems}
     tmp = Path(tempfile.mkdtemp(prefix="hands-on-pipelines-"))
