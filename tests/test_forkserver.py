@@ -203,7 +203,7 @@ def test_an_optional_preload_that_is_unsafe_is_dropped_and_the_server_still_fork
 
 
 def test_a_step_does_not_wait_for_a_server_still_importing(world, capsys):
-    """A warm run's first step came 11-13 s before its fork server had imported torch and the rest (H200,
+    """A warm run's first step came 9-13 s before its fork server had imported torch and the rest (H200,
     2026-11-28): it runs as a fresh process then, and says so; once the server is ready the next step is forked, and
     the server's log says what it preloaded."""
     from common.run.pipeline import run_child

@@ -806,6 +806,10 @@ def test_the_gate_verifies_the_hold(tmp_path):
     a start without it (the plugin not loaded) is a GateError."""
     gate = sg.Gate(tmp_path / "gate")
     proc = _gated_app(tmp_path, gate)
+    said = []                                   # until the hold begins (its start can take a while on a loaded machine)
+    while not said or ("hands-on gate: holding" not in said[-1] and said[-1]):
+        said.append(proc.stderr.readline())
+    assert "hands-on gate: holding" in said[-1], said
     time.sleep(1.0)
     gate.release()
     proc.communicate(timeout=30)

@@ -480,7 +480,7 @@ def test_make_quick_launches_a_later_pipelines_held_servers_at_the_start_and_let
 
 def test_make_quick_starts_a_later_pipeline_without_servers_early_for_its_fork_server(tmp_path):
     """A later pipeline without held services (mini-SGLang's) is started with the run too: its fork server imports
-    while the pipeline before it runs (its first step of a warm H200 run had waited 11-13 s for it), and it begins at
+    while the pipeline before it runs (its first step of a warm H200 run had waited 9-13 s for it), and it begins at
     its turn, its clock from then."""
     from kit import write_fake_system
     root = tmp_path / "root"

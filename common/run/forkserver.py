@@ -320,7 +320,7 @@ class ForkServer:
 
     def ready_now(self) -> bool | None:
         """Without waiting: True ready, False not usable, None still importing (a step then runs as a fresh
-        process: waiting would cost it the rest of the server's imports, 11-13 s for a warm run's first step)."""
+        process: waiting would cost it the rest of the server's imports, 9-13 s for a warm run's first step)."""
         return self._wait_ready(0)
 
     def spawn(self, argv, env: dict, cwd, log) -> Forked | None:

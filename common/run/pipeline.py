@@ -338,45 +338,43 @@ def main(argv=None) -> int:
         plan.insert(0, warmup_command(a.system, mods))
     prev, prev_dir = previous_table(root, a.system)
     attach_eta(plan, prev)
-    forks = None
-    if not a.dry_run and any(p.kind == "measure" for p in plan):
-        from common.base.checks import bytecode_home
-        said = bytecode_home()             # before any child: they all inherit it (None under `make quick`: set there)
+    forks, said = None, None
+    try:                                   # whatever ends the run (Ctrl-C in the check too), its fork server goes
+        if not a.dry_run and any(p.kind == "measure" for p in plan):
+            from common.base.checks import bytecode_home
+            said = bytecode_home()         # before any child, so that all inherit it; said below, once the check passed
+            forks = start_forks(root, a.system, plan)      # its imports overlap the check (a fresh python, 5-7 s)
+            missing = preflight(root, a.system)
+            if missing:                        # what every step needs is missing: said once, no step runs
+                print(missing, file=sys.stderr)
+                return 2
+        flags = " ".join(f"--{f}" for f, on in (("ncu", a.ncu), ("nsys", a.nsys)) if on)
+        title = f"{a.system} pipeline --{a.mode}{' ' + flags if flags else ''}{' --only ' + ','.join(only) if only else ''}"
+        width = max(len(p.name) for p in plan) if plan else 10
+        print(f"{title}: {len(plan)} step{'s' if len(plan) != 1 else ''}, {eta_text(plan)}", flush=True)
+        for note in left_out:
+            print(f"note: {note}", flush=True)
         if said:
             print(said, flush=True)
-        forks = start_forks(root, a.system, plan)      # its imports overlap the check (a fresh python, 5-7 s)
-        missing = preflight(root, a.system)
-        if missing:                        # what every step needs is missing: said once, no step runs
-            drop_forks(forks)
-            print(missing, file=sys.stderr)
+        for p in plan:
+            if p.kind == "server" and servers[p.services[0]].why:
+                print(f"note: {p.name}: {servers[p.services[0]].why}", flush=True)
+        held = [p.services[0] for p in plan if p.kind == "server" and servers[p.services[0]].held]
+        if held:
+            print(f"note: {', '.join(map(server_row, held))}: launched when the run begins, each held after its imports "
+                  f"(no GPU work) until its row, so that its start overlaps the steps before it", flush=True)
+        if a.dry_run:
+            for i, p in enumerate(plan, 1):
+                miss = "  (missing: the script does not exist)" if p.script and not p.script.exists() else ""
+                est = f"~{fmt_s(p.eta)}" if p.eta is not None else "?"
+                print(f"  {_tag(i, len(plan))} {p.name:<{width}}  {p.kind:<7}  {est:>7}  {p.shown}{miss}")
+            print("dry run: nothing was run.")
+            return 0
+        if not plan:
+            print(f"{_prog()}: nothing to run", file=sys.stderr)
             return 2
-    flags = " ".join(f"--{f}" for f, on in (("ncu", a.ncu), ("nsys", a.nsys)) if on)
-    title = f"{a.system} pipeline --{a.mode}{' ' + flags if flags else ''}{' --only ' + ','.join(only) if only else ''}"
-    width = max(len(p.name) for p in plan) if plan else 10
-    print(f"{title}: {len(plan)} step{'s' if len(plan) != 1 else ''}, {eta_text(plan)}", flush=True)
-    for note in left_out:
-        print(f"note: {note}", flush=True)
-    for p in plan:
-        if p.kind == "server" and servers[p.services[0]].why:
-            print(f"note: {p.name}: {servers[p.services[0]].why}", flush=True)
-    held = [p.services[0] for p in plan if p.kind == "server" and servers[p.services[0]].held]
-    if held:
-        print(f"note: {', '.join(map(server_row, held))}: launched when the run begins, each held after its imports "
-              f"(no GPU work) until its row, so that its start overlaps the steps before it", flush=True)
-    if a.dry_run or not plan:
-        drop_forks(forks)
-    if a.dry_run:
-        for i, p in enumerate(plan, 1):
-            miss = "  (missing: the script does not exist)" if p.script and not p.script.exists() else ""
-            est = f"~{fmt_s(p.eta)}" if p.eta is not None else "?"
-            print(f"  {_tag(i, len(plan))} {p.name:<{width}}  {p.kind:<7}  {est:>7}  {p.shown}{miss}")
-        print("dry run: nothing was run.")
-        return 0
-    if not plan:
-        print(f"{_prog()}: nothing to run", file=sys.stderr)
-        return 2
-    try:
-        return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks, held, forks)
+        return execute(a, root, plan, width, only, prev, prev_dir, left_out, title, steps, handles, sinks, held,
+                       forks)
     finally:
         drop_forks(forks)                  # idempotent: a run that opened its results folder moved the log there
 

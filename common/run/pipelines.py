@@ -4,7 +4,7 @@
 
 Every later pipeline is started when this begins, with HANDS_ON_START_AFTER naming a file: it launches its held
 services (SGLang's three servers in --quick), which import (most of a server start) and wait at their gate before
-they touch the GPU, and its fork server (torch and the rest its steps import: 11-13 s that its first step waited
+they touch the GPU, and its fork server (torch and the rest its steps import: 9-13 s that its first step waited
 for when it started at its turn, warm H200 run of 2026-11-28); then it waits for that file, which appears when the
 pipelines before it have ended. Its output is kept until then and shown in order; its own clock starts at its turn.
 Nothing of it touches the GPU before its turn, so the earlier pipelines' measurements see only its imports (CPU).
@@ -98,10 +98,6 @@ def main(argv=None) -> int:
     if bad:
         print(f"python -m common pipelines: no {bad[0]}/scripts/06_full_pipeline.sh under {root}", file=sys.stderr)
         return 2
-    from common.base.checks import bytecode_home
-    said = bytecode_home()                  # every pipeline, step and server of the run inherits it
-    if said:
-        print(said, flush=True)
     env = dict(os.environ)
     cmd = {s: ["bash", str(root / s / "scripts" / "06_full_pipeline.sh"), f"--{a.mode}"] for s in a.systems}
     tmp = Path(tempfile.mkdtemp(prefix="hands-on-pipelines-"))
