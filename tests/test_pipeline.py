@@ -621,3 +621,31 @@ def test_bytecode_home_where_torch_has_no_bytecode_and_none_can_be_written(tmp_p
     monkeypatch.setattr(checks, "_writes", lambda d: False)
     assert checks.bytecode_home("fakepkg_bc") is None                    # its bytecode is there
     assert real_writes(tmp_path) and not real_writes(tmp_path / "no-such-folder")
+
+
+def test_the_fork_server_starts_before_the_check_and_goes_when_the_run_stops_there(tmp_path, monkeypatch, capsys):
+    """Its imports overlap the check of what every step needs (a fresh Python of 5-7 s): it is running when the check
+    runs, its log waits in results/.forkserver-<pid>.log, and a run that the check stops leaves neither the server,
+    the log nor a results folder it made."""
+    root = make_system(tmp_path, ['Step("a", "ok.py")'])
+    (root / SYS / "scripts" / "_steps.py").write_text((root / SYS / "scripts" / "_steps.py").read_text()
+                                                      + 'NEEDS = ("x:y",)\n')
+    seen = {}
+    real_start = pipeline.start_forks
+
+    def start(*a, **k):
+        seen["forks"] = real_start(*a, **k)
+        return seen["forks"]
+
+    def check(_root, _system):
+        f = seen.get("forks")
+        seen["running_at_check"] = f is not None and f.proc is not None and f.proc.poll() is None
+        seen["log"] = Path(f.log) if f is not None else None
+        return "[setup] stand-in: missing -- every step of this pipeline needs it: no step was run"
+    monkeypatch.setattr(pipeline, "start_forks", start)
+    monkeypatch.setattr(pipeline, "preflight", check)
+    rc = pipeline.main(["--root", str(root), "--system", SYS, "--no-warmup"])
+    assert rc == 2 and seen["running_at_check"]
+    assert seen["log"].parent == root / SYS / "results" and seen["log"].name.startswith(".forkserver-")
+    assert seen["forks"].proc is None and not seen["log"].exists() and not (root / SYS / "results").exists()
+    assert "stand-in: missing" in capsys.readouterr().err
