@@ -47,14 +47,17 @@ class Services:
                 print(f"{server_row(n)}: could not look for servers of killed runs: {e.__class__.__name__}: {e}",
                       flush=True)
 
+    def _log_dir(self, name: str) -> Path:
+        """Point ``name``'s sink at the run's logs/server-NAME.log; the folder its handle writes its own log into."""
+        self.sinks[name].path = self.run.path(f"logs/server-{name}.log")
+        return self.sinks[name].path.parent
+
     def launch(self) -> None:
         """Launch every held service now: its imports run while the steps before its row run; it touches the GPU
         only once its row releases it. A launch that fails is said at its row (its steps start their own)."""
         for n in self.held:
-            sink = self.sinks[n]
-            sink.path = self.run.path(f"logs/server-{n}.log")
             try:
-                self.handles[n].launch(sink.path.parent)
+                self.handles[n].launch(self._log_dir(n))
                 self.launched.add(n)
             except KeyboardInterrupt:
                 self._stop(n, quiet=True)
@@ -84,7 +87,7 @@ class Services:
         in this row; at their own rows they are already up."""
         from common.base.checks import SetupError
         h, sink = self.handles[name], self.sinks[name]
-        sink.path = self.run.path(f"logs/server-{name}.log")
+        logs = self._log_dir(name)
         t0 = time.time()
         if name in self.early and name in self.up:
             row["status"], row["seconds"] = "ok", 0.0
@@ -102,7 +105,7 @@ class Services:
         try:
             if name in self.launch_errors:
                 raise self.launch_errors.pop(name)
-            h.start(sink.path.parent)
+            h.start(logs)
             row["status"] = "ok"
             self.up.add(name)
             for n in partners:
@@ -132,9 +135,8 @@ class Services:
         """Wait for a service released with ``by`` (whose row began at ``t0``); a failure is said, and its own row
         starts it anew."""
         sink = self.sinks[name]
-        sink.path = self.run.path(f"logs/server-{name}.log")
         try:
-            self.handles[name].start(sink.path.parent)
+            self.handles[name].start(self._log_dir(name))
         except KeyboardInterrupt:
             self._stop(name, quiet=True)
             raise
