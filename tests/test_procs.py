@@ -133,3 +133,26 @@ def test_nccl_policy_is_one_place():
     env, notes = procs.nccl_env({"HANDS_ON_ALLOW_NVLS": "1", "NCCL_NVLS_ENABLE": "1"})
     assert env == {} and "left as they are" in notes[0]
     assert procs.nccl_env({})[1] == []
+
+
+def test_timed_alone_times_each_part_alone_after_every_setup(tmp_path):
+    """The setups (imports) run side by side; each timed part starts after all of them ended and never beside another
+    timed part (mini-SGLang 00's fresh-process loads ran beside other processes' torch imports before)."""
+    log = tmp_path / "stamps"
+    w = f"import time\nwith open({str(log)!r}, 'a') as f: f.write('%s %r\\n' % ({{}}, time.time()))"
+    setup = "import time\ntime.sleep(1.0)\n" + w.replace("{}", "'S'")
+    timed = w.replace("{}", "'A'") + "\ntime.sleep(0.25)\n" + w.replace("{}", "'B'")
+    got = procs.timed_alone(setup, timed, 3)
+    stamps = [(k, float(v)) for k, v in (line.split() for line in log.read_text().splitlines())]
+    setups = [t for k, t in stamps if k == "S"]
+    spans = sorted(zip([t for k, t in stamps if k == "A"], [t for k, t in stamps if k == "B"]))
+    assert len(setups) == 3 and len(spans) == 3 and all(g is not None and 0.25 <= g < 1.0 for g in got), (got, stamps)
+    assert min(a for a, _b in spans) >= max(setups)                                   # after every setup
+    assert all(b1 <= a2 for (_a1, b1), (a2, _b2) in zip(spans, spans[1:]))            # one at a time
+    assert max(setups) - min(setups) < 1.0                                             # side by side
+
+
+def test_timed_alone_says_none_for_a_process_that_fails(tmp_path):
+    assert procs.timed_alone("raise SystemExit(3)", "pass", 2) == [None, None]
+    assert procs.timed_alone("pass", "raise ValueError('x')", 2) == [None, None]
+    assert procs.timed_alone("import time", "time.sleep(5)", 1, timeout=1.0) == [None]

@@ -5,6 +5,7 @@
         ...                                              # normal exit, error, Ctrl-C, SIGTERM, timeout:
     # the whole group (and any descendant that left it) is stopped: SIGTERM, then SIGKILL
     rc = run_tool(cmd, log_path, timeout=600)            # a CLI tool in its own group, killed on timeout
+    s = timed_alone("import torch", "f()", 3)             # seconds of f() in 3 fresh processes, timed one at a time
     env = nccl_env()                                     # NVLink multicast off (the workbook's one policy)
 
 Pidfiles: a Group started with ``pidfile=`` writes ``{pid, pgid, cmd, started, owner}`` there and removes
@@ -421,3 +422,57 @@ def run_tool(cmd, log_path, timeout: float | None = None, env: dict | None = Non
     full_env = {**os.environ, **(env or {})}
     with Group(cmd, log_path, env=full_env, name=name or Path(str(cmd[0])).name, pidfile=pidfile, echo=echo) as g:
         return g.wait(timeout)
+
+
+def timed_alone(setup: str, timed: str, n: int, timeout: float = 300.0, python: str | None = None) -> list[float | None]:
+    """Seconds that ``timed`` (Python source) takes in each of ``n`` fresh Python processes, after ``setup`` ran in
+    the same process (imports: not timed). The ``n`` setups run side by side; each timed part runs only once every
+    setup has ended, and the timed parts one at a time, so no timing shares the machine with another process's
+    imports or timing. None for a process that failed, or did not finish within ``timeout`` seconds."""
+    import sys
+    code = (f"{setup}\nimport sys as _s, time as _t\nprint('READY', flush=True)\n_s.stdin.readline()\n"
+            f"_t0 = _t.perf_counter()\n{timed}\nprint('TIMED', _t.perf_counter() - _t0, flush=True)\n")
+    barrier, alone = threading.Barrier(n), threading.Lock()
+
+    def one() -> float | None:
+        p = subprocess.Popen([python or sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+        killer = threading.Timer(timeout, p.kill)
+        killer.start()
+        try:
+            ready = False
+            for line in p.stdout:                                    # ends when it died in its setup
+                if line.startswith("READY"):
+                    ready = True
+                    break
+            try:
+                barrier.wait(timeout)
+            except threading.BrokenBarrierError:
+                pass
+            if not ready:
+                return None
+            with alone:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+                out = p.stdout.read()
+            m = re.search(r"^TIMED ([\d.e+-]+)$", out, re.M)
+            return float(m.group(1)) if m and p.wait() == 0 else None
+        except OSError:
+            return None
+        finally:
+            killer.cancel()
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+    threads, out = [], [None] * n
+
+    def slot(i: int) -> None:
+        out[i] = one()
+
+    for i in range(n):
+        threads.append(threading.Thread(target=slot, args=(i,), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    return out

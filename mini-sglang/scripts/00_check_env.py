@@ -53,7 +53,7 @@ import _msgl  # noqa: E402
 from _msgl import REPEATS  # noqa: E402
 from common.base import story  # noqa: E402
 from common.base.checks import require_gpu, require_module, run_main, SetupError  # noqa: E402
-from common.capture import ceilings, gpu  # noqa: E402
+from common.capture import ceilings, gpu, procs  # noqa: E402
 from common.capture.ncu import profilers  # noqa: E402
 from common.judge.verdicts import declare  # noqa: E402
 from common.run import cli, recording  # noqa: E402
@@ -146,16 +146,13 @@ def libnccl_for_link() -> dict:
     return {"linker": hit, "wheel": wheel}
 
 
-def reload_ms(row_bytes: int, splits: int) -> float | None:
-    """Milliseconds a fresh Python process needs to load the (cached) index module, torch import excluded."""
-    code = ("import time,torch; from minisgl.kernel.index import _jit_index_module as j; t=time.perf_counter(); "
-            f"j({row_bytes}, num_splits={splits}); print('LOAD', time.perf_counter()-t)")
-    try:
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        return None
-    m = re.search(r"LOAD ([\d.e-]+)", p.stdout)
-    return float(m.group(1)) * 1e3 if m else None
+def reload_ms(row_bytes: int, splits: int, n: int) -> list[float | None]:
+    """Milliseconds each of ``n`` fresh Python processes needs to load the (cached) index module, torch import
+    excluded: the imports run side by side (each ~5 s; one after another they took 15.6 s of a 19 s step on an H200,
+    2026-11-28), the timed loads one at a time after all of them (common.capture.procs.timed_alone)."""
+    got = procs.timed_alone("import torch\nfrom minisgl.kernel.index import _jit_index_module as j",
+                            f"j({row_bytes}, num_splits={splits})", n)
+    return [s * 1e3 if s is not None else None for s in got]
 
 
 def software(run, x):
@@ -209,11 +206,7 @@ def jit_calls(run, x):
     run.log("first calls: " + ", ".join(f"{k} {x.first[k]:.2f} s ({'ok' if checks[k] else 'WRONG'})" for k in checks))
     if not all(checks.values()):
         raise RuntimeError("a mini-SGLang kernel disagrees with its torch reference; run 01_test_kernels.py")
-    # the fresh processes run side by side (each spends ~5 s importing torch before its timed load; one after
-    # another they took 15.6 s of a 19 s step on an H200, 2026-11-28); the timed part is the load alone
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(REPEATS) as pool:
-        x.reload = list(pool.map(lambda _i: reload_ms(INDEX_ROW, _msgl.index_splits(INDEX_ROW)), range(REPEATS)))
+    x.reload = reload_ms(INDEX_ROW, _msgl.index_splits(INDEX_ROW), REPEATS)
     run.log(f"{REPEATS} fresh processes load the cached index module in {x.reload} ms (torch import excluded)")
     x.nccl_link, x.t_nccl, x.nccl_err = libnccl_for_link(), None, None
     if not x.args.quick:
