@@ -107,7 +107,8 @@ CATALOGUE = [
     Module("msgl:radix", "tvm-ffi", "minisgl__radix", "fast_compare_key (the radix cache; host C++, g++)", ("radix",)),
     Module("msgl:pynccl", "tvm-ffi", "minisgl__pynccl", "PyNCCL all-reduce (nvcc + -lnccl)", ("pynccl",)),
     # SGLang's own JIT kernels (sglang/kernels/ops, tvm-ffi load_jit, cached as sgl_kernel_jit_<args>_<source hash>
-    # in TVM_FFI_CACHE_DIR, make_cpp_args spelling: bf16_t, int64_t, true): a server compiled them one after another inside its first prefill CUDA graph capture
+    # in TVM_FFI_CACHE_DIR, make_cpp_args spelling: bf16_t, int64_t, true): a server compiled them one after another
+    # inside its first prefill CUDA graph capture
     # (33.6 s of a cold start on an H200, 2026-11-28). The arguments are the ones a Llama-3.1-8B bf16 server at TP 1
     # passes: activation_module(input.dtype) for SiluAndMul; clamp_position on ForwardBatch.seq_lens (int64,
     # schedule_batch.py); the fused RoPE with is_neox (Llama's rope_is_neox_style), rope_dim = head_dim 128, k and

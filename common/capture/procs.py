@@ -424,7 +424,8 @@ def run_tool(cmd, log_path, timeout: float | None = None, env: dict | None = Non
         return g.wait(timeout)
 
 
-def timed_alone(setup: str, timed: str, n: int, timeout: float = 300.0, python: str | None = None) -> list[float | None]:
+def timed_alone(setup: str, timed: str, n: int, timeout: float = 300.0,
+                python: str | None = None) -> list[float | None]:
     """Seconds that ``timed`` (Python source) takes in each of ``n`` fresh Python processes, after ``setup`` ran in
     the same process (imports: not timed). The ``n`` setups run side by side; each timed part runs only once every
     setup has ended, and the timed parts one at a time, so no timing shares the machine with another process's

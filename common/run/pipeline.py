@@ -135,12 +135,18 @@ def child_env() -> dict:
     return env
 
 
+def wants_forks(plan) -> bool:
+    """Whether a run of ``plan`` has a fork server: a Python step to fork, and HANDS_ON_FORKSERVER not 0."""
+    from common.run.forkserver import ForkServer, step_script
+    return ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan)
+
+
 def start_forks(root: Path, system: str, plan):
     """The pipeline's fork server, started before the check of what every step needs, so that its imports overlap
     that check; its log is ``results/.forkserver-<pid>.log`` until the run's folder exists. None: no Python step,
     HANDS_ON_FORKSERVER=0, or no writable results folder (the run then starts one itself, or says why not)."""
-    from common.run.forkserver import ForkServer, step_script
-    if not (ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan)):
+    from common.run.forkserver import ForkServer
+    if not wants_forks(plan):
         return None
     folder = root / system / "results"
     made = None if folder.is_dir() else folder
@@ -399,7 +405,7 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
     os.environ[STARTS_ENV] = str(run.dir / "server_starts.jsonl")    # the steps inherit it (child_env)
     services = Services(handles or {}, sinks or {}, plan, run, width, held)
     env, rows, t0, between = child_env(), [], time.time(), False
-    from common.run.forkserver import ForkServer, step_script
+    from common.run.forkserver import ForkServer
     told = False
     if forks is not None:                   # started before the check of what every step needs: its log moves in
         forks.move_log(run.path("logs/forkserver.log"))
@@ -407,7 +413,7 @@ def execute(a, root, plan, width, only, prev, prev_dir, notes, title, steps, han
         reap_left(echo=lambda m: print(m, flush=True))    # servers a killed run of any script left behind
         services.reap()                     # what a killed run of this pipeline left behind
         services.launch()                   # the held services: their imports overlap the steps before their rows
-        if forks is None and ForkServer.enabled() and any(p.kind == "measure" and step_script(p.argv) for p in plan):
+        if forks is None and wants_forks(plan):
             forks = ForkServer(env=env, log=run.path("logs/forkserver.log")).start()
         waited = wait_turn(os.environ.get(START_AFTER_ENV), services.held)
         if waited is not None:              # started early by `python -m common pipelines`: its own time from here

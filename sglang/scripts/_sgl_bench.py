@@ -247,7 +247,8 @@ def bench_timing(rec: dict, name: str) -> dict:
     wall, dur = rec.get("_wall_s"), rec.get("duration")
     return {"name": name, "how": "own process" if t.get("run") == 0 else "worker", "worker_run": t.get("run"),
             "wall_s": round(wall, 3) if wall is not None else None, "duration_s": dur, "start_s": t.get("start_s"),
-            "import_s": t.get("import_s"), "run_s": t.get("run_s"), "overhead_s": round(wall - dur, 3) if wall is not None and dur is not None else None}
+            "import_s": t.get("import_s"), "run_s": t.get("run_s"),
+            "overhead_s": round(wall - dur, 3) if wall is not None and dur is not None else None}
 
 
 def latency_summary(results: list[dict]) -> dict:
